@@ -1,0 +1,287 @@
+"""The public ``Job``: a bag of processes that ends with its owner.
+
+Platform-neutral: everything that differs per operating system or mechanism
+lives behind ``tether.platform.base.JobBackend``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import identity
+from .errors import JobClosed
+from .identity import Identity
+from .platform import base as _base
+from .platform import choose, open_job
+
+_counter = itertools.count(1)
+_run_lock = threading.Lock()
+_run_id: str | None = None
+
+
+def run_id() -> str:
+    """Id of this owner's run: pid + kernel start ticks, unique on this boot."""
+    global _run_id
+    with _run_lock:
+        me = identity.read(os.getpid())
+        rid = f"{os.getpid()}-{me.start if me else 0}"
+        if _run_id != rid:  # recomputed after a fork
+            _run_id = rid
+        return _run_id
+
+
+class Job:
+    """A job: every process started through it, and everything those start.
+
+    Leaving the ``with`` block (or ``close()``) ends every member; so does
+    this process dying in any way - normal exit, exception, SIGKILL, OOM.
+
+    ``mechanism``: ``auto`` (strongest transparent one here), ``strict``
+    (kernel-enforced), or one of ``cgroup``, ``subreaper``, ``pgroup``,
+    ``pidns``, ``jobobject``. ``require="kernel"`` refuses (``JobRefused``)
+    where nothing kernel-enforced is available. ``grace``: seconds between
+    SIGTERM and SIGKILL in ``terminate()`` and at the end of a ``with`` block.
+    ``state_dir`` (or ``$TETHER_STATE_DIR``) turns the spawn audit log on.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        mechanism: str = "auto",
+        grace: float = 2.0,
+        require: str | None = None,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        parent: Job | None = None,
+        background: bool = False,
+        cpu_percent: int | None = None,
+        session: str | None = None,
+    ) -> None:
+        if grace < 0:
+            raise ValueError("grace must be >= 0")
+        n = next(_counter)
+        self.name = name or f"job-{n}"
+        self.id = f"j{os.getpid()}-{n}"
+        self.grace = float(grace)
+        self.session = session
+        self.background = background
+        self.mechanism = choose(mechanism, require)
+        self._parent = parent
+        self._lock = threading.Lock()
+        self._closed = False
+        self.started = time.time()
+        opts = _base.JobOptions(
+            name=self.name,
+            job_id=self.id,
+            parent=parent._backend if parent is not None else None,
+            background=background,
+            cpu_percent=cpu_percent,
+            low_priority=background,
+        )
+        self._audit = _open_audit(state_dir)
+        self._backend = open_job(self.mechanism, opts)
+        if parent is not None:
+            parent._children.append(self)
+        self._children: list[Job] = []
+        self._log("job-open")
+
+    # -- audit ----------------------------------------------------------------------
+    def _log(self, event: str, **fields: Any) -> None:
+        if self._audit is None:
+            return
+        me = identity.read(os.getpid())
+        fields.setdefault("run", run_id())
+        fields.setdefault("owner", {"pid": os.getpid(), "start": me.token() if me else None})
+        fields.setdefault("job", self.id)
+        fields.setdefault("mechanism", self.mechanism)
+        if self.session is not None:
+            fields.setdefault("session", self.session)
+        if self.background:
+            fields.setdefault("background", True)
+        tr = self._backend.trace() if hasattr(self, "_backend") else {}
+        if tr.get("cgroup_path"):
+            fields.setdefault("cgroup", tr["cgroup_path"])
+        self._audit.write(event, **fields)
+
+    def _log_spawn(self, pid: int, argv: Sequence[Any] | None = None) -> None:
+        if self._audit is None:
+            return
+        ident = identity.read(pid)
+        fields: dict[str, Any] = {"pid": pid, "in_job": True}
+        if ident is not None:
+            fields.update(start=ident.token(), boot=ident.boot, pgid=ident.pgid, sid=ident.sid,
+                          uid=ident.uid)
+        if argv is not None:
+            fields["argv"] = [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in argv]
+        self._log("spawn", **fields)
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def guarantee(self) -> _base.Guarantee:
+        """Which mechanism protects this job, and what it does not cover."""
+        return self._backend.guarantee
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def trace(self) -> dict[str, Any]:
+        """Mechanism traces: keeper pid, cgroup path... (for `tether ps` and the audit)."""
+        return self._backend.trace()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<tether.Job {self.name!r} {self.mechanism} {state}>"
+
+    # -- starting processes -----------------------------------------------------
+    def popen(self, args: Any, *, record_argv: bool = False, **kwargs: Any) -> subprocess.Popen:
+        """Start ``args`` in the job; ``subprocess.Popen`` keywords; returns a Popen.
+
+        ``record_argv=True`` opts this one spawn in to having its arguments in
+        the audit log (metadata only otherwise).
+        """
+        if self._closed:
+            raise JobClosed(f"job {self.name!r} is closed")
+        p = self._backend.popen(args, kwargs)
+        if self._audit is not None:
+            argv = None
+            if record_argv:
+                argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+            self._log_spawn(p.pid, argv)
+        return p
+
+    def run(
+        self,
+        args: Any,
+        *,
+        input: Any = None,
+        capture_output: bool = False,
+        timeout: float | None = None,
+        check: bool = False,
+        **kwargs: Any,
+    ) -> subprocess.CompletedProcess:
+        """Like ``subprocess.run``, inside the job."""
+        if input is not None:
+            if kwargs.get("stdin") is not None:
+                raise ValueError("stdin and input arguments may not both be used.")
+            kwargs["stdin"] = subprocess.PIPE
+        if capture_output:
+            if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
+                raise ValueError("stdout and stderr arguments may not be used with capture_output.")
+            kwargs["stdout"] = subprocess.PIPE
+            kwargs["stderr"] = subprocess.PIPE
+        with self.popen(args, **kwargs) as process:
+            try:
+                stdout, stderr = process.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                process.kill()
+                exc.stdout, exc.stderr = process.communicate()
+                raise
+            except BaseException:
+                process.kill()
+                raise
+            retcode = process.poll()
+            if check and retcode:
+                raise subprocess.CalledProcessError(retcode, process.args, output=stdout,
+                                                    stderr=stderr)
+        return subprocess.CompletedProcess(process.args, retcode, stdout, stderr)
+
+    async def create_subprocess_exec(self, program: Any, *args: Any, stdin: Any = None,
+                                     stdout: Any = None, stderr: Any = None,
+                                     limit: int = 2**16, **kwargs: Any):
+        """asyncio's ``create_subprocess_exec``, inside the job.
+
+        Returns a ``tether.aio.Process`` with the attributes and coroutines of
+        ``asyncio.subprocess.Process`` (pid, returncode, stdin/stdout/stderr
+        streams, wait, communicate, send_signal, terminate, kill).
+        """
+        from .aio import create
+
+        popen = self.popen([program, *args], stdin=stdin, stdout=stdout, stderr=stderr,
+                           bufsize=0, **kwargs)
+        return await create(popen, limit)
+
+    # -- members and ending ----------------------------------------------------
+    def members(self) -> list[Identity]:
+        """Identities of every live process in the job, escapees included."""
+        if self._closed:
+            return []
+        out = []
+        for pid in self._backend.member_pids():
+            ident = identity.read(pid)
+            if ident is not None and ident.state not in ("Z", "X"):
+                out.append(ident)
+        return out
+
+    def terminate(self, grace: float | None = None) -> list[Identity]:
+        """SIGTERM every member, wait up to ``grace``, SIGKILL the rest.
+
+        Returns the identities of the processes that were members and are gone.
+        The job stays open: more processes may be started in it afterwards.
+        """
+        grace = self.grace if grace is None else float(grace)
+        if self._closed:
+            return []
+        before = self.members()
+        if not before:
+            return []
+        if grace > 0:
+            self._backend.signal_all(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            delay = 0.001
+            while time.monotonic() < deadline:
+                if not self._backend.member_pids() or not self.members():
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        self._backend.kill_all()
+        return [i for i in before if not identity.is_alive(i)]
+
+    def close(self) -> list[Identity]:
+        """End every member now (no grace) and release the job. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return []
+            for child in list(self._children):
+                child.close()
+            before = self.members()
+            self._closed = True
+            try:
+                self._backend.close()
+            finally:
+                self._log("job-close", ended=len(before))
+                if self._parent is not None and self in self._parent._children:
+                    self._parent._children.remove(self)
+        return [i for i in before if not identity.is_alive(i)]
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if not self._closed:
+                self.terminate(self.grace)
+        finally:
+            self.close()
+
+    def __del__(self) -> None:
+        # A job dropped without close(): its keeper sees the socket close and
+        # ends the members; nothing to do here but not to raise.
+        pass
+
+
+def _open_audit(state_dir: Any):
+    if state_dir is None:
+        state_dir = os.environ.get("TETHER_STATE_DIR") or None
+    if state_dir is None:
+        return None
+    from .audit import AuditWriter
+
+    return AuditWriter(state_dir)

@@ -1,0 +1,47 @@
+"""Messages between an owner and its keeper (POSIX).
+
+One message is one SOCK_SEQPACKET datagram: a ``marshal``-encoded dict plus
+optional file descriptors in SCM_RIGHTS. Both ends are the same Python (a
+forked copy, or ``sys.executable`` for the warden), so ``marshal`` is safe and
+far cheaper to import and run than json or pickle.
+"""
+
+from __future__ import annotations
+
+import array
+import marshal
+import os
+import socket
+
+MAX_MSG = 1 << 20  # env + argv of one spawn stay well below this
+MAX_FDS = 250  # SCM_RIGHTS limit is 253 per message
+
+
+def socketpair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+    data = marshal.dumps(msg)
+    if fds:
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        sock.sendmsg([data], anc)
+    else:
+        sock.sendall(data)
+
+
+def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message, or (None, []) at end of file. Received fds are close-on-exec."""
+    fds_size = socket.CMSG_SPACE(MAX_FDS * 4)
+    data, anc, flags, _ = sock.recvmsg(MAX_MSG, fds_size, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    fds: list[int] = []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - (len(payload) % arr.itemsize)])
+            fds.extend(arr)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return marshal.loads(data), fds

@@ -1,0 +1,249 @@
+"""cgroup v2: one cgroup directory per job, ended with ``cgroup.kill``.
+
+The kernel keeps every descendant of a member in the member's cgroup; an
+unprivileged process cannot move itself out. The keeper starts each child
+from inside the job's cgroup (it moves itself in, spawns with vfork, moves
+itself back), so the child is a member before its first instruction, and
+writes ``cgroup.kill`` when the owner dies - one write ends every member
+atomically, however it tried to escape.
+
+Pitfalls:
+* ``cgroup.kill`` does not exist in the root cgroup (we never use the root)
+  and needs Linux >= 5.14 (older kernels: freeze, kill each pid, thaw).
+* Writing needs root or a delegated subtree (systemd gives every desktop user
+  ``user@UID.service``); find the mount in /proc/self/mountinfo and our place
+  in /proc/self/cgroup, never hard-code either.
+* If the keeper is SIGKILLed first, the members survive but stay listed in
+  the cgroup: the stale directory is proof enough for ``tether reap``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+from ._posix_base import KeeperMechanism
+from .base import CGROUP, Availability, Guarantee
+
+RUN_PREFIX = "tether-"
+
+
+def cgroup2_mount() -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split(" ")[4].replace("\\040", " ")
+    except OSError:
+        return None
+    return None
+
+
+def own_cgroup(pid: int | str = "self") -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        return None
+    return None
+
+
+def base_dir() -> tuple[str | None, str]:
+    """Where this process may create job cgroups, or (None, why not)."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None, "no cgroup v2 hierarchy is mounted"
+    own = own_cgroup()
+    if own is None:
+        return None, "this process has no cgroup v2 membership (/proc/self/cgroup has no 0:: line)"
+    own_dir = os.path.join(mount, own.lstrip("/")) if own != "/" else mount
+    if not os.path.exists(os.path.join(mount, "cgroup.procs")):
+        return None, f"{mount} is not a cgroup v2 mount"
+    if not os.access(own_dir, os.W_OK) or not os.access(os.path.join(own_dir, "cgroup.procs"), os.W_OK):
+        return None, (f"no writable cgroup v2: {own_dir} is not writable by uid {os.geteuid()} "
+                      "(needs root or a delegated subtree such as user@UID.service)")
+    return own_dir, ""
+
+
+def probe() -> Availability:
+    if not sys.platform.startswith("linux"):
+        return Availability(CGROUP, False, "not Linux")
+    base, why = base_dir()
+    if base is None:
+        return Availability(CGROUP, False, why)
+    probe_dir = os.path.join(base, f"{RUN_PREFIX}probe-{os.getpid()}")
+    try:
+        os.mkdir(probe_dir)
+    except OSError as exc:
+        return Availability(CGROUP, False, f"cannot create a cgroup under {base}: {exc.strerror}")
+    try:
+        has_kill = os.path.exists(os.path.join(probe_dir, "cgroup.kill"))
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(probe_dir)
+    note = "cgroup.kill" if has_kill else "no cgroup.kill (Linux < 5.14): freeze and kill each member"
+    return Availability(CGROUP, True, f"writable cgroup v2 at {base}; {note}",
+                        {"base": base, "cgroup_kill": has_kill})
+
+
+def _write(path: str, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def _procs(path: str) -> list[int]:
+    out: list[int] = []
+    for dirpath, _dirs, _files in os.walk(path):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def populated(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f:
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return bool(_procs(path))
+
+
+def kill_cgroup(path: str, timeout: float, reap=None) -> bool:
+    """End every process in ``path`` and below; True once it is empty."""
+    deadline = time.monotonic() + timeout
+    kill_file = os.path.join(path, "cgroup.kill")
+    while True:
+        if os.path.exists(kill_file):
+            with contextlib.suppress(OSError):
+                _write(kill_file, "1")
+        else:  # Linux < 5.14: freeze so nobody forks between read and kill
+            freeze = os.path.join(path, "cgroup.freeze")
+            with contextlib.suppress(OSError):
+                _write(freeze, "1")
+            for pid in _procs(path):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)  # members of our own cgroup, read a moment ago
+            with contextlib.suppress(OSError):
+                _write(freeze, "0")
+        if reap is not None:
+            reap()
+        if not populated(path):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def remove_tree(path: str) -> bool:
+    """rmdir the cgroup and its children, deepest first."""
+    ok = True
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda t: -t[0].count("/")):
+        for _ in range(20):
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.002)
+        else:
+            ok = False
+    return ok
+
+
+class CgroupMechanism(KeeperMechanism):
+    name = CGROUP
+    kernel_enforced = False
+
+    def prepare(self) -> None:
+        parent = self.options.parent
+        parent_path = None
+        if parent is not None:
+            parent_path = (parent.trace() or {}).get("cgroup_path")
+        if parent_path:
+            path = os.path.join(parent_path, self.options.job_id)
+        else:
+            base, why = base_dir()
+            if base is None:
+                raise OSError(why)
+            run_dir = os.path.join(base, f"{RUN_PREFIX}{self.owner_pid}-{self.owner_start}")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(run_dir)
+            path = os.path.join(run_dir, self.options.job_id)
+        os.mkdir(path)
+        self.params["cgroup_path"] = path
+        self.params["home_cgroup"] = own_cgroup() or "/"
+        self.params["mount"] = cgroup2_mount()
+
+    @property
+    def path(self) -> str:
+        return self.params["cgroup_path"]
+
+    def spawn_context(self):
+        return _Inside(self.path, os.path.join(self.params["mount"],
+                                               self.params["home_cgroup"].lstrip("/")))
+
+    def member_pids(self, keeper_pid: int) -> list[int]:
+        return [p for p in _procs(self.path) if p != keeper_pid]
+
+    def kill_all(self, keeper, timeout: float) -> None:
+        kill_cgroup(self.path, timeout, reap=keeper.reap)
+
+    def cleanup(self, keeper) -> None:
+        remove_tree(self.path)
+        run_dir = os.path.dirname(self.path)
+        if os.path.basename(run_dir).startswith(RUN_PREFIX):
+            with contextlib.suppress(OSError):
+                os.rmdir(run_dir)
+
+    def owner_cleanup(self) -> None:
+        if os.path.isdir(self.path) and not populated(self.path):
+            remove_tree(self.path)
+
+    def trace(self) -> dict:
+        return {"cgroup_path": self.path}
+
+    def guarantee(self) -> Guarantee:
+        return Guarantee(
+            mechanism=CGROUP,
+            kernel_enforced=False,
+            transparent=True,
+            ends_job="tether's keeper writing cgroup.kill when the owner's pidfd fires",
+            not_covered=(
+                "if the keeper is SIGKILLed before the owner, members survive but stay listed in "
+                "the job's cgroup (tether reap ends them with one cgroup.kill)",
+                "a root process inside the job can move itself to another cgroup",
+            ),
+        )
+
+
+class _Inside:
+    """Move the (single-threaded) keeper into the job cgroup around one spawn."""
+
+    __slots__ = ("job", "home")
+
+    def __init__(self, job: str, home: str):
+        self.job = os.path.join(job, "cgroup.procs")
+        self.home = os.path.join(home, "cgroup.procs")
+
+    def __enter__(self):
+        _write(self.job, "0")
+
+    def __exit__(self, *exc):
+        _write(self.home, "0")
+        return False

@@ -1,0 +1,495 @@
+"""Owner side of the POSIX mechanisms: a job run by a keeper process.
+
+``KeeperJob`` is the ``JobBackend`` for cgroup, subreaper, pidns and pgroup.
+It forks the job's keeper (see ``_keeper``) and talks to it over a
+SOCK_SEQPACKET pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
+keeper started. The child is not the owner's own child, so its exit status
+comes from the keeper; the owner holds a pidfd for it, which makes
+``poll``/``wait`` cheap and ``send_signal`` immune to PID reuse.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import identity
+from ..errors import JobClosed, JobRefused
+from . import _proto
+from ._keeper import HAVE_PIDFD, fork_keeper, open_pidfd
+from ._posix_base import KeeperMechanism
+from .base import CGROUP, PGROUP, PIDNS, SUBREAPER, Guarantee, JobBackend, JobOptions
+
+_START_TIMEOUT = 10.0
+
+
+def mechanism_class(name: str) -> type[KeeperMechanism]:
+    if name == CGROUP:
+        from .linux_cgroup import CgroupMechanism
+
+        return CgroupMechanism
+    if name == SUBREAPER:
+        from .linux_subreaper import SubreaperMechanism
+
+        return SubreaperMechanism
+    if name == PIDNS:
+        from .linux_pidns import PidnsMechanism
+
+        return PidnsMechanism
+    if name == PGROUP:
+        from .posix_pgroup import PgroupMechanism
+
+        return PgroupMechanism
+    raise ValueError(f"unknown POSIX mechanism {name!r}")
+
+
+def single_threaded() -> bool:
+    """True when forking this process is safe: one OS thread only."""
+    if threading.active_count() != 1:
+        return False
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1]) == 1
+    except OSError:
+        pass
+    return True
+
+
+class KeeperJob(JobBackend):
+    def __init__(self, mechanism: str, options: JobOptions):
+        self.mechanism = mechanism
+        self.options = options
+        me = identity.read(os.getpid())
+        self.owner = me
+        cls = mechanism_class(mechanism)
+        self.mech = cls(options, os.getpid(), me.start if me else 0,
+                        born_after=identity.now_ticks())
+        try:
+            self.mech.prepare()
+        except OSError as exc:
+            raise JobRefused(f"{mechanism}: cannot create the job: {exc.strerror or exc}") from exc
+        self._lock = threading.Lock()
+        self._closed = False
+        self._final_status: dict[int, int] = {}
+        self._reap: list[int] = []
+        self._sock, child = _proto.socketpair()
+        try:
+            if single_threaded():
+                owner_fd = open_pidfd(os.getpid())
+                try:
+                    pid = fork_keeper(self.mech, child, os.getpid(), owner_fd)
+                finally:
+                    if owner_fd is not None:
+                        os.close(owner_fd)
+                self._reap.append(pid)
+            else:
+                _warden().create(self.mech, child)
+        finally:
+            child.close()
+        self._sock.settimeout(_START_TIMEOUT)
+        self.keeper_pid = 0
+        try:
+            msg = self._recv()
+            if "outer" in msg:
+                self.keeper_pid = msg["outer"]
+                msg = self._recv()
+        except (JobClosed, OSError) as exc:
+            self._abandon()
+            raise JobRefused(f"{mechanism}: the job's keeper failed to start: {exc}") from exc
+        if not msg.get("ready"):
+            self._abandon()
+            raise JobRefused(f"{mechanism}: the job's keeper refused: {msg.get('error', 'unknown')}")
+        if not self.keeper_pid:
+            self.keeper_pid = msg["keeper"]
+        self.keeper = identity.read(self.keeper_pid)
+        self._sock.settimeout(None)
+        self._reap_children(block=False)
+
+    # -- plumbing ----------------------------------------------------------------
+    def _recv(self) -> dict:
+        msg, fds = _proto.recv(self._sock)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            raise JobClosed("the job's keeper is gone")
+        return msg
+
+    def request(self, msg: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:
+        with self._lock:
+            if self._closed:
+                raise JobClosed(f"job {self.options.name!r} is closed")
+            try:
+                _proto.send(self._sock, msg, fds)
+                reply, rfds = _proto.recv(self._sock)
+            except OSError as exc:
+                raise JobClosed(f"the job's keeper is gone: {exc}") from exc
+            if reply is None:
+                raise JobClosed("the job's keeper is gone")
+            return reply, rfds
+
+    def _reap_children(self, block: bool) -> None:
+        deadline = time.monotonic() + (1.0 if block else 0)
+        for pid in list(self._reap):
+            while True:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.001)
+            if done:
+                self._reap.remove(pid)
+
+    def _abandon(self) -> None:
+        self._closed = True
+        self._sock.close()
+        self._reap_children(block=True)
+
+    # -- contract ----------------------------------------------------------------
+    @property
+    def guarantee(self) -> Guarantee:
+        return self.mech.guarantee()
+
+    def trace(self) -> dict[str, Any]:
+        out = {"keeper_pid": self.keeper_pid}
+        out.update(self.mech.trace())
+        return out
+
+    def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
+        if self._closed:
+            raise JobClosed(f"job {self.options.name!r} is closed")
+        if kwargs.get("preexec_fn") is not None:
+            raise ValueError(
+                "preexec_fn cannot run in a contained spawn: the child is started by the job's "
+                "keeper, not by this process (use start_new_session=, process_group=, umask=, "
+                "cwd=, env= or a wrapper command)")
+        return JobPopen(self, args, **kwargs)
+
+    def member_pids(self) -> list[int]:
+        if self._closed:
+            return []
+        return self.mech.member_pids(self.keeper_pid)
+
+    def signal_all(self, sig: int) -> list[int]:
+        sent = []
+        for pid in self.member_pids():
+            ident = identity.read(pid)
+            if ident is None or ident.state == "Z":
+                continue
+            try:
+                if identity.send_signal(ident, sig, member=True):
+                    sent.append(pid)
+            except Exception:  # noqa: BLE001 - one refusal must not stop the rest
+                continue
+        return sent
+
+    def kill_all(self, timeout: float = 3.0) -> None:
+        reply, fds = self.request({"op": "kill_all", "timeout": timeout})
+        for fd in fds:
+            os.close(fd)
+
+    def close(self, timeout: float = 3.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                _proto.send(self._sock, {"op": "close", "timeout": timeout})
+                self._sock.settimeout(timeout + 5.0)
+                reply, fds = _proto.recv(self._sock)
+                for fd in fds:
+                    os.close(fd)
+                if reply:
+                    self._final_status.update(reply.get("status", {}))
+            except OSError:
+                pass
+            finally:
+                self._sock.close()
+        self._reap_children(block=True)
+        self.mech.owner_cleanup()
+
+    def wait_status(self, inner_pid: int, block: bool) -> int | None:
+        """Raw wait status of a direct child, from the keeper."""
+        if inner_pid in self._final_status:
+            return self._final_status.pop(inner_pid)
+        try:
+            reply, fds = self.request({"op": "wait" if block else "poll", "pid": inner_pid})
+        except JobClosed:
+            return self._final_status.pop(inner_pid, -signal.SIGKILL & 0x7F)
+        return reply.get("status")
+
+
+class JobPopen(subprocess.Popen):
+    """A ``subprocess.Popen`` whose child the job's keeper started.
+
+    Same attributes and methods as ``subprocess.Popen`` (pid, returncode,
+    stdin/stdout/stderr, wait, poll, communicate, send_signal, terminate,
+    kill). Differences, documented: ``preexec_fn`` is refused (it would have
+    to run in another process), and ``user``/``group``/``extra_groups`` are
+    not supported yet. ``pid`` is the PID as this process sees it.
+    """
+
+    def __init__(self, backend: KeeperJob, args: Any, **kwargs: Any):
+        self._tether_backend = backend
+        self._pidfd: int | None = None
+        self._inner_pid = 0
+        super().__init__(args, **kwargs)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                       errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group=-1):
+        if isinstance(args, (str, bytes)):
+            args = [args]
+        elif isinstance(args, os.PathLike):
+            if shell:
+                raise TypeError("path-like args is not allowed when shell is true")
+            args = [args]
+        else:
+            args = list(args)
+        if shell:
+            args = ["/bin/sh", "-c"] + args
+            if executable:
+                args[0] = executable
+        if executable is None:
+            executable = args[0]
+        sys.audit("subprocess.Popen", executable, args, cwd, env)
+        if gid is not None or gids is not None or uid is not None:
+            raise ValueError("user=, group= and extra_groups= are not supported in a tether job yet")
+        # Which owner fds the child gets, by child fd number.
+        wanted: dict[int, int] = {}
+        for target, src in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
+            wanted[target] = src if src != -1 else target
+        for fd in pass_fds:
+            wanted[int(fd)] = int(fd)
+        if not close_fds:
+            for name in _list_fds():
+                if name > 2 and name not in wanted:
+                    try:
+                        if os.get_inheritable(name):
+                            wanted[name] = name
+                    except OSError:
+                        pass
+        sources: list[int] = []
+        fdmap: dict[int, int] = {}
+        for target, src in wanted.items():
+            try:
+                os.fstat(src)
+            except OSError:
+                continue  # closed in the owner: closed in the child too
+            if src not in sources:
+                sources.append(src)
+            fdmap[target] = sources.index(src)
+        if env is None:
+            env_b = dict(os.environb)
+        else:
+            env_b = {}
+            for k, v in env.items():
+                k = os.fsencode(k)
+                if b"=" in k:
+                    raise ValueError("illegal environment variable name")
+                env_b[k] = os.fsencode(v)
+        ignored = _ignored_signals()
+        if restore_signals:
+            ignored = [s for s in ignored if s not in _RESTORED]
+        msg = {
+            "op": "spawn",
+            "argv": [os.fsencode(a) for a in args],
+            "executable": os.fsencode(executable),
+            "env": env_b,
+            "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else os.getcwd(),
+            "path": [os.fsdecode(p) for p in os.get_exec_path(env)],
+            "fdmap": fdmap,
+            "pgroup": process_group if process_group is not None else -1,
+            "setsid": bool(start_new_session),
+            "owner_pgid": os.getpgrp(),
+            "umask": umask,
+            "ignored": ignored,
+            "sigmask": list(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        }
+        backend = self._tether_backend
+        try:
+            reply, fds = backend.request(msg, sources)
+        finally:
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            if reply.get("kind") == "os":
+                raise OSError(reply["errno"], reply["strerror"], reply.get("filename"))
+            raise JobRefused(f"spawn refused by the job's keeper: {reply.get('strerror')}")
+        self._inner_pid = reply["pid"]
+        if fds:
+            self._pidfd = fds[0]
+            for fd in fds[1:]:
+                os.close(fd)
+            outer = identity.pidfd_pid(self._pidfd) if backend.mechanism == PIDNS else None
+            self.pid = outer if outer and outer > 0 else reply["pid"]
+        else:
+            self.pid = reply["pid"]
+        backend.mech.note_spawn(self.pid)
+        self._child_created = True
+
+    # -- exit status through the keeper --------------------------------------------
+    def _exited(self, timeout: float | None) -> bool:
+        if self._pidfd is None:
+            return False
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        p = select.poll()
+        p.register(self._pidfd, select.POLLIN)
+        return bool(p.poll(ms))
+
+    def _collect(self, block: bool) -> None:
+        st = self._tether_backend.wait_status(self._inner_pid, block)
+        if st is None and not block:
+            return
+        if st is None:
+            st = signal.SIGKILL  # reaped behind our back (job closed): report a kill
+        self.returncode = os.waitstatus_to_exitcode(st) if st >= 0 else st
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _internal_poll(self, _deadstate=None, **_ignored):
+        if self.returncode is not None:
+            return self.returncode
+        if not self._waitpid_lock.acquire(False):
+            return None
+        try:
+            if self.returncode is None:
+                if self._pidfd is not None:
+                    if self._exited(0):
+                        self._collect(block=True)
+                else:
+                    self._collect(block=False)
+        except JobClosed:
+            if _deadstate is not None:
+                self.returncode = _deadstate
+        finally:
+            self._waitpid_lock.release()
+        return self.returncode
+
+    def _wait(self, timeout):
+        if self.returncode is not None:
+            return self.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            if self._pidfd is not None:
+                if not self._exited(remaining):
+                    continue
+                with self._waitpid_lock:
+                    if self.returncode is None:
+                        self._collect(block=True)
+            else:
+                with self._waitpid_lock:
+                    if self.returncode is None:
+                        self._collect(block=False)
+                if self.returncode is None:
+                    time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.poll()
+        if self.returncode is not None:
+            return
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                pass
+            return
+        ident = identity.read(self.pid)
+        if ident is not None:
+            identity.send_signal(ident, sig, member=True)
+
+    def __del__(self, _maxsize=sys.maxsize):
+        fd = getattr(self, "_pidfd", None)
+        super().__del__()
+        if fd is not None and self.returncode is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_RESTORED = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
+
+
+def _ignored_signals() -> list[int]:
+    out = []
+    for s in signal.valid_signals():
+        try:
+            if signal.getsignal(s) == signal.SIG_IGN:
+                out.append(int(s))
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def _list_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(0, 256))
+
+
+# -- the warden: a fork server for keepers, for multi-threaded owners ------------------
+
+class _Warden:
+    """One helper interpreter per owner, started on first need, that forks keepers.
+
+    A multi-threaded owner must not fork (locks held by other threads stay
+    locked in the child). The warden is single-threaded, so it can.
+    """
+
+    def __init__(self) -> None:
+        mine, theirs = _proto.socketpair()
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        code = (f"import sys; sys.path.insert(0, {src!r}); "
+                "from tether.platform._warden import main; main()")
+        env = dict(os.environ)
+        env["TETHER_WARDEN_FD"] = str(theirs.fileno())
+        env["TETHER_OWNER_PID"] = str(os.getpid())
+        self.proc = subprocess.Popen([sys.executable, "-S", "-c", code], pass_fds=(theirs.fileno(),),
+                                     env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock = mine
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+
+    def create(self, mech: KeeperMechanism, child: socket.socket) -> None:
+        o = mech.options
+        msg = {"op": "create", "mech": mech.name, "name": o.name, "job_id": o.job_id,
+               "background": o.background, "owner_pid": mech.owner_pid,
+               "owner_start": mech.owner_start, "params": mech.params_for_keeper()}
+        with self.lock:
+            _proto.send(self.sock, msg, [child.fileno()])
+
+
+_warden_lock = threading.Lock()
+_the_warden: _Warden | None = None
+
+
+def _warden() -> _Warden:
+    global _the_warden
+    with _warden_lock:
+        if _the_warden is None or _the_warden.pid != os.getpid() or _the_warden.proc.poll() is not None:
+            _the_warden = _Warden()
+        return _the_warden
+
+
+def pidfd_supported() -> bool:
+    return HAVE_PIDFD
