@@ -1,0 +1,109 @@
+"""The `tether` command. Thin: parses, then calls the rooms.
+
+Commands whose options belong to one room (shell, reap, ps, init) are
+handed their argv and parse it there, so each room's options sit next to
+the code that uses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EXIT_TETHER_FAILURE = 125
+
+_DELEGATED = {
+    "shell": ("tether.shell", "Run a command through tether-shell (SHELL/COMSPEC drop-in)."),
+    "reap": ("tether.reaper", "End leftovers of earlier runs that the audit log proves are ours."),
+    "ps": ("tether.ps", "List the live jobs tether knows of, with their member trees."),
+    "init": ("tether.init", "Run CMD as PID 1 of a container: reap zombies, forward signals, end all on exit."),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .platform.base import MECHANISM_NAMES
+
+    p = argparse.ArgumentParser(prog="tether", description="Every process a program starts ends when it ends.")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="Run CMD in a job; the job ends when CMD exits or tether dies.")
+    run.add_argument("--mechanism", "-m", default="auto", choices=MECHANISM_NAMES)
+    run.add_argument("--require", choices=["kernel"], default=None,
+                     help="refuse to run unless the job is kernel-enforced")
+    run.add_argument("--grace", type=_nonneg_float, default=2.0, metavar="S",
+                     help="seconds between SIGTERM and SIGKILL for what CMD leaves behind (default 2)")
+    run.add_argument("--state-dir", default=None, metavar="DIR", help="write the spawn audit log here")
+    run.add_argument("--die-with-stdin", action="store_true",
+                     help="end the job when stdin hangs up (ssh link dropped)")
+    run.add_argument("--verbose", "-v", action="store_true", help="say which mechanism protects the job")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+
+    doc = sub.add_parser("doctor", help="Which mechanisms protect jobs here, and what they do not cover.")
+    doc.add_argument("--json", action="store_true", help="stable JSON (see docs/cli.md)")
+
+    demo = sub.add_parser("demo", help="An escape-artist tree, its owner SIGKILLed: does anything survive?")
+    demo.add_argument("--mechanism", "-m", default="auto", choices=MECHANISM_NAMES)
+    demo.add_argument("--control", action="store_true",
+                      help="run the same tree without tether, to see what survives then")
+    demo.add_argument("--json", action="store_true")
+
+    for name, (_mod, text) in _DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return p
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v < 0 or v != v:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return v
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"tether {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        mod = importlib.import_module(_DELEGATED[argv[0]][0])
+        return int(mod.cli(argv[1:]) or 0)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) if argv and argv[0] != "run" else (EXIT_TETHER_FAILURE if exc.code else 0)
+    if args.command == "run":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            print("tether run: missing command (usage: tether run [OPTIONS] -- CMD [ARG...])",
+                  file=sys.stderr)
+            return EXIT_TETHER_FAILURE
+        from .runner import run_command
+
+        return run_command(cmd, mechanism=args.mechanism, require=args.require, grace=args.grace,
+                           state_dir=args.state_dir, die_with_stdin=args.die_with_stdin,
+                           verbose=args.verbose)
+    if args.command == "doctor":
+        from .doctor import doctor
+
+        return doctor(as_json=args.json)
+    if args.command == "demo":
+        from .demo import demo
+
+        return demo(mechanism=args.mechanism, control=args.control, as_json=args.json)
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

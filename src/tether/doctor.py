@@ -1,0 +1,100 @@
+"""`tether doctor`: which mechanisms protect jobs here, and what each does not cover.
+
+The JSON output (``--json``) is stable; fields are only ever added:
+
+    {"schema": 1, "platform": str, "kernel": str, "python": str, "uid": int,
+     "auto": name|null, "auto_reason": str, "strict": name|null, "strict_reason": str,
+     "mechanisms": [{"mechanism", "available", "reason", "detail", "guarantee": {...}}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+SCHEMA = 1
+
+
+def describe(name: str):
+    """The Guarantee a job of mechanism ``name`` would have (no job is opened)."""
+    from .platform.base import JOBOBJECT, JobOptions, Guarantee
+
+    if name == JOBOBJECT:
+        try:
+            from .platform.windows import describe_guarantee
+
+            return describe_guarantee()
+        except Exception:  # noqa: BLE001 - Windows module absent or not on Windows
+            return Guarantee(mechanism=JOBOBJECT, kernel_enforced=True, transparent=True,
+                             ends_job="the kernel, when the last handle to the Job Object closes",
+                             not_covered=("processes started with breakaway by a job that allows it",))
+    from .platform.posix import mechanism_class
+
+    cls = mechanism_class(name)
+    return cls(JobOptions(name="doctor", job_id="doctor"), os.getpid(), 0).guarantee()
+
+
+def report() -> dict[str, Any]:
+    from .errors import JobRefused
+    from .platform import choose, probe_all
+
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "platform": sys.platform,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "uid": os.geteuid() if hasattr(os, "geteuid") else None,
+        "mechanisms": [],
+    }
+    for key, mech in (("auto", "auto"), ("strict", "strict")):
+        try:
+            out[key] = choose(mech)
+            out[f"{key}_reason"] = ""
+        except JobRefused as exc:
+            out[key] = None
+            out[f"{key}_reason"] = str(exc)
+    for av in probe_all():
+        d = av.to_dict()
+        try:
+            d["guarantee"] = describe(av.mechanism).to_dict()
+        except Exception as exc:  # noqa: BLE001
+            d["guarantee"] = {"error": str(exc)}
+        out["mechanisms"].append(d)
+    return out
+
+
+def doctor(as_json: bool = False) -> int:
+    data = report()
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    w = sys.stdout.write
+    w(f"tether doctor — {data['platform']} {data['kernel']}, Python {data['python']}, uid {data['uid']}\n\n")
+    for m in data["mechanisms"]:
+        mark = "yes" if m["available"] else "no "
+        w(f"  [{mark}] {m['mechanism']:<10} {m['reason']}\n")
+    w("\n")
+    for key, label in (("auto", "auto   (default, transparent)"), ("strict", "strict (kernel-enforced)")):
+        if data[key]:
+            w(f"  {label}: {data[key]}\n")
+        else:
+            w(f"  {label}: NOT AVAILABLE — {data[key + '_reason']}\n")
+    w("\nWhat each available mechanism guarantees:\n")
+    for m in data["mechanisms"]:
+        if not m["available"]:
+            continue
+        g = m["guarantee"]
+        if "error" in g:
+            continue
+        kind = "kernel-enforced" if g["kernel_enforced"] else "guardian-enforced"
+        seen = "transparent" if g["transparent"] else "visible to the job"
+        w(f"\n  {m['mechanism']}: {kind}, {seen}\n")
+        w(f"    ends the job: {g['ends_job']}\n")
+        for v in g["visible"]:
+            w(f"    the job sees: {v}\n")
+        for n in g["not_covered"]:
+            w(f"    not covered: {n}\n")
+    return 0

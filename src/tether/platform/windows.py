@@ -1,0 +1,801 @@
+"""Windows: one Job Object per job, with ``JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE``.
+
+The kernel ends every process in the job when the last handle to it closes.
+tether holds the only handle (never inheritable), so the job ends when the
+owner ends, however it ends: normal exit, crash, ``TerminateProcess``,
+Task Manager's "End task". What a member starts is a member; no member can
+leave, because tether never sets ``BREAKAWAY_OK`` or ``SILENT_BREAKAWAY_OK``.
+
+Placement before the first instruction, by one of three strategies:
+
+``job_list`` (Windows 10+)
+    ``CreateProcessW`` with ``PROC_THREAD_ATTRIBUTE_JOB_LIST`` in a
+    ``STARTUPINFOEXW``: the process is created inside the job.
+``suspended``
+    ``CreateProcess(CREATE_SUSPENDED)`` -> ``AssignProcessToJobObject`` ->
+    ``ResumeThread`` (whose previous suspend count must be 1).
+``popen_suspended``
+    the same from outside ``subprocess.Popen``, for a Python whose
+    ``Popen._execute_child`` no longer calls ``_winapi.CreateProcess``:
+    resume through a thread snapshot (or ``NtResumeProcess``).
+
+The first two run *inside* ``subprocess.Popen``: ``popen()`` returns an
+instance of a ``Popen`` subclass whose ``_execute_child`` is CPython's own
+code with ``_winapi.CreateProcess`` replaced for that one call (a copy of the
+function with its own globals; the ``subprocess`` module is not patched). So
+pipes, ``communicate``, ``wait``, return codes, ``startupinfo`` and the
+caller's ``creationflags`` behave exactly as with ``subprocess.Popen``.
+
+If a child cannot be placed in the job it is terminated before it ran and the
+spawn fails with ``JobRefused`` (the job gate). If the job itself could not be
+created or configured, ``guarantee.disabled`` names the Win32 call and error
+and every ``popen`` is refused: nothing is ever started outside the job.
+
+Nested jobs (``options.parent`` is a ``WindowsJob``): every process started
+in the inner job is placed in the outer job first and then in the inner one,
+which makes the inner job a child of the outer in the kernel's job tree.
+Closing the inner job ends its processes; closing the outer job (or its owner
+dying) ends both.
+
+Polite stop: Windows has no SIGTERM. ``signal_all`` sends ``CTRL_BREAK_EVENT``
+to the console process groups that the caller asked for with
+``creationflags=CREATE_NEW_PROCESS_GROUP`` (tether does not add that flag by
+itself: a new process group ignores Ctrl+C from the console, which would
+break interactive programs). Everything else is ended by
+``TerminateJobObject`` in ``kill_all``.
+
+Background jobs (``options.background``): no kill-on-close (they outlive the
+owner on purpose), ``BELOW_NORMAL_PRIORITY_CLASS`` as a job limit, and a hard
+CPU rate cap when ``cpu_percent`` is given. They are never nested: a process
+in a kill-on-close parent would die with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import time
+import types
+import weakref
+from typing import Any
+
+from ..errors import JobClosed, JobRefused
+from . import _winapi as w
+from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions
+
+STRATEGY_JOB_LIST = "job_list"
+STRATEGY_SUSPENDED = "suspended"
+STRATEGY_POPEN_SUSPENDED = "popen_suspended"
+STRATEGIES = (STRATEGY_JOB_LIST, STRATEGY_SUSPENDED, STRATEGY_POPEN_SUSPENDED)
+
+# Exit code of processes ended by TerminateJobObject (as Popen.kill uses 1).
+KILLED_EXIT_CODE = 1
+# First guess of the pid-list size; grown on ERROR_MORE_DATA.
+PID_LIST_INITIAL = 64
+
+# CreateProcessW errors after which a job_list spawn is retried with the
+# suspended strategy, which tells "cannot place in the job" (JobRefused) from
+# "cannot start the program" (the usual OSError).
+_JOB_LIST_RETRY_ERRORS = frozenset(
+    {w.ERROR_ACCESS_DENIED, w.ERROR_INVALID_HANDLE, w.ERROR_NOT_SUPPORTED, w.ERROR_INVALID_PARAMETER}
+)
+
+NOT_COVERED = (
+    "processes started on the job's behalf by another parent (a service, the Task Scheduler, "
+    "WMI Win32_Process.Create, an out-of-process COM server) are not in the job",
+    "the polite stop (CTRL_BREAK_EVENT) reaches only console process groups created with "
+    "CREATE_NEW_PROCESS_GROUP; every other member is ended by TerminateJobObject without warning",
+)
+
+
+# --- what this Windows offers ---------------------------------------------------
+_job_list_supported: bool | None = None
+
+
+def _check_job_list(api: w.Api) -> bool:
+    """Whether PROC_THREAD_ATTRIBUTE_JOB_LIST is accepted (Windows 10+)."""
+    global _job_list_supported
+    if _job_list_supported is None:
+        try:
+            ver = sys.getwindowsversion()  # type: ignore[attr-defined]
+            if ver.major < 10:
+                _job_list_supported = False
+            else:
+                attrs = _AttributeList(api, 1)
+                try:
+                    attrs.add(w.PROC_THREAD_ATTRIBUTE_JOB_LIST, (w.HANDLE * 1)(None))
+                    _job_list_supported = True
+                finally:
+                    attrs.delete()
+        except (OSError, AttributeError):
+            _job_list_supported = False
+    return _job_list_supported
+
+
+def _clone_available() -> bool:
+    """Whether Popen._execute_child calls ``_winapi.CreateProcess`` (CPython 3.3+)."""
+    code = getattr(subprocess.Popen._execute_child, "__code__", None)
+    return code is not None and "_winapi" in code.co_names and "CreateProcess" in code.co_names
+
+
+def default_strategy(api: w.Api) -> str:
+    if not _clone_available():
+        return STRATEGY_POPEN_SUSPENDED
+    return STRATEGY_JOB_LIST if _check_job_list(api) else STRATEGY_SUSPENDED
+
+
+def probe() -> Availability:
+    """Whether Job Objects with kill-on-close work here; never raises."""
+    if sys.platform != "win32":
+        return Availability(JOBOBJECT, False, f"not Windows (sys.platform is {sys.platform!r})")
+    try:
+        api = w.load()
+        job = api.CreateJobObjectW(None, None)
+        try:
+            limits = w.extended_limits(kill_on_close=True)
+            api.SetInformationJobObject(
+                job, w.JobObjectExtendedLimitInformation,
+                ctypes.byref(limits), ctypes.sizeof(limits),
+            )
+        finally:
+            api.CloseHandle(job)
+        ver = sys.getwindowsversion()  # type: ignore[attr-defined]
+        detail = {
+            "placement": default_strategy(api),
+            "job_list": _check_job_list(api),
+            "nested_jobs": (ver.major, ver.minor) >= (6, 2),
+            "owner_in_job": _in_any_job(api),
+            "windows_version": f"{ver.major}.{ver.minor}.{ver.build}",
+        }
+        return Availability(JOBOBJECT, True, "Job Object with KILL_ON_JOB_CLOSE", detail)
+    except w.Win32Error as e:
+        return Availability(JOBOBJECT, False, f"kill-on-close DISABLED: {e}", {"win32_error": e.code})
+    except Exception as e:  # probe() must never raise
+        return Availability(JOBOBJECT, False, f"kill-on-close DISABLED: {type(e).__name__}: {e}")
+
+
+def _in_any_job(api: w.Api) -> bool | None:
+    try:
+        flag = w.BOOL(0)
+        api.IsProcessInJob(api.GetCurrentProcess(), None, ctypes.byref(flag))
+        return bool(flag.value)
+    except OSError:
+        return None
+
+
+def limits_readback_verdict(
+    info: w.JOBOBJECT_EXTENDED_LIMIT_INFORMATION, kill_on_close: bool
+) -> str | None:
+    """Judge limits read back from the kernel: None if fine, else the problem.
+
+    Wine answers a limit query with zeros; "nothing reported" is not "not set",
+    so an all-zero answer is accepted (and traced as unverified).
+    """
+    flags = info.BasicLimitInformation.LimitFlags
+    if bytes(info) == bytes(ctypes.sizeof(info)):
+        return None
+    if flags & w.FORBIDDEN_LIMIT_FLAGS:
+        return f"limits read back with breakaway allowed (LimitFlags=0x{flags:x})"
+    if kill_on_close and not flags & w.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE:
+        return f"limits read back without KILL_ON_JOB_CLOSE (LimitFlags=0x{flags:x})"
+    return None
+
+
+# --- the backend -----------------------------------------------------------------
+class WindowsJob(JobBackend):
+    """One Job Object; see the module docstring."""
+
+    mechanism = JOBOBJECT
+
+    def __init__(self, options: JobOptions, *, strategy: str | None = None) -> None:
+        self.options = options
+        self._lock = threading.RLock()
+        self._closed = False
+        self._handle: int | None = None
+        self._disabled: str | None = None
+        self._notes: list[str] = []
+        self._groups: list[tuple[int, int]] = []  # (pid, our process handle) of CTRL_BREAK groups
+        self._children: weakref.WeakSet[WindowsJob] = weakref.WeakSet()
+        self._parent: WindowsJob | None = None
+        self._limits: w.JOBOBJECT_EXTENDED_LIMIT_INFORMATION | None = None
+        self._cpu_rate: w.JOBOBJECT_CPU_RATE_CONTROL_INFORMATION | None = None
+        self._readback = "not read"
+        self._api: w.Api | None = None
+        self.strategy = strategy
+        parent = options.parent
+        if parent is not None and not isinstance(parent, WindowsJob):
+            raise TypeError(f"a Windows job can only nest in a WindowsJob, not {type(parent).__name__}")
+        if parent is not None and options.background:
+            # A member of a kill-on-close parent dies with it; a background job
+            # must outlive its owner, so it is not nested (and says so).
+            self._notes.append("not nested in its parent job: a background job outlives it on purpose")
+        elif parent is not None:
+            if parent._closed:
+                raise JobClosed(f"parent job {parent.options.name!r} is closed")
+            self._parent = parent
+        if strategy is not None and strategy not in STRATEGIES:
+            raise ValueError(f"unknown placement strategy {strategy!r}")
+        if options.cpu_percent is not None:
+            w.cpu_rate_info(options.cpu_percent)  # validate early: ValueError
+        self._open()
+        if self._parent is not None:
+            self._parent._children.add(self)
+
+    # -- creation -------------------------------------------------------------------
+    def _create_job_object(self, api: w.Api) -> int:
+        """CreateJobObjectW; its own method so that a test can make it fail for real."""
+        return api.CreateJobObjectW(None, None)
+
+    def _open(self) -> None:
+        try:
+            api = self._api = w.load()
+        except OSError as e:
+            self._disabled = f"the Win32 API could not be loaded: {e}"
+            return
+        if self.strategy is None:
+            self.strategy = default_strategy(api)
+        try:
+            self._handle = self._create_job_object(api)
+        except w.Win32Error as e:
+            self._disabled = str(e)
+            return
+        background = self.options.background
+        low = self.options.low_priority or background
+        limits = w.extended_limits(
+            kill_on_close=not background,
+            priority_class=w.BELOW_NORMAL_PRIORITY_CLASS if low else None,
+        )
+        try:
+            api.SetInformationJobObject(
+                self._handle, w.JobObjectExtendedLimitInformation,
+                ctypes.byref(limits), ctypes.sizeof(limits),
+            )
+            self._limits = limits
+        except w.Win32Error as e:
+            if not background:
+                self._disabled = str(e)
+                return
+            self._notes.append(f"priority class not set: {e}")
+        if self.options.cpu_percent is not None:
+            rate = w.cpu_rate_info(self.options.cpu_percent)
+            try:
+                api.SetInformationJobObject(
+                    self._handle, w.JobObjectCpuRateControlInformation,
+                    ctypes.byref(rate), ctypes.sizeof(rate),
+                )
+                self._cpu_rate = rate
+            except w.Win32Error as e:
+                self._notes.append(f"CPU cap of {self.options.cpu_percent}% not applied: {e}")
+        self._verify_limits(api)
+
+    def _verify_limits(self, api: w.Api) -> None:
+        back = w.JOBOBJECT_EXTENDED_LIMIT_INFORMATION()
+        ok = api.QueryInformationJobObject(
+            self._handle, w.JobObjectExtendedLimitInformation,
+            ctypes.byref(back), ctypes.sizeof(back), None,
+        )
+        if not ok:
+            self._readback = f"query failed with Win32 error {ctypes.get_last_error()}"  # type: ignore[attr-defined]
+            return
+        if bytes(back) == bytes(ctypes.sizeof(back)):
+            self._readback = "not reported (all zero, as under Wine)"
+            return
+        problem = limits_readback_verdict(back, kill_on_close=not self.options.background)
+        if problem and not self.options.background:
+            self._disabled = problem
+        self._readback = problem or "verified"
+
+    # -- the contract -----------------------------------------------------------------
+    @property
+    def guarantee(self) -> Guarantee:
+        if self._disabled:
+            return Guarantee(
+                mechanism=JOBOBJECT,
+                kernel_enforced=False,
+                transparent=True,
+                ends_job="nobody: the Job Object could not be set up, so nothing is started",
+                not_covered=("every process: no job protects them",),
+                disabled=self._disabled,
+            )
+        if self.options.background:
+            return Guarantee(
+                mechanism=JOBOBJECT,
+                kernel_enforced=False,
+                transparent=True,
+                ends_job="nobody: a background job outlives its owner on purpose "
+                "(close() or kill_all() ends it with TerminateJobObject)",
+                not_covered=NOT_COVERED + tuple(self._notes),
+            )
+        ends = "the Windows kernel, when the last handle to the Job Object closes"
+        if self._parent is not None:
+            ends += " (this job's or its enclosing job's)"
+        return Guarantee(
+            mechanism=JOBOBJECT,
+            kernel_enforced=True,
+            transparent=True,
+            ends_job=ends,
+            not_covered=NOT_COVERED + tuple(self._notes),
+        )
+
+    def _chain(self) -> list[int]:
+        """Job handles a new member joins, outermost first (builds the nesting)."""
+        handles = self._parent._chain() if self._parent is not None else []
+        assert self._handle is not None
+        return handles + [self._handle]
+
+    def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
+        with self._lock:
+            if self._closed:
+                raise JobClosed(f"job {self.options.name!r} is closed")
+            if self._disabled:
+                raise JobRefused(
+                    f"job {self.options.name!r}: kill-on-close DISABLED: {self._disabled}; "
+                    "nothing is started outside a job"
+                )
+            if self._parent is not None and self._parent._closed:
+                raise JobClosed(f"parent job {self._parent.options.name!r} is closed")
+            kw = dict(kwargs)
+            flags = int(kw.get("creationflags") or 0)
+            if self.strategy == STRATEGY_POPEN_SUSPENDED:
+                proc = self._popen_suspended(args, kw, flags)
+            else:
+                cls = _job_popen_class()
+                _tls.ctx = _SpawnContext(self, self.strategy or STRATEGY_SUSPENDED)
+                try:
+                    proc = cls(args, **kw)
+                finally:
+                    _tls.ctx = None
+            if flags & w.CREATE_NEW_PROCESS_GROUP:
+                self._remember_group(proc)
+            return proc
+
+    def member_pids(self) -> list[int]:
+        with self._lock:
+            if self._closed or self._handle is None:
+                return []
+            return query_pids(self._require_api(), self._handle)
+
+    def signal_all(self, sig: int) -> list[int]:
+        """The polite step: CTRL_BREAK_EVENT to the live process groups the job created.
+
+        Whatever ``sig`` is (SIGTERM, SIGINT, CTRL_BREAK_EVENT): Windows has one
+        console event that can be aimed at a process group. Each target is a
+        process whose handle we hold since its creation, so its pid cannot
+        have been reused.
+        """
+        with self._lock:
+            if self._closed or self._handle is None:
+                return []
+            api = self._require_api()
+            sent = []
+            for pid, handle in self._groups:
+                if pid <= 0 or pid == os.getpid():  # 0 would be our own group
+                    continue
+                if api.WaitForSingleObject(handle, 0) != w.WAIT_TIMEOUT:
+                    continue  # the group's first process has ended
+                try:
+                    api.GenerateConsoleCtrlEvent(w.CTRL_BREAK_EVENT, pid)
+                except w.Win32Error:
+                    continue  # no shared console: TerminateJobObject will do it
+                sent.append(pid)
+            return sent
+
+    def kill_all(self, timeout: float = 3.0) -> None:
+        with self._lock:
+            if self._closed or self._handle is None:
+                return
+            api = self._require_api()
+            api.TerminateJobObject(self._handle, KILLED_EXIT_CODE)
+            handle = self._handle
+        _wait_empty(api, handle, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for child in list(self._children):
+                child.close()
+            self._closed = True
+            api, handle = self._api, self._handle
+            self._handle = None
+            try:
+                if api is not None and handle is not None:
+                    try:
+                        api.TerminateJobObject(handle, KILLED_EXIT_CODE)
+                        _wait_empty(api, handle, 3.0)
+                    finally:
+                        api.CloseHandle(handle)
+            finally:
+                self._close_group_handles()
+
+    def release(self) -> None:
+        """Close tether's handle without ending the members (background jobs).
+
+        For a kill-on-close job this ends the members anyway (the kernel does).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._api is not None and self._handle is not None:
+                self._api.CloseHandle(self._handle)
+            self._handle = None
+            self._close_group_handles()
+
+    def trace(self) -> dict[str, Any]:
+        limits = None
+        if self._limits is not None:
+            basic = self._limits.BasicLimitInformation
+            limits = {"LimitFlags": basic.LimitFlags, "PriorityClass": basic.PriorityClass}
+        cpu = None
+        if self._cpu_rate is not None:
+            cpu = {"ControlFlags": self._cpu_rate.ControlFlags, "CpuRate": self._cpu_rate.CpuRate}
+        return {
+            "mechanism": JOBOBJECT,
+            "job_handle": self._handle,
+            "placement": self.strategy,
+            "nested": self._parent is not None,
+            "kill_on_close": not self.options.background,
+            "limits": limits,
+            "cpu_rate": cpu,
+            "limits_readback": self._readback,
+            "disabled": self._disabled,
+            "notes": list(self._notes),
+        }
+
+    # -- helpers ------------------------------------------------------------------------
+    def _require_api(self) -> w.Api:
+        assert self._api is not None
+        return self._api
+
+    def _place(self, process_handle: int) -> None:
+        """AssignProcessToJobObject along the chain, outermost first."""
+        api = self._require_api()
+        for job in self._chain():
+            api.AssignProcessToJobObject(job, process_handle)
+
+    def _remember_group(self, proc: subprocess.Popen) -> None:
+        api = self._require_api()
+        me = api.GetCurrentProcess()
+        dup = w.HANDLE()
+        try:
+            api.DuplicateHandle(
+                me, int(proc._handle), me, ctypes.byref(dup), 0, False, w.DUPLICATE_SAME_ACCESS  # type: ignore[attr-defined]
+            )
+        except w.Win32Error:
+            return
+        self._groups.append((proc.pid, int(dup.value or 0)))
+
+    def _close_group_handles(self) -> None:
+        api = self._api
+        groups, self._groups = self._groups, []
+        for _pid, handle in groups:
+            if api is not None and handle:
+                try:
+                    api.CloseHandle(handle)
+                except w.Win32Error:
+                    pass
+
+    def _popen_suspended(self, args: Any, kw: dict[str, Any], flags: int) -> subprocess.Popen:
+        api = self._require_api()
+        kw["creationflags"] = flags | w.CREATE_SUSPENDED
+        proc = subprocess.Popen(args, **kw)
+        handle = int(proc._handle)  # type: ignore[attr-defined]
+        try:
+            self._place(handle)
+            if not flags & w.CREATE_SUSPENDED:  # the caller's own CREATE_SUSPENDED is kept
+                _resume_all_threads(api, handle, proc.pid)
+        except BaseException as e:
+            _kill_unplaced(api, handle)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait(5)
+            raise JobRefused(
+                f"job {self.options.name!r}: the child could not be placed in the job "
+                f"({e}); it was terminated before it ran"
+            ) from e
+        return proc
+
+
+# --- pieces used by the backend ----------------------------------------------------
+def query_pids(api: w.Api, job: int, initial: int = PID_LIST_INITIAL) -> list[int]:
+    """Pids of the job's live members (JobObjectBasicProcessIdList).
+
+    A short buffer answers ERROR_MORE_DATA with the assigned count filled in;
+    the buffer grows and the query repeats (bounded: members may keep coming).
+    """
+    capacity = max(1, int(initial))
+    for _ in range(16):
+        buf = w.pid_list_buffer(capacity)
+        ok = api.QueryInformationJobObject(
+            job, w.JobObjectBasicProcessIdList, ctypes.byref(buf), ctypes.sizeof(buf), None
+        )
+        err = ctypes.get_last_error() if not ok else 0  # type: ignore[attr-defined]
+        assigned, pids = w.parse_pid_list(buf)
+        if ok:
+            return pids
+        if err != w.ERROR_MORE_DATA:
+            raise w.Win32Error("QueryInformationJobObject(JobObjectBasicProcessIdList)", err)
+        capacity = max(capacity * 2, assigned + 16)
+    raise w.Win32Error("QueryInformationJobObject(JobObjectBasicProcessIdList)", w.ERROR_MORE_DATA)
+
+
+def _wait_empty(api: w.Api, job: int, timeout: float) -> bool:
+    """Poll until the job has no live member (bounded). True if it emptied."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            if not query_pids(api, job):
+                return True
+        except w.Win32Error:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _kill_unplaced(api: w.Api, process_handle: int) -> None:
+    """TerminateProcess on a child that never ran (it is still suspended)."""
+    try:
+        api.TerminateProcess(process_handle, KILLED_EXIT_CODE)
+        api.WaitForSingleObject(process_handle, 5000)
+    except w.Win32Error:
+        pass
+
+
+def _resume_all_threads(api: w.Api, process_handle: int, pid: int) -> None:
+    """Resume a CREATE_SUSPENDED process whose thread handle subprocess closed.
+
+    The snapshot lists its threads: a fresh process has one, whose previous
+    suspend count must be 1 (0 would mean it already ran outside the job).
+    Without a snapshot, NtResumeProcess.
+    """
+    try:
+        snap = api.CreateToolhelp32Snapshot(w.TH32CS_SNAPTHREAD, 0)
+    except w.Win32Error:
+        snap = None
+    threads: list[int] = []
+    if snap is not None:
+        try:
+            entry = w.THREADENTRY32()
+            entry.dwSize = ctypes.sizeof(entry)
+            more = api.Thread32First(snap, ctypes.byref(entry))
+            while more:
+                if entry.th32OwnerProcessID == pid:
+                    threads.append(entry.th32ThreadID)
+                more = api.Thread32Next(snap, ctypes.byref(entry))
+        finally:
+            api.CloseHandle(snap)
+    if not threads:
+        status = api.NtResumeProcess(process_handle)
+        if status != 0:
+            raise w.Win32Error("NtResumeProcess", status & 0xFFFFFFFF)
+        return
+    for tid in threads:
+        th = api.OpenThread(w.THREAD_SUSPEND_RESUME, False, tid)
+        try:
+            previous = api.ResumeThread(th)
+        finally:
+            api.CloseHandle(th)
+        if previous != 1:
+            raise w.Win32Error(f"ResumeThread (previous suspend count {previous}, expected 1)", 0)
+
+
+class _AttributeList:
+    """A PROC_THREAD_ATTRIBUTE_LIST buffer (Initialize/Delete around it)."""
+
+    def __init__(self, api: w.Api, count: int) -> None:
+        self._api = api
+        size = w.SIZE_T(0)
+        api.InitializeProcThreadAttributeList(None, count, 0, ctypes.byref(size))
+        self.buffer = (ctypes.c_byte * max(size.value, 1))()
+        self.address = ctypes.addressof(self.buffer)
+        if not api.InitializeProcThreadAttributeList(self.address, count, 0, ctypes.byref(size)):
+            raise w.Win32Error("InitializeProcThreadAttributeList", ctypes.get_last_error())  # type: ignore[attr-defined]
+        self._keep: list[Any] = []  # values must outlive the list
+
+    def add(self, attribute: int, value: ctypes.Array) -> None:
+        self._keep.append(value)
+        self._api.UpdateProcThreadAttribute(
+            self.address, 0, attribute, ctypes.byref(value), ctypes.sizeof(value), None, None
+        )
+
+    def delete(self) -> None:
+        self._api.DeleteProcThreadAttributeList(self.address)
+
+
+# --- spawning inside subprocess.Popen ------------------------------------------------
+class _SpawnContext:
+    def __init__(self, job: WindowsJob, strategy: str) -> None:
+        self.job = job
+        self.strategy = strategy
+
+
+_tls = threading.local()
+
+
+def _create_process(
+    application_name: str | None,
+    command_line: str | None,
+    process_attributes: Any,
+    thread_attributes: Any,
+    inherit_handles: int,
+    creation_flags: int,
+    env_mapping: Any,
+    current_directory: str | None,
+    startup_info: Any,
+) -> tuple[int, int, int, int]:
+    """Stands in for ``_winapi.CreateProcess`` inside our Popen subclass."""
+    ctx: _SpawnContext | None = getattr(_tls, "ctx", None)
+    if ctx is None:  # not reached through WindowsJob.popen: behave as the real one
+        import _winapi  # type: ignore[import-not-found]
+
+        return _winapi.CreateProcess(
+            application_name, command_line, process_attributes, thread_attributes,
+            inherit_handles, creation_flags, env_mapping, current_directory, startup_info,
+        )
+    args = (application_name, command_line, inherit_handles, creation_flags, env_mapping,
+            current_directory, startup_info)
+    if ctx.strategy == STRATEGY_JOB_LIST:
+        try:
+            return _create_with_job_list(ctx.job, *args)
+        except OSError as e:
+            if getattr(e, "winerror", None) not in _JOB_LIST_RETRY_ERRORS:
+                raise
+            # Could be the job or the program: the suspended path tells them apart.
+    return _create_suspended_then_assign(ctx.job, *args)
+
+
+def _startupinfo_fields(si: Any) -> tuple[int, int, Any, Any, Any, list[int]]:
+    attrs = getattr(si, "lpAttributeList", None) or {}
+    handles = [int(h) for h in (attrs.get("handle_list") or [])]
+    return (
+        int(getattr(si, "dwFlags", 0) or 0),
+        int(getattr(si, "wShowWindow", 0) or 0),
+        getattr(si, "hStdInput", None),
+        getattr(si, "hStdOutput", None),
+        getattr(si, "hStdError", None),
+        handles,
+    )
+
+
+def _create_with_job_list(
+    job: WindowsJob,
+    application_name: str | None,
+    command_line: str | None,
+    inherit_handles: int,
+    creation_flags: int,
+    env_mapping: Any,
+    current_directory: str | None,
+    startup_info: Any,
+) -> tuple[int, int, int, int]:
+    api = job._require_api()
+    sys.audit("_winapi.CreateProcess", application_name, command_line, current_directory)
+    dw_flags, show, h_in, h_out, h_err, handle_list = _startupinfo_fields(startup_info)
+    siex = w.STARTUPINFOEXW()
+    siex.StartupInfo.cb = ctypes.sizeof(siex)
+    siex.StartupInfo.dwFlags = dw_flags
+    siex.StartupInfo.wShowWindow = show
+    siex.StartupInfo.hStdInput = int(h_in) if h_in else None
+    siex.StartupInfo.hStdOutput = int(h_out) if h_out else None
+    siex.StartupInfo.hStdError = int(h_err) if h_err else None
+    env_block = w.environment_block(env_mapping) if env_mapping is not None else None
+    flags = creation_flags | w.EXTENDED_STARTUPINFO_PRESENT
+    if env_block is not None:
+        flags |= w.CREATE_UNICODE_ENVIRONMENT
+    cmd = ctypes.create_unicode_buffer(command_line) if command_line is not None else None
+    attrs = _AttributeList(api, 2 if handle_list else 1)
+    try:
+        chain = job._chain()
+        attrs.add(w.PROC_THREAD_ATTRIBUTE_JOB_LIST, (w.HANDLE * len(chain))(*chain))
+        if handle_list:
+            attrs.add(w.PROC_THREAD_ATTRIBUTE_HANDLE_LIST, (w.HANDLE * len(handle_list))(*handle_list))
+        siex.lpAttributeList = attrs.address
+        pi = w.PROCESS_INFORMATION()
+        try:
+            api.CreateProcessW(
+                application_name,
+                ctypes.addressof(cmd) if cmd is not None else None,
+                None,
+                None,
+                bool(inherit_handles),
+                flags,
+                ctypes.addressof(env_block) if env_block is not None else None,
+                current_directory,
+                ctypes.byref(siex.StartupInfo),
+                ctypes.byref(pi),
+            )
+        except w.Win32Error as e:
+            # The plain OSError subprocess users expect (FileNotFoundError for
+            # error 2...), as _winapi.CreateProcess raises it.
+            raise _oserror_from_winerror(e.code) from None
+    finally:
+        attrs.delete()
+    return int(pi.hProcess), int(pi.hThread), int(pi.dwProcessId), int(pi.dwThreadId)
+
+
+def _oserror_from_winerror(code: int) -> OSError:
+    make = getattr(ctypes, "WinError", None)
+    if make is not None:
+        return make(code)
+    return OSError(None, f"Win32 error {code}", None, code)
+
+
+def _create_suspended_then_assign(
+    job: WindowsJob,
+    application_name: str | None,
+    command_line: str | None,
+    inherit_handles: int,
+    creation_flags: int,
+    env_mapping: Any,
+    current_directory: str | None,
+    startup_info: Any,
+) -> tuple[int, int, int, int]:
+    import _winapi  # type: ignore[import-not-found]
+
+    api = job._require_api()
+    hp, ht, pid, tid = _winapi.CreateProcess(
+        application_name, command_line, None, None, inherit_handles,
+        creation_flags | w.CREATE_SUSPENDED, env_mapping, current_directory, startup_info,
+    )
+    try:
+        job._place(hp)
+        if not creation_flags & w.CREATE_SUSPENDED:  # the caller's own flag is kept
+            previous = api.ResumeThread(ht)
+            if previous != 1:
+                raise w.Win32Error(f"ResumeThread (previous suspend count {previous}, expected 1)", 0)
+    except BaseException as e:
+        _kill_unplaced(api, hp)
+        for h in (hp, ht):
+            try:
+                api.CloseHandle(h)
+            except w.Win32Error:
+                pass
+        raise JobRefused(
+            f"job {job.options.name!r}: the child could not be placed in the job ({e}); "
+            "it was terminated before it ran"
+        ) from e
+    return hp, ht, pid, tid
+
+
+class _WinapiProxy:
+    """``_winapi`` as seen by our copy of ``Popen._execute_child``."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.CreateProcess = _create_process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+_popen_class: type[subprocess.Popen] | None = None
+
+
+def _job_popen_class() -> type[subprocess.Popen]:
+    """A Popen subclass whose _execute_child is CPython's, with our CreateProcess."""
+    global _popen_class
+    if _popen_class is None:
+        import _winapi  # type: ignore[import-not-found]
+
+        original = subprocess.Popen._execute_child
+        namespace = dict(vars(subprocess))
+        namespace["_winapi"] = _WinapiProxy(_winapi)
+        execute_child = types.FunctionType(
+            original.__code__, namespace, original.__name__, original.__defaults__,
+            original.__closure__,
+        )
+        execute_child.__kwdefaults__ = original.__kwdefaults__
+        execute_child.__qualname__ = original.__qualname__
+        _popen_class = type(
+            "Popen", (subprocess.Popen,),
+            {"_execute_child": execute_child, "__module__": __name__,
+             "__doc__": "subprocess.Popen whose child is created inside a tether job."},
+        )
+    return _popen_class
