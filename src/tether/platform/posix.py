@@ -98,10 +98,17 @@ class KeeperJob(JobBackend):
         self._sock.settimeout(_START_TIMEOUT)
         self.keeper_pid = 0
         try:
+            # A PID-namespace keeper's intermediate reports the init's outer pid;
+            # that message and the init's "ready" may arrive in either order.
             msg = self._recv()
-            if "outer" in msg:
-                self.keeper_pid = msg["outer"]
+            if mechanism == PIDNS and msg.get("ready", True) is not False:
+                first = msg
                 msg = self._recv()
+                if "outer" in msg:
+                    first, msg = msg, first
+                if "outer" not in first:
+                    raise JobClosed(f"unexpected keeper message {first!r}")
+                self.keeper_pid = first["outer"]
         except (JobClosed, OSError) as exc:
             self._abandon()
             raise JobRefused(f"{mechanism}: the job's keeper failed to start: {exc}") from exc
