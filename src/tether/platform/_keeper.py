@@ -213,7 +213,15 @@ class Keeper:
                 return
             if pid in self.children:
                 self.children.discard(pid)
-                self.status[pid] = status
+                self._report_exit(pid, status)
+
+    def _report_exit(self, pid: int, status: int) -> None:
+        # Pushed to the owner at once, so its wait() needs no round trip; kept
+        # here instead if the owner is not reading (never block the keeper).
+        try:
+            self.ctl.send(_proto.encode({"exit": pid, "status": status}), socket.MSG_DONTWAIT)
+        except OSError:
+            self.status[pid] = status
 
     def wait_one(self, pid: int) -> int | None:
         if pid in self.status:
@@ -320,7 +328,7 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
     # Lift the received fds above every target so dup2 never clobbers a source.
     targets = msg["fdmap"]
     base = max([3, *targets.keys()]) + 1
-    lifted = [os.dup(fd) if fd >= base else _dup_above(fd, base) for fd in fds]
+    lifted = [_dup_above(fd, base) for fd in fds]
     file_actions = []
     for target, idx in sorted(targets.items()):
         file_actions.append((os.POSIX_SPAWN_DUP2, lifted[idx], target))
@@ -454,7 +462,7 @@ def kill_descendants(keeper: Keeper, timeout: float, sig: int = signal.SIGKILL) 
             reaped_any = True
             if pid in keeper.children:
                 keeper.children.discard(pid)
-                keeper.status[pid] = status
+                keeper._report_exit(pid, status)
         if not pids and not reaped_any:
             time.sleep(0.0005)
     return False

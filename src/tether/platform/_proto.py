@@ -21,6 +21,10 @@ def socketpair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
+def encode(msg: dict) -> bytes:
+    return marshal.dumps(msg)
+
+
 def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
     data = marshal.dumps(msg)
     if fds:

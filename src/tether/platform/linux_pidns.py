@@ -180,7 +180,7 @@ class PidnsMechanism(KeeperMechanism):
                     break
                 if pid in keeper.children:
                     keeper.children.discard(pid)
-                    keeper.status[pid] = status
+                    keeper._report_exit(pid, status)
             time.sleep(0.0003)
 
     def guarantee(self) -> Guarantee:

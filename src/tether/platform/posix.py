@@ -80,6 +80,7 @@ class KeeperJob(JobBackend):
         self._lock = threading.Lock()
         self._closed = False
         self._final_status: dict[int, int] = {}
+        self._exits: dict[int, int] = {}  # exit statuses the keeper pushed
         self._reap: list[int] = []
         self._sock, child = _proto.socketpair()
         try:
@@ -136,12 +137,33 @@ class KeeperJob(JobBackend):
                 raise JobClosed(f"job {self.options.name!r} is closed")
             try:
                 _proto.send(self._sock, msg, fds)
-                reply, rfds = _proto.recv(self._sock)
+                while True:
+                    reply, rfds = _proto.recv(self._sock)
+                    if reply is None or "exit" not in reply:
+                        break
+                    self._exits[reply["exit"]] = reply["status"]  # pushed exit status
             except OSError as exc:
                 raise JobClosed(f"the job's keeper is gone: {exc}") from exc
             if reply is None:
                 raise JobClosed("the job's keeper is gone")
             return reply, rfds
+
+    def _drain_exits(self) -> None:
+        """Read pushed exit statuses without blocking (caller holds the lock)."""
+        while True:
+            try:
+                data = self._sock.recv(_proto.MAX_MSG, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if not data:
+                return
+            import marshal
+
+            msg = marshal.loads(data)
+            if "exit" in msg:
+                self._exits[msg["exit"]] = msg["status"]
 
     def _reap_children(self, block: bool) -> None:
         deadline = time.monotonic() + (1.0 if block else 0)
@@ -213,9 +235,14 @@ class KeeperJob(JobBackend):
             try:
                 _proto.send(self._sock, {"op": "close", "timeout": timeout})
                 self._sock.settimeout(timeout + 5.0)
-                reply, fds = _proto.recv(self._sock)
-                for fd in fds:
-                    os.close(fd)
+                while True:
+                    reply, fds = _proto.recv(self._sock)
+                    for fd in fds:
+                        os.close(fd)
+                    if reply is None or "exit" not in reply:
+                        break
+                    self._exits[reply["exit"]] = reply["status"]
+                self._final_status.update(self._exits)
                 if reply:
                     self._final_status.update(reply.get("status", {}))
             except OSError:
@@ -226,14 +253,24 @@ class KeeperJob(JobBackend):
         self.mech.owner_cleanup()
 
     def wait_status(self, inner_pid: int, block: bool) -> int | None:
-        """Raw wait status of a direct child, from the keeper."""
+        """Raw wait status of a direct child: pushed by the keeper, or asked for."""
         if inner_pid in self._final_status:
             return self._final_status.pop(inner_pid)
+        if not self._closed:
+            with self._lock:
+                if inner_pid not in self._exits:
+                    self._drain_exits()
+                if inner_pid in self._exits:
+                    return self._exits.pop(inner_pid)
         try:
             reply, fds = self.request({"op": "wait" if block else "poll", "pid": inner_pid})
         except JobClosed:
-            return self._final_status.pop(inner_pid, -signal.SIGKILL & 0x7F)
-        return reply.get("status")
+            st = self._exits.pop(inner_pid, None)
+            return st if st is not None else self._final_status.pop(inner_pid, signal.SIGKILL)
+        st = reply.get("status")
+        if st is None:
+            st = self._exits.pop(inner_pid, None)
+        return st
 
 
 class JobPopen(subprocess.Popen):
@@ -436,6 +473,16 @@ _RESTORED = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") i
 
 
 def _ignored_signals() -> list[int]:
+    """Signals this process ignores (children inherit SIG_IGN across exec)."""
+    try:
+        # One read of the kernel's mask; signal.getsignal per signal costs ~1 ms.
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigIgn:"):
+                    mask = int(line.split()[1], 16)
+                    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+    except (OSError, ValueError):
+        pass
     out = []
     for s in signal.valid_signals():
         try:

@@ -406,6 +406,9 @@ class WindowsJob(JobBackend):
                     try:
                         api.TerminateJobObject(handle, KILLED_EXIT_CODE)
                         _wait_empty(api, handle, 3.0)
+                    except w.Win32Error as e:
+                        # Closing the last handle still ends a kill-on-close job.
+                        self._notes.append(f"close: {e}")
                     finally:
                         api.CloseHandle(handle)
             finally:

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Contained spawn+wait of /bin/true vs plain subprocess.Popen, in the same run.
+
+Also: the cost of opening a job, memory per open job (the keeper's PSS), and
+how spawn time grows with the number of open jobs. Rounds interleave tether
+and the baseline so machine noise hits both alike; we report medians and the
+ratio. Target (issue 2): auto <= 1.5x plain Popen.
+
+usage: python3 bench/spawn.py [--n 300] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from tether import Job  # noqa: E402
+from tether.platform import choose, probe  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn.json")
+
+
+def pss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    n = 60 if a.quick else a.n
+    mechs = ["auto"] + [m for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available]
+    out: dict = {"bench": "spawn", "n": n, "python": platform.python_version(),
+                 "kernel": platform.release(), "uid": os.geteuid(), "auto": choose("auto"),
+                 "load_avg": os.getloadavg(), "mechanisms": {}}
+
+    def plain() -> None:
+        subprocess.Popen(["/bin/true"]).wait()
+
+    print(f"spawn+wait of /bin/true, {n} rounds, median µs (auto = {out['auto']})")
+    print(f"  {'mechanism':<10} {'plain':>8} {'tether':>8} {'ratio':>6}  {'open job':>9} {'keeper PSS':>10}")
+    for m in mechs:
+        t_open = [timed(lambda m=m: Job(mechanism=m).close()) for _ in range(max(5, n // 20))]
+        job = Job(mechanism=m)
+        for _ in range(10):  # warm up both paths
+            plain()
+            job.popen(["/bin/true"]).wait()
+        base, ours = [], []
+        for _ in range(n):
+            base.append(timed(plain))
+            ours.append(timed(lambda: job.popen(["/bin/true"]).wait()))
+        pss = pss_kb(job.trace()["keeper_pid"])
+        job.close()
+        b, o = statistics.median(base) * 1e6, statistics.median(ours) * 1e6
+        out["mechanisms"][m] = {"plain_us": round(b, 1), "tether_us": round(o, 1),
+                                "ratio": round(o / b, 3), "open_job_us": round(statistics.median(t_open) * 1e6, 1),
+                                "keeper_pss_kb": pss,
+                                "tether_p90_us": round(sorted(ours)[int(len(ours) * 0.9)] * 1e6, 1),
+                                "plain_p90_us": round(sorted(base)[int(len(base) * 0.9)] * 1e6, 1)}
+        r = out["mechanisms"][m]
+        print(f"  {m:<10} {b:8.0f} {o:8.0f} {o / b:6.2f}  {r['open_job_us']:8.0f}µs {pss or 0:8d}kB")
+
+    # Growth with the number of open jobs: spawn cost and memory, auto mechanism.
+    growth = []
+    for count in (1, 10, 50) if not a.quick else (1, 10):
+        jobs = [Job() for _ in range(count)]
+        try:
+            ts = [timed(lambda: jobs[-1].popen(["/bin/true"]).wait()) for _ in range(max(20, n // 5))]
+            pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
+        finally:
+            for j in jobs:
+                j.close()
+        growth.append({"open_jobs": count, "spawn_us": round(statistics.median(ts) * 1e6, 1),
+                       "keepers_pss_kb_total": pss, "pss_kb_per_job": round(pss / count, 1)})
+        print(f"  {count:3d} open jobs: spawn {growth[-1]['spawn_us']:.0f} µs, "
+              f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS per job")
+    out["growth"] = growth
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the mechanism tests as a throwaway unprivileged user (CI is root; users
+# mostly are not). Needs root to create the user; the user is removed after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+if [ "$(id -u)" != 0 ]; then
+  echo "already unprivileged: running the mechanism tests directly"
+  exec python3 -m pytest -q -p no:cacheprovider -m mechanism
+fi
+USER_NAME=tether-ci-$$
+WORK=$(mktemp -d /tmp/tether-unpriv.XXXXXX)
+cleanup() {
+  userdel -r "$USER_NAME" >/dev/null 2>&1 || userdel "$USER_NAME" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+useradd -M -d "$WORK/home" -s /bin/bash "$USER_NAME"
+mkdir -p "$WORK/home"
+# A copy of the tree the user can read, and a venv from the system Python
+# (the root-only pyenv under /root is not readable by other users).
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/pyproject.toml" "$ROOT/README.md" "$WORK/"
+/usr/bin/python3 -m venv "$WORK/venv"
+"$WORK/venv/bin/pip" install -q "$WORK[test]"
+chown -R "$USER_NAME" "$WORK/home" "$WORK/tests"
+chmod -R a+rX "$WORK"
+cd "$WORK"
+runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" PATH="$WORK/venv/bin:/usr/bin:/bin" \
+  LANG=C.UTF-8 TMPDIR=/tmp \
+  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -m mechanism tests

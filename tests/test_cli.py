@@ -1,0 +1,192 @@
+"""`tether run`, `tether doctor`, `tether demo` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import available
+
+TETHER = [sys.executable, "-m", "tether"]
+
+pytestmark = pytest.mark.mechanism
+
+
+def run(args, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("timeout", 60)
+    return subprocess.run(TETHER + args, **kw)
+
+
+@pytest.mark.parametrize("cmd,code", [
+    (["sh", "-c", "exit 0"], 0),
+    (["sh", "-c", "exit 7"], 7),
+    (["sh", "-c", "kill -TERM $$"], 128 + 15),
+    (["sh", "-c", "kill -KILL $$"], 128 + 9),
+    (["no-such-command-tether"], 127),
+    (["/etc/hostname"], 126),
+])
+def test_run_exit_status(cmd, code, procs):
+    r = run(["run", "--", *cmd], env=procs.env())
+    assert r.returncode == code, r.stderr
+
+
+def test_run_tether_failure_is_125_with_one_line(procs):
+    r = run(["run", "--mechanism", "subreaper", "--require", "kernel", "--", "true"], env=procs.env())
+    assert r.returncode == 125
+    assert r.stderr.decode().count("\n") == 1 and "kernel" in r.stderr.decode()
+    r = run(["run"], env=procs.env())
+    assert r.returncode == 125 and b"missing command" in r.stderr
+    r = run(["run", "--grace", "abc", "--", "true"], env=procs.env())
+    assert r.returncode == 125
+
+
+def test_run_stdio_passthrough_bytes(procs):
+    data = bytes(range(256)) * 400 + "ünïcødé ✓".encode()
+    r = run(["run", "--", "sh", "-c", "cat; echo err >&2"], input=data, env=procs.env())
+    assert r.returncode == 0
+    assert r.stdout == data
+    assert r.stderr == b"err\n"
+
+
+def test_run_ends_leftovers_when_command_exits(procs):
+    t0 = time.monotonic()
+    r = run(["run", "--grace", "0.5", "--", "sh", "-c",
+             "sleep 300 & (setsid sh -c 'trap \"\" TERM; sleep 301' &); nohup sleep 302 >/dev/null 2>&1 & exit 3"],
+            env=procs.env())
+    assert r.returncode == 3
+    assert time.monotonic() - t0 < 10
+    assert not procs.wait_all_dead(0.5)
+
+
+def test_run_control_plain_sh_leaves_them(procs):
+    subprocess.run(["sh", "-c", "sleep 300 & (setsid sleep 301 &); exit 3"], env=procs.env(), timeout=10)
+    assert procs.seen_alive()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_tether_stops_job_gracefully(procs, sig):
+    p = procs.popen(TETHER + ["run", "--grace", "1", "--", "sh", "-c", "sleep 300 & wait"],
+                    stdout=subprocess.PIPE)
+    assert procs.wait_count(2)  # tether (marked) + sh + sleep
+    time.sleep(0.2)
+    p.send_signal(sig)
+    assert p.wait(timeout=10) == 128 + sig
+    assert not procs.wait_all_dead(3)
+
+
+def test_killing_tether_process_group_ends_job(procs):
+    p = procs.popen(TETHER + ["run", "--", "sh", "-c",
+                              "sleep 300 & (setsid sleep 301 &); nohup setsid sleep 302 >/dev/null 2>&1 & wait"])
+    assert len(procs.wait_count(4)) >= 4
+    time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)  # as an agent's timeout does (p leads its own group)
+    p.wait(timeout=5)
+    assert not procs.wait_all_dead(3)
+
+
+def test_sigkill_of_tether_alone_ends_job(procs):
+    p = procs.popen(TETHER + ["run", "--", "sh", "-c", "sleep 300 & wait"])
+    assert len(procs.wait_count(3)) >= 3
+    p.kill()
+    p.wait(timeout=5)
+    assert not procs.wait_all_dead(3)
+
+
+def test_die_with_stdin_ends_job_when_writer_dies(procs):
+    r, w = os.pipe()
+    writer = procs.popen(["sleep", "300"], stdout=w)  # holds the write end, like an ssh link
+    os.close(w)
+    p = procs.popen(TETHER + ["run", "--die-with-stdin", "--grace", "0.5", "--",
+                              "sh", "-c", "sleep 300 & (setsid sleep 301 &); wait"], stdin=r)
+    os.close(r)
+    assert len(procs.wait_count(5)) >= 5
+    assert p.poll() is None
+    writer.kill()  # the link drops
+    writer.wait()
+    assert p.wait(timeout=10) == 128 + signal.SIGHUP
+    assert not procs.wait_all_dead(3)
+
+
+def _pty_run(args, env, send=None, timeout=20):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(args[0], args, env)
+    out = b""
+    deadline = time.monotonic() + timeout
+    sent = False
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], 0.1)
+            if r:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if send and not sent and b"READY" in out:
+                time.sleep(0.2)
+                os.write(fd, send)
+                sent = True
+        _, st = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(st), out
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "pgroup", "pidns"])
+def test_run_under_pty_command_has_terminal_and_ctrl_c(procs, mechanism):
+    if mechanism != "auto" and not available(mechanism):
+        pytest.skip(f"{mechanism} not available")
+    prog = ("import os, signal, sys, time\n"
+            "fg = os.tcgetpgrp(0) == os.getpgrp()\n"
+            "print('TTY', os.isatty(0), 'FG', fg, flush=True)\n"
+            "got = []\n"
+            "signal.signal(signal.SIGINT, lambda *a: got.append(1))\n"
+            "print('READY', flush=True)\n"
+            "t = time.time()\n"
+            "while not got and time.time() - t < 10: time.sleep(0.01)\n"
+            "print('GOT-INT' if got else 'NO-INT', flush=True)\n"
+            "sys.exit(5)\n")
+    code, out = _pty_run(TETHER + ["run", "-m", mechanism, "--", sys.executable, "-c", prog],
+                         procs.env(), send=b"\x03")
+    text = out.decode(errors="replace")
+    assert "TTY True FG True" in text, text
+    assert "GOT-INT" in text, text  # Ctrl+C reached the command, which handled it
+    assert code == 5, text  # and tether followed the command, not the keyboard
+
+
+def test_doctor_text_and_json():
+    r = run(["doctor"])
+    assert r.returncode == 0
+    assert b"auto" in r.stdout and b"strict" in r.stdout
+    r = run(["doctor", "--json"])
+    assert r.returncode == 0
+    data = json.loads(r.stdout)
+    assert data["schema"] == 1
+    names = {m["mechanism"] for m in data["mechanisms"]}
+    assert names == {"cgroup", "subreaper", "pgroup", "pidns", "jobobject"}
+    for m in data["mechanisms"]:
+        assert isinstance(m["available"], bool) and m["reason"]
+        assert "kernel_enforced" in m["guarantee"]
+    assert data["auto"] in ("cgroup", "subreaper", "pgroup")
+
+
+def test_demo_nothing_survives_and_control_shows_survivors(procs):
+    r = run(["demo", "--json"], env=procs.env())
+    res = json.loads(r.stdout)
+    assert r.returncode == 0, res
+    assert res["survivors"] == 0 and all(x["seen"] for x in res["results"])
+    r = run(["demo", "--control", "--json"], env=procs.env())
+    res = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert res["survivors"] >= 4

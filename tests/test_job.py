@@ -1,0 +1,261 @@
+"""The Job API: a Popen drop-in, run, asyncio, members, terminate, close, guarantee."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import POSIX_MECHS, available
+
+from tether import Job, JobClosed, JobRefused, identity
+
+pytestmark = pytest.mark.mechanism
+
+MECHS = [m for m in POSIX_MECHS if available(m)]
+
+
+@pytest.fixture(params=MECHS)
+def job(request, procs):
+    j = Job(name="t", mechanism=request.param, grace=0.5)
+    yield j
+    j.close()
+
+
+def test_popen_pipes_communicate_text(job, procs):
+    p = job.popen([sys.executable, "-c", "import sys; d=sys.stdin.read(); print(d.upper()); "
+                   "print('err', file=sys.stderr); sys.exit(4)"],
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env=procs.env())
+    out, err = p.communicate("héllo wörld", timeout=20)
+    assert out == "HÉLLO WÖRLD\n"
+    assert err == "err\n"
+    assert p.returncode == 4
+    assert isinstance(p, subprocess.Popen)
+
+
+def test_popen_stderr_to_stdout_cwd_env_bufsize(job, tmp_path, procs):
+    p = job.popen(["sh", "-c", "pwd; echo $FOO; echo e >&2"], stdout=subprocess.PIPE,
+                  stderr=subprocess.STDOUT, cwd=tmp_path, env=procs.env(FOO="bar"), bufsize=0)
+    out = p.stdout.read()
+    p.stdout.close()
+    assert p.wait(timeout=20) == 0
+    assert out.split() == [str(tmp_path).encode(), b"bar", b"e"]
+
+
+def test_popen_inherits_stdio_and_pass_fds(job, tmp_path):
+    r, w = os.pipe()
+    try:
+        p = job.popen(["bash", "-c", f"echo through >&{w}"], pass_fds=(w,))
+        assert p.wait(timeout=20) == 0
+        os.close(w)
+        w = -1
+        assert os.read(r, 100) == b"through\n"
+    finally:
+        os.close(r)
+        if w != -1:
+            os.close(w)
+
+
+def test_close_fds_false_passes_inheritable(job):
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        p = job.popen(["bash", "-c", f"echo x >&{w}"], close_fds=False)
+        assert p.wait(timeout=20) == 0
+        assert os.read(r, 10) == b"x\n"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_shell_true_and_start_new_session(job):
+    p = job.popen("echo $((6*7))", shell=True, stdout=subprocess.PIPE)
+    assert p.communicate(timeout=20)[0] == b"42\n"
+    p = job.popen(["sh", "-c", "ps -o sid= -p $$"], start_new_session=True, stdout=subprocess.PIPE)
+    out = p.communicate(timeout=20)[0]
+    if job.mechanism != "pidns":  # pids differ inside a namespace
+        assert int(out) == p.pid
+
+
+def test_wait_timeout_poll_signal_kill(job):
+    p = job.popen(["sleep", "30"])
+    assert p.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.05)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == -signal.SIGTERM
+    p.kill()  # after exit: a no-op, never a stray signal
+    p2 = job.popen(["sleep", "30"])
+    p2.kill()
+    assert p2.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_exec_errors_like_subprocess(job, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        job.popen(["/nonexistent/cmd"])
+    with pytest.raises(FileNotFoundError):
+        job.popen(["no-such-command-tether-xyz"])
+    f = tmp_path / "noexec"
+    f.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        job.popen([str(f)])
+    with pytest.raises(FileNotFoundError):
+        job.popen(["true"], cwd=str(tmp_path / "missing"))
+    with pytest.raises(ValueError):
+        job.popen(["true"], preexec_fn=lambda: None)
+
+
+def test_run_like_subprocess_run(job):
+    r = job.run(["sh", "-c", "cat; exit 3"], input=b"abc", capture_output=True)
+    assert (r.returncode, r.stdout) == (3, b"abc")
+    with pytest.raises(subprocess.CalledProcessError):
+        job.run(["false"], check=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        job.run(["sleep", "10"], timeout=0.2)
+
+
+def test_asyncio_create_subprocess_exec(job):
+    async def go():
+        p = await job.create_subprocess_exec("sh", "-c", "cat; echo done >&2; exit 5",
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE)
+        out, err = await p.communicate(b"async")
+        return p.returncode, out, err
+
+    assert asyncio.run(asyncio.wait_for(go(), 20)) == (5, b"async", b"done\n")
+
+
+def test_members_include_escapees_and_terminate_returns_ended(job, procs):
+    p = job.popen(["sh", "-c", "sleep 300 & (setsid sleep 301 &); trap '' TERM; sleep 302"],
+                  env=procs.env())
+    want = 2 if job.mechanism == "pgroup" else 3
+    deadline = time.monotonic() + 10
+    while [m.comm for m in job.members()].count("sleep") < want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.05)
+    members = job.members()
+    comms = sorted(m.comm for m in members)
+    if job.mechanism == "pgroup":  # a double-forked escapee is outside its reach (stated)
+        assert comms.count("sleep") >= 2
+    else:
+        assert comms.count("sleep") == 3, comms
+    t0 = time.monotonic()
+    ended = job.terminate(grace=0.5)
+    assert time.monotonic() - t0 < 3
+    assert {m.pid for m in members} <= {e.pid for e in ended} | {
+        m.pid for m in members if not identity.is_alive(m)}
+    assert not job.members()
+    assert p.wait(timeout=5) is not None
+    # The job stays usable after terminate().
+    assert job.run(["true"]).returncode == 0
+
+
+def test_close_ends_everything_now_and_refuses_more(job, procs):
+    job.popen(["sh", "-c", "trap '' TERM HUP; sleep 300 & wait"], env=procs.env())
+    deadline = time.monotonic() + 10
+    while len(job.members()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    ended = job.close()
+    assert time.monotonic() - t0 < 3
+    assert len(ended) >= 2
+    assert not procs.wait_all_dead(3)
+    with pytest.raises(JobClosed):
+        job.popen(["true"])
+    assert job.close() == []
+
+
+def test_guarantee_says_what_protects(job):
+    g = job.guarantee
+    assert g.mechanism == job.mechanism
+    assert g.not_covered or g.kernel_enforced
+    if job.mechanism == "pidns":
+        assert g.kernel_enforced and not g.transparent and g.visible
+    if job.mechanism in ("cgroup", "subreaper"):
+        assert g.transparent and not g.kernel_enforced
+    assert job.mechanism in str(g)
+
+
+def test_transparent_auto_keeps_pids_visible():
+    with Job() as job:
+        assert job.guarantee.transparent
+        p = job.popen(["sh", "-c", "sleep 5 & echo $!"], stdout=subprocess.PIPE)
+        pid = int(p.stdout.readline())
+        ident = identity.read(pid)
+        assert ident is not None and ident.comm == "sleep"  # the outside knows this pid
+        p.stdout.close()
+
+
+def test_require_kernel_refuses_guardian_mechanisms():
+    for mech in ("subreaper", "pgroup", "cgroup"):
+        if available(mech):
+            with pytest.raises(JobRefused, match="kernel"):
+                Job(mechanism=mech, require="kernel")
+
+
+def test_require_kernel_refused_when_nothing_kernel_enforced(monkeypatch):
+    # Simulated kernel refusal (we cannot disable namespaces on this machine from a test).
+    from tether import platform
+    from tether.platform.base import Availability
+
+    monkeypatch.setitem(platform._cache, "pidns",
+                        Availability("pidns", False, "unshare(CLONE_NEWPID) failed: EPERM"))
+    with pytest.raises(JobRefused, match="EPERM"):
+        Job(require="kernel")
+    with pytest.raises(JobRefused, match="EPERM"):
+        Job(mechanism="strict")
+
+
+def test_bad_options_are_clear():
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        Job(mechanism="magic")
+    with pytest.raises(ValueError, match="require"):
+        Job(require="yes")
+    with pytest.raises(ValueError, match="grace"):
+        Job(grace=-1)
+
+
+def test_multithreaded_owner_uses_warden(procs):
+    """A multi-threaded owner must not fork: jobs come from the warden."""
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        with Job(mechanism="auto") as job:
+            r = job.run(["sh", "-c", "echo hi"], capture_output=True)
+            assert r.stdout == b"hi\n"
+            keeper = identity.read(job.trace()["keeper_pid"])
+            assert keeper is not None and keeper.ppid != os.getpid()  # forked by the warden
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_nested_job_closes_with_parent(procs):
+    with Job(name="outer") as outer:
+        inner = Job(name="inner", parent=outer)
+        inner.popen(["sleep", "300"], env=procs.env())
+        outer.popen(["sleep", "301"], env=procs.env())
+        assert len(procs.wait_count(2)) == 2
+    assert inner.closed
+    assert not procs.wait_all_dead(3)
+
+
+def test_audit_records_when_state_dir_given(tmp_path):
+    from tether import audit
+
+    with Job(state_dir=tmp_path, session="s1") as job:
+        p = job.popen(["true"])
+        p.wait(timeout=10)
+    recs = list(audit.iter_records(tmp_path))
+    events = [r["event"] for r in recs]
+    assert "job-open" in events and "spawn" in events and "job-close" in events
+    spawn = next(r for r in recs if r["event"] == "spawn")
+    assert spawn["pid"] == p.pid and spawn["session"] == "s1" and "@" in spawn["start"]
+    assert "argv" not in spawn
