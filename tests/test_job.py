@@ -147,7 +147,8 @@ def test_members_include_escapees_and_terminate_returns_ended(job, procs):
         assert comms.count("sleep") == 3, comms
     t0 = time.monotonic()
     ended = job.terminate(grace=0.5)
-    assert time.monotonic() - t0 < 3
+    # pgroup finds members by capturing the process table: slower under load.
+    assert time.monotonic() - t0 < (6 if job.mechanism == "pgroup" else 3)
     assert {m.pid for m in members} <= {e.pid for e in ended} | {
         m.pid for m in members if not identity.is_alive(m)}
     assert not job.members()

@@ -220,6 +220,14 @@ class Job:
                 out.append(ident)
         return out
 
+    def _live_pids(self) -> list[int]:
+        out = []
+        for pid in self._backend.member_pids():
+            ident = identity.read(pid)
+            if ident is not None and ident.state not in ("Z", "X"):
+                out.append(pid)
+        return out
+
     def terminate(self, grace: float | None = None) -> list[Identity]:
         """SIGTERM every member, wait up to ``grace``, SIGKILL the rest.
 
@@ -237,7 +245,7 @@ class Job:
             deadline = time.monotonic() + grace
             delay = 0.001
             while time.monotonic() < deadline:
-                if not self._backend.member_pids() or not self.members():
+                if not self._live_pids():
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)

@@ -175,8 +175,11 @@ class CgroupMechanism(KeeperMechanism):
         parent_path = None
         if parent is not None:
             parent_path = (parent.trace() or {}).get("cgroup_path")
+        # ".bg" marks a background job's cgroup: the reaper leaves it alone even
+        # without an audit log.
+        leaf = self.options.job_id + (".bg" if self.options.background else "")
         if parent_path:
-            path = os.path.join(parent_path, self.options.job_id)
+            path = os.path.join(parent_path, leaf)
         else:
             base, why = base_dir()
             if base is None:
@@ -184,7 +187,7 @@ class CgroupMechanism(KeeperMechanism):
             run_dir = os.path.join(base, f"{RUN_PREFIX}{self.owner_pid}-{self.owner_start}")
             with contextlib.suppress(FileExistsError):
                 os.mkdir(run_dir)
-            path = os.path.join(run_dir, self.options.job_id)
+            path = os.path.join(run_dir, leaf)
         os.mkdir(path)
         self.params["cgroup_path"] = path
         self.params["home_cgroup"] = own_cgroup() or "/"

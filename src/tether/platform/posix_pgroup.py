@@ -50,7 +50,8 @@ class PgroupMechanism(KeeperMechanism):
         for g in groups:  # descendants of group members that changed group
             found.update(i.pid for i in cap.descendants([g], born_after=self.born_after))
         found.discard(keeper_pid)
-        return sorted(found)
+        # A zombie is dead (PID 1 here reaps orphans only every ~2 s).
+        return sorted(p for p in found if cap.procs.get(p) is None or cap.procs[p].state not in "ZX")
 
     def member_pids(self, keeper_pid: int) -> list[int]:
         groups = self.params.get("groups", ())
