@@ -1,0 +1,1269 @@
+"""Hosts of long-lived agent sessions: one job per app, a job per session.
+
+    from tether import Host
+    with Host("my-agent-app") as host:
+        s = host.session("chat-42")              # ends its own leftover copy first
+        agent = s.popen(["claude", "-p", ...])   # starts only inside the session's job
+        s.tasks.started("b1x", "npm run build")  # or feed StreamAdapter(s.tasks)
+        print(s.stop("user request"))            # "Stopped (user request): ended ..."
+
+What a host gives an app:
+
+* **One host job per app instance**; every session's job is nested in it, so
+  the app's death - crash, force-kill, OOM - ends every session's tree.
+  ``host.guarantee`` says what protects them. If nothing can, one loud warning
+  ``orphan-on-crash safety net DISABLED: <reason>`` (a :class:`SafetyNetWarning`)
+  and sessions run unprotected - or, with ``require="kernel"``, refuse.
+* **The reaper on start**: leftovers of the same app's earlier runs that the
+  audit proves are theirs are ended; the report is ``host.reap_report``.
+* **The resume rule**: ``host.session(key)`` first ends a copy of that session
+  left alive by an earlier run (same app, same key, owner gone, identity
+  matches), so one session never runs two agents on one working tree. What it
+  ended is ``session.resumed``.
+* **Stops that say what they ended**: ``session.stop(reason)`` returns an
+  :class:`EndedWork`; every stop announces what it will end *before* ending it
+  (``Host(announce=...)`` and the ``tether.host`` logger at INFO).
+* **The live-task ledger** (``session.tasks``, see ``tether.ledger``): an
+  optional stop (``optional=True``, e.g. an idle release) is skipped, or waits,
+  while a task is live - up to ``task_cap`` seconds (default 30 minutes) from
+  the first time it was held off; then it proceeds. A stop asked for by a
+  person is never held.
+* **Background jobs** that outlive the host on purpose, CPU-capped and at low
+  priority, bounded by their own timeout, recorded so the reaper leaves them.
+* **Detached launches** (an editor, a browser window) outside every job,
+  recorded as detached, never reaped.
+
+Linux priority of background jobs: the job's keeper - the process that
+starts every process of the job - is set to nice 19 and ``SCHED_IDLE``
+right after the job opens, before anything is spawned. Every process it
+starts inherits both from its first instruction, and so does everything
+those start. Setting them on each pid after the spawn would race: the child
+may fork (and its children keep the normal priority) before the call lands;
+a ``nice``/``chrt`` wrapper would change the command's argv and need those
+binaries. Where the job's cgroup has a ``cpu.max`` (a cgroup v2 with the cpu
+controller), the CPU cap is written there as well. Windows: the Windows
+backend applies ``cpu_percent`` (job CPU rate) and the below-normal class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import identity
+from . import job as _job
+from .errors import JobRefused, SignalRefused
+from .identity import Identity
+from .job import Job
+from .ledger import Ledger, Task
+from .platform import base as _base
+
+__all__ = [
+    "Host",
+    "Session",
+    "BackgroundJob",
+    "EndedWork",
+    "EndedTask",
+    "EndedProcess",
+    "SafetyNetWarning",
+    "format_duration",
+    "USER_REQUEST",
+    "IDLE_RELEASE",
+    "APP_EXIT",
+    "RESUME",
+    "SESSION_CLOSED",
+]
+
+logger = logging.getLogger("tether.host")
+
+# Stop reasons the host itself uses; any string works.
+USER_REQUEST = "user request"
+IDLE_RELEASE = "idle release"
+APP_EXIT = "app exit"
+RESUME = "resume"
+SESSION_CLOSED = "session closed"
+
+DEFAULT_TASK_CAP = 30 * 60.0
+_LINUX = sys.platform.startswith("linux")
+_NOT_ALIVE = ("Z", "X", "x")
+_counter = itertools.count(1)
+# Windows has no SIGKILL; there os.kill with SIGTERM is TerminateProcess.
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+class SafetyNetWarning(RuntimeWarning):
+    """The host could not open a job: sessions run without the orphan-on-crash net."""
+
+
+def format_duration(seconds: float) -> str:
+    """``5s``, ``14m 02s``, ``3h 07m`` - one short human duration."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {(s % 3600) // 60:02d}m"
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"1 other {word}"
+    return f"{n} other {'processes' if word == 'process' else word + 's'}"
+
+
+def _runtime(ident: Identity) -> float:
+    return max(0.0, (identity.now_ticks() - ident.start) / identity.clock_ticks())
+
+
+def _argv_label(args: Any) -> str:
+    if isinstance(args, (str, bytes, os.PathLike)):
+        text = os.fsdecode(args)
+    else:
+        parts = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+        if parts:
+            parts[0] = os.path.basename(parts[0]) or parts[0]
+        text = shlex.join(parts)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+# ---------------------------------------------------------------------------
+# What a stop ended
+
+
+@dataclass
+class EndedProcess:
+    """One process a stop ended (or will end, in an announcement)."""
+
+    pid: int
+    label: str
+    runtime_s: float
+    identity: Identity | None = None
+    root: bool = False  # the host started it itself (the agent): first in a headline
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "label": self.label, "runtime_s": round(self.runtime_s, 3),
+                "root": self.root}
+
+
+@dataclass
+class EndedTask:
+    """One live task a stop ended, with the processes it owned."""
+
+    task_id: str
+    label: str
+    runtime_s: float
+    status: str | None = None  # what the agent last said about it
+    processes: list[EndedProcess] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "label": self.label,
+                "runtime_s": round(self.runtime_s, 3), "status": self.status,
+                "processes": [p.to_dict() for p in self.processes]}
+
+
+@dataclass
+class EndedWork:
+    """What one stop ended: live tasks (with their processes), other processes.
+
+    ``str()`` is one human line, or ``""`` when the stop ended nothing (or was
+    skipped). ``planned`` marks an announcement made *before* ending; its
+    line is :meth:`announcement`. ``skipped``: an optional stop held off by a
+    live task (``held_by`` names them).
+    """
+
+    reason: str
+    session: str | None = None
+    tasks: list[EndedTask] = field(default_factory=list)
+    processes: list[EndedProcess] = field(default_factory=list)
+    optional: bool = False
+    skipped: bool = False
+    planned: bool = False
+    held_by: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return not self.skipped and bool(self.tasks or self.processes)
+
+    @property
+    def process_count(self) -> int:
+        return len(self.processes) + sum(len(t.processes) for t in self.tasks)
+
+    def _headline(self) -> tuple[str, float, str]:
+        """(label, runtime, rest-of-sentence) of the biggest thing ended."""
+        if self.tasks:
+            top = max(self.tasks, key=lambda t: t.runtime_s)
+            other_tasks = len(self.tasks) - 1
+            other_procs = len(self.processes)
+            label, runtime = top.label, top.runtime_s
+        else:
+            top_p = max(self.processes, key=lambda p: (p.root, p.runtime_s))
+            other_tasks = 0
+            other_procs = len(self.processes) - 1
+            label, runtime = top_p.label, top_p.runtime_s
+        extras = []
+        if other_tasks:
+            extras.append(_plural(other_tasks, "task"))
+        if other_procs:
+            extras.append(_plural(other_procs, "process"))
+        rest = (" and " + " and ".join(extras)) if extras else ""
+        return label, runtime, rest
+
+    def __str__(self) -> str:
+        if not self:
+            return ""
+        label, runtime, rest = self._headline()
+        return f"Stopped ({self.reason}): ended `{label}` after {format_duration(runtime)}{rest}"
+
+    def announcement(self) -> str:
+        """The line said before a stop ends anything ("" when it will end nothing)."""
+        if not self:
+            return ""
+        label, runtime, rest = self._headline()
+        return (f"Stopping ({self.reason}): ending `{label}` (running "
+                f"{format_duration(runtime)}){rest}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "session": self.session, "optional": self.optional,
+                "skipped": self.skipped, "planned": self.planned, "held_by": list(self.held_by),
+                "note": self.note, "text": str(self),
+                "tasks": [t.to_dict() for t in self.tasks],
+                "processes": [p.to_dict() for p in self.processes]}
+
+
+# ---------------------------------------------------------------------------
+# Jobs that carry the app name into the audit
+
+
+class _AppJob(Job):
+    """A ``Job`` whose audit records carry the host's ``app`` name."""
+
+    def __init__(self, *args: Any, app: str, **kwargs: Any) -> None:
+        self.app = app
+        super().__init__(*args, **kwargs)
+
+    def _log(self, event: str, **fields: Any) -> None:
+        fields.setdefault("app", self.app)
+        super()._log(event, **fields)
+
+
+class _LooseBackend(_base.JobBackend):
+    """No safety net: plain children, ended by hand on stop, not on a crash.
+
+    Used only when no mechanism could be had and the app did not require one;
+    the host has already warned. Members are the direct children and what they
+    started (by parent pid, born after this job opened); an orphan re-parented
+    away is lost to it, and nothing ends anything when the app dies - the
+    audit log and the reaper's next start are the only net left.
+    """
+
+    mechanism = "none"
+
+    def __init__(self, options: _base.JobOptions, reason: str) -> None:
+        self.options = options
+        self.reason = reason
+        self.born = identity.now_ticks()
+        self.children: list[subprocess.Popen] = []
+        self.closed = False
+
+    @property
+    def guarantee(self) -> _base.Guarantee:
+        return _base.Guarantee(
+            mechanism="none", kernel_enforced=False, transparent=True,
+            ends_job="nobody: the orphan-on-crash safety net is disabled",
+            not_covered=("every process: a crash or kill of the app leaves them all running "
+                         "(the next start's reaper ends what the audit proves)",),
+            disabled=self.reason)
+
+    def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
+        p = subprocess.Popen(args, **kwargs)
+        self.children.append(p)
+        return p
+
+    def member_pids(self) -> list[int]:
+        roots = [p.pid for p in self.children if p.poll() is None]
+        cap = identity.capture(born_after=self.born)
+        below = [i.pid for i in cap.descendants([p.pid for p in self.children], self.born)
+                 if i.state not in _NOT_ALIVE]
+        return roots + [pid for pid in below if pid not in roots]
+
+    def signal_all(self, sig: int) -> list[int]:
+        sent = []
+        for pid in self.member_pids():
+            ident = identity.read(pid)
+            if ident is None or ident.state in _NOT_ALIVE:
+                continue
+            with contextlib.suppress(SignalRefused):
+                if identity.send_signal(ident, sig, member=True):
+                    sent.append(pid)
+        return sent
+
+    def kill_all(self, timeout: float = 3.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.signal_all(_SIGKILL):
+                break
+            for p in self.children:
+                p.poll()
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.kill_all()
+            self.closed = True
+
+    def trace(self) -> dict[str, Any]:
+        return {"disabled": self.reason}
+
+
+class _LooseJob(_AppJob):
+    """A ``Job`` over :class:`_LooseBackend` (set up by hand: no mechanism to choose)."""
+
+    def __init__(self, name: str, *, app: str, reason: str, grace: float,
+                 state_dir: Any, session: str | None) -> None:
+        self.app = app
+        n = next(_job._counter)
+        self.name = name
+        self.id = f"j{os.getpid()}-{n}"
+        self.grace = float(grace)
+        self.session = session
+        self.background = False
+        self.mechanism = "none"
+        self._parent = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.started = time.time()
+        self._audit = _job._open_audit(state_dir)
+        self._backend = _LooseBackend(_base.JobOptions(name=name, job_id=self.id), reason)
+        self._children: list[Job] = []
+        self._log("job-open")
+
+    def _log(self, event: str, **fields: Any) -> None:
+        fields["in_job"] = False  # nothing holds these processes together
+        super()._log(event, **fields)
+
+
+# ---------------------------------------------------------------------------
+# Sessions
+
+
+class Session:
+    """One agent session: a job nested in the host job, its ledger, its stop.
+
+    ``popen``/``run``/``create_subprocess_exec`` start processes only inside
+    the session's job (the job refuses, with ``JobRefused``, rather than
+    start anything outside it). ``stop(reason)`` ends the whole tree.
+    """
+
+    def __init__(self, host: Host, key: str, job: Job, resumed: EndedWork) -> None:
+        self.host = host
+        self.key = key
+        self.job = job
+        self.resumed = resumed
+        self.started = time.time()
+        self.tasks = Ledger(self.members)
+        self.ended: EndedWork | None = None
+        self._labels: dict[int, tuple[Identity, str]] = {}
+        self._held_since: float | None = None
+        self._stop_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.closed else "open"
+        return f"<tether.Session {self.key!r} of {self.host.app!r} {state}>"
+
+    # -- starting --------------------------------------------------------------------
+    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
+        """``subprocess.Popen`` inside the session's job. ``label`` names the
+        process in stop reports (default: its command line)."""
+        p = self.job.popen(args, **kwargs)
+        ident = identity.read(p.pid)
+        if ident is not None:  # None: it is already gone
+            self._labels[p.pid] = (ident, label or _argv_label(args))
+            self.tasks.not_a_task(ident)  # the agent itself is no task's process
+        return p
+
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run`` inside the session's job."""
+        return self.job.run(args, **kwargs)
+
+    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any):
+        """asyncio's ``create_subprocess_exec`` inside the session's job."""
+        return await self.job.create_subprocess_exec(program, *args, **kwargs)
+
+    # -- state ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.job.closed
+
+    @property
+    def guarantee(self) -> _base.Guarantee:
+        return self.job.guarantee
+
+    def members(self) -> list[Identity]:
+        """Every live process of the session, escapees included."""
+        return self.job.members()
+
+    def trace(self) -> dict[str, Any]:
+        return self.job.trace()
+
+    # -- stopping ---------------------------------------------------------------------
+    def stop(self, reason: str = USER_REQUEST, *, optional: bool = False, wait: bool = False,
+             cap: float | None = None, grace: float | None = None) -> EndedWork:
+        """End the session's whole tree and say what that ended.
+
+        ``optional=True`` (an idle release, a memory trim): while a task in
+        ``tasks`` is live the stop is skipped (``wait=False``; the report has
+        ``skipped=True``) or waits for it (``wait=True``) - up to ``cap``
+        seconds (default ``host.task_cap``) counted from the first time this
+        session's optional stops were held off; then it proceeds. Any other
+        stop goes through at once. Every stop that will end something is
+        announced before it ends it.
+        """
+        if optional and not self.closed:
+            # Not under the stop lock: a person's stop must never queue behind
+            # an idle release that is waiting for a task.
+            cap = self.host.task_cap if cap is None else float(cap)
+            held = self._hold(reason, wait, cap)
+            if held is not None:
+                return held
+        with self._stop_lock:
+            if self.closed:
+                return EndedWork(reason, self.key, optional=optional)
+            if optional and self._held_since is None and self.tasks.live():
+                # A task started between the check above and now.
+                held = self._hold(reason, False, self.host.task_cap if cap is None else cap)
+                if held is not None:
+                    return held
+            plan = self._plan(reason, optional)
+            self.host._announce(plan)
+            report = self._end(plan, grace)
+            self.ended = report
+            self.host._forget(self)
+            return report
+
+    def close(self) -> EndedWork:
+        """Stop with reason ``session closed`` (announced like any stop)."""
+        return self.stop(SESSION_CLOSED)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _hold(self, reason: str, wait: bool, cap: float) -> EndedWork | None:
+        live = self.tasks.live()
+        if not live:
+            self._held_since = None
+            return None
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        deadline = self._held_since + cap
+        while wait and live and not self.closed and time.monotonic() < deadline:
+            # Short slices: a stop by someone else ends the wait at once.
+            self.tasks.wait_idle(min(0.1, max(0.0, deadline - time.monotonic())))
+            live = self.tasks.live()
+        if self.closed:
+            return EndedWork(reason, self.key, optional=True, skipped=True,
+                             note=f"{reason} superseded: the session was stopped meanwhile")
+        if not live:
+            self._held_since = None
+            return None
+        if time.monotonic() >= deadline:
+            logger.info("%s of session %r proceeds: live task(s) held it off for the %s cap",
+                        reason, self.key, format_duration(cap))
+            return None
+        names = [t.label for t in live]
+        note = (f"{reason} skipped: `{names[0]}` is live (running "
+                f"{format_duration(live[0].runtime_s)})")
+        if len(names) > 1:
+            note += f" and {len(names) - 1} more"
+        return EndedWork(reason, self.key, optional=True, skipped=True, held_by=names, note=note)
+
+    def _label_of(self, m: Identity) -> tuple[str, bool]:
+        """(label, started by the host itself) of a member."""
+        known = self._labels.get(m.pid)
+        if known is not None and known[0].same_process(m):
+            return known[1], True
+        return m.comm or str(m.pid), False
+
+    def _plan(self, reason: str, optional: bool) -> EndedWork:
+        live_tasks = self.tasks.live()
+        members = self.members()
+        by_task: dict[int, Task] = {}
+        for t in live_tasks:
+            for pid in t.processes:
+                by_task[pid] = t
+        tasks: dict[str, EndedTask] = {
+            t.task_id: EndedTask(t.task_id, t.label, t.runtime_s, t.status) for t in live_tasks}
+        procs: list[EndedProcess] = []
+        for m in members:
+            label, root = self._label_of(m)
+            ep = EndedProcess(m.pid, label, _runtime(m), m, root)
+            t = by_task.get(m.pid)
+            if t is not None and t.processes[m.pid].same_process(m):
+                tasks[t.task_id].processes.append(ep)
+            else:
+                procs.append(ep)
+        return EndedWork(reason, self.key, tasks=list(tasks.values()), processes=procs,
+                         optional=optional, planned=True)
+
+    def _end(self, plan: EndedWork, grace: float | None) -> EndedWork:
+        grace = self.job.grace if grace is None else grace
+        try:
+            self.job.terminate(grace)
+        finally:
+            self.job.close()
+        self.tasks.stopped(plan.reason)
+        self._held_since = None
+        ended_procs = [p for p in plan.processes if p.identity is None
+                       or not identity.is_alive(p.identity)]
+        ended_tasks = []
+        for t in plan.tasks:
+            gone = [p for p in t.processes if p.identity is None or not identity.is_alive(p.identity)]
+            if len(gone) == len(t.processes):
+                ended_tasks.append(EndedTask(t.task_id, t.label, t.runtime_s, t.status, gone))
+        return EndedWork(plan.reason, self.key, tasks=ended_tasks, processes=ended_procs,
+                         optional=plan.optional)
+
+
+# ---------------------------------------------------------------------------
+# Background jobs
+
+# Runs inside a background job (one interpreter per job, not per spawn) so the
+# job's timeout holds after the host is gone: at the deadline it ends every
+# member (SIGTERM, grace, SIGKILL - through cgroup.kill where the job has a
+# cgroup); it leaves as soon as it is the job's last process. Signals go
+# through pidfds, so a recycled pid is never hit.
+_WATCHDOG = r"""
+import os, signal, sys, time
+left, grace, cg = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+me, keeper = os.getpid(), os.getppid()
+deadline = time.monotonic() + left
+def kids(pid):
+    out = []
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, t)) as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+def others():
+    if cg:
+        out = []
+        for d, _, _ in os.walk(cg):
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    out += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
+        return [p for p in out if p not in (me, keeper) and p > 1]
+    seen, stack = [], kids(keeper)
+    while stack:
+        p = stack.pop()
+        if p in seen or p <= 1 or p == me:
+            continue
+        seen.append(p)
+        stack += kids(p)
+    return seen
+def send(pid, sig):
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return
+    try:
+        signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+def alive(pids):
+    out = []
+    for p in pids:
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in "ZXx":
+                    out.append(p)
+        except (OSError, IndexError):
+            pass
+    return out
+if keeper <= 1:
+    sys.exit(0)
+time.sleep(0.2)
+while time.monotonic() < deadline:
+    if not alive(others()):
+        sys.exit(0)
+    time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+for p in others():
+    send(p, signal.SIGTERM)
+end = time.monotonic() + grace
+while time.monotonic() < end and alive(others()):
+    time.sleep(0.02)
+if cg and os.path.exists(os.path.join(cg, "cgroup.kill")):
+    with open(os.path.join(cg, "cgroup.kill"), "w") as f:
+        f.write("1")
+for _ in range(500):
+    rest = alive(others())
+    if not rest:
+        break
+    for p in rest:
+        send(p, signal.SIGKILL)
+    time.sleep(0.01)
+"""
+
+
+class BackgroundJob:
+    """A job that outlives the host on purpose (a long conversion, a scheduled build).
+
+    Not ended when the host ends or dies; recorded ``background`` so the
+    reaper never touches it; CPU-capped and at low priority; bounded by
+    ``timeout`` seconds from its creation, enforced from inside the job even
+    after the host is gone. ``close()`` ends it now.
+    """
+
+    def __init__(self, host: Host, name: str, job: Job, cpu_percent: int | None,
+                 timeout: float | None, limits: list[str]) -> None:
+        self.host = host
+        self.name = name
+        self.job = job
+        self.cpu_percent = cpu_percent
+        self.timeout = timeout
+        self.limits = limits  # what was applied: "nice 19", "SCHED_IDLE", "cpu.max 25%", ...
+        self.created = time.monotonic()
+        self.deadline = None if timeout is None else self.created + timeout
+        self._watchdog: subprocess.Popen | None = None
+        if timeout is not None and not _LINUX:
+            # No /proc for the in-job watchdog: the timeout holds while the host
+            # lives (a daemon timer); after the host is gone, it does not.
+            self._timer = threading.Timer(timeout, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        with contextlib.suppress(Exception):
+            logger.info("background job %r reached its %g s timeout", self.name, self.timeout)
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<tether.BackgroundJob {self.name!r} {', '.join(self.limits) or 'no limits'}>"
+
+    def _ensure_watchdog(self) -> None:
+        if self.deadline is None or not _LINUX:
+            return
+        if self._watchdog is not None and self._watchdog.poll() is None:
+            return
+        left = self.deadline - time.monotonic()
+        cg = self.job.trace().get("cgroup_path") or ""
+        self._watchdog = self.job.popen(
+            [sys.executable, "-S", "-c", _WATCHDOG, f"{max(0.0, left):.3f}",
+             f"{self.job.grace:.3f}", cg],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
+        """Start ``args`` in the background job (``subprocess.Popen`` keywords)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise JobRefused(f"background job {self.name!r} is past its {self.timeout:g} s timeout")
+        p = self.job.popen(args, **kwargs)
+        self._ensure_watchdog()
+        return p
+
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run`` in the background job (its timeout still applies)."""
+        self._ensure_watchdog()
+        if self.deadline is not None:
+            left = max(0.0, self.deadline - time.monotonic())
+            kwargs["timeout"] = min(kwargs.get("timeout") or left, left)
+        return self.job.run(args, **kwargs)
+
+    @property
+    def guarantee(self) -> _base.Guarantee:
+        return self.job.guarantee
+
+    def members(self) -> list[Identity]:
+        """Live processes of the job (its timeout watchdog left out)."""
+        wd = self._watchdog.pid if self._watchdog is not None else None
+        return [m for m in self.job.members() if m.pid != wd]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the job has no process left; True if so within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.members():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def trace(self) -> dict[str, Any]:
+        return self.job.trace()
+
+    def close(self) -> list[Identity]:
+        """End every process of the job now (SIGTERM, grace, SIGKILL)."""
+        ended = self.job.terminate()
+        ended += self.job.close()
+        self.host._background.discard(self)
+        return ended
+
+
+def _lower_priority(pid: int) -> list[str]:
+    """nice 19 and SCHED_IDLE on ``pid`` (inherited by all it starts afterwards)."""
+    done = []
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+        done.append("nice 19")
+    except (OSError, AttributeError) as exc:
+        done.append(f"nice not set ({getattr(exc, 'strerror', None) or exc})")
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        done.append("SCHED_IDLE")
+    except (OSError, AttributeError) as exc:
+        done.append(f"SCHED_IDLE not set ({getattr(exc, 'strerror', None) or exc})")
+    return done
+
+
+def _cpu_max(cgroup_path: str | None, percent: int) -> str:
+    """Write ``cpu.max`` for ``percent`` of the whole machine; say what happened."""
+    if not cgroup_path:
+        return "cpu.max not available (no cgroup for this job)"
+    f = os.path.join(cgroup_path, "cpu.max")
+    if not os.path.exists(f):
+        return "cpu.max not available (the cpu controller is not enabled for this cgroup)"
+    period = 100_000
+    quota = max(1000, int(period * (os.cpu_count() or 1) * percent / 100))
+    try:
+        with open(f, "w") as fh:
+            fh.write(f"{quota} {period}")
+    except OSError as exc:
+        return f"cpu.max not set ({exc.strerror or exc})"
+    return f"cpu.max {percent}%"
+
+
+# ---------------------------------------------------------------------------
+# The host
+
+
+class Host:
+    """One application instance that runs agent sessions; see the module doc.
+
+    ``app``: the application's name (reaping and the resume rule only ever
+    look at records of the same app). ``state_dir``: where the audit log
+    lives (default: the user's, ``tether.audit.default_state_dir()``).
+    ``require="kernel"``: sessions refuse to start unless a kernel-enforced
+    mechanism holds them. ``announce(plan)`` is called before every stop
+    that will end something, with an :class:`EndedWork` whose
+    ``announcement()`` is the line to show.
+    """
+
+    def __init__(
+        self,
+        app: str,
+        state_dir: str | os.PathLike[str] | None = None,
+        require: str | None = None,
+        *,
+        mechanism: str = "auto",
+        grace: float = 2.0,
+        task_cap: float = DEFAULT_TASK_CAP,
+        announce: Callable[[EndedWork], Any] | None = None,
+        reap: bool = True,
+    ) -> None:
+        if not app or not isinstance(app, str):
+            raise ValueError("app must be a non-empty string")
+        if require not in (None, "kernel"):
+            raise ValueError(f"require must be None or 'kernel', not {require!r}")
+        from . import audit
+
+        self.app = app
+        self.require = require
+        self.mechanism = mechanism
+        self.grace = float(grace)
+        self.task_cap = float(task_cap)
+        self.announce = announce
+        self.state_dir = Path(state_dir) if state_dir is not None else audit.default_state_dir()
+        self.run = _job.run_id()
+        self.reap_report: Any = None
+        self.reap_error: str | None = None
+        self.safety_net_disabled: str | None = None
+        self._sessions: dict[str, Session] = {}
+        self._background: set[BackgroundJob] = set()
+        self.detached: list[subprocess.Popen] = []
+        self._closed = False
+        self._lock = threading.RLock()
+        self._audit = audit.AuditWriter(self.state_dir)
+        self._write("run-start")
+        if reap:
+            self._reap_earlier_runs()
+        # Read once for the resume rule (a long log costs seconds to parse):
+        # per session key, what earlier runs may have left alive. After a
+        # reap, only runs that were still live then can have left anything
+        # since, so with none of those the log is not read a second time.
+        self._resume_index: dict[str, dict[str, Any]] = {}
+        self._resume_error: str | None = None
+        only: set[str] | None = None
+        if self.reap_report is not None:
+            only = set(getattr(self.reap_report, "runs_live", None) or ())
+        try:
+            if only is None or only:
+                self._resume_index = _index_sessions(self.state_dir, self.app, self.run, only)
+        except Exception as exc:  # noqa: BLE001 - an unreadable log must not stop the app
+            self._resume_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("tether host %r: cannot read the audit for the resume rule: %s",
+                           self.app, self._resume_error)
+        self.job: Job = self._open_host_job()
+
+    # -- plumbing ------------------------------------------------------------------
+    def _write(self, event: str, **fields: Any) -> None:
+        me = identity.read(os.getpid())
+        fields.setdefault("run", self.run)
+        fields.setdefault("owner", {"pid": os.getpid(), "start": me.token() if me else None})
+        fields.setdefault("app", self.app)
+        self._audit.write(event, **fields)
+
+    def _reap_earlier_runs(self) -> None:
+        try:
+            from .reaper import reap
+        except ImportError as exc:  # the reaper is a separate room; say so, do not fail
+            self.reap_error = f"reaper not available: {exc}"
+            logger.warning("tether host %r: %s", self.app, self.reap_error)
+            return
+        try:
+            self.reap_report = reap(self.state_dir, app=self.app, grace=self.grace,
+                                    exclude_runs={self.run})
+        except Exception as exc:  # noqa: BLE001 - a failed reap must not stop the app
+            self.reap_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("tether host %r: reaping earlier runs failed: %s", self.app,
+                           self.reap_error)
+            return
+        text = str(self.reap_report).strip()
+        if getattr(self.reap_report, "ended", None):
+            logger.info("tether host %r: %s", self.app, text)
+
+    def _open_host_job(self) -> Job:
+        try:
+            job: Job = _AppJob(name=self.app, mechanism=self.mechanism, grace=self.grace,
+                               require=self.require, state_dir=self.state_dir, app=self.app)
+        except JobRefused as exc:
+            self._disable(str(exc))
+            return _LooseJob(self.app, app=self.app, reason=str(exc), grace=self.grace,
+                             state_dir=self.state_dir, session=None)
+        if job.guarantee.disabled:
+            self._disable(job.guarantee.disabled)
+        return job
+
+    def _disable(self, reason: str) -> None:
+        self.safety_net_disabled = reason
+        # One warning, through the warnings system (logging.captureWarnings
+        # routes it to logging); apps can escalate SafetyNetWarning to an error.
+        warnings.warn(f"orphan-on-crash safety net DISABLED: {reason}", SafetyNetWarning,
+                      stacklevel=4)
+
+    def _announce(self, plan: EndedWork) -> None:
+        if not plan:
+            return
+        logger.info("%s", plan.announcement())
+        if self.announce is not None:
+            try:
+                self.announce(plan)
+            except Exception:  # noqa: BLE001 - an app's callback must not block a stop
+                logger.exception("tether host %r: announce callback failed", self.app)
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            if self._sessions.get(session.key) is session:
+                del self._sessions[session.key]
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def guarantee(self) -> _base.Guarantee:
+        """What protects every session's processes (``disabled`` says when nothing does)."""
+        return self.job.guarantee
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """Open sessions by key."""
+        with self._lock:
+            return dict(self._sessions)
+
+    @property
+    def background_jobs(self) -> list[BackgroundJob]:
+        return list(self._background)
+
+    def members(self) -> list[Identity]:
+        """Every live process of every session (background and detached left out)."""
+        seen: dict[int, Identity] = {}
+        for m in self.job.members():
+            seen[m.pid] = m
+        for s in self.sessions.values():
+            for m in s.members():
+                seen[m.pid] = m
+        return list(seen.values())
+
+    def __repr__(self) -> str:
+        return f"<tether.Host {self.app!r} {self.job.mechanism} sessions={len(self._sessions)}>"
+
+    # -- sessions ---------------------------------------------------------------------
+    def session(self, key: str, *, grace: float | None = None) -> Session:
+        """The session ``key``: a job inside the host job.
+
+        Returns the open one if this host already has it. Otherwise, first
+        ends a copy of ``key`` left alive by an earlier run of this app (see
+        the resume rule) and reports it as ``session.resumed``.
+        Raises ``JobRefused`` (``process-tree ownership could not be
+        established: ...``) when the host runs without a safety net and
+        ``require="kernel"`` was asked for.
+        """
+        key = str(key)
+        with self._lock:
+            if self._closed:
+                raise JobRefused(f"host {self.app!r} is closed")
+            existing = self._sessions.get(key)
+            if existing is not None and not existing.closed:
+                return existing
+            if self.safety_net_disabled and self.require == "kernel":
+                raise JobRefused("process-tree ownership could not be established: "
+                                 f"{self.safety_net_disabled}")
+            resumed = self._takeover(key)
+            g = self.grace if grace is None else float(grace)
+            name = f"{self.app}:{key}"
+            if isinstance(self.job, _LooseJob):
+                job: Job = _LooseJob(name, app=self.app, reason=self.safety_net_disabled or "",
+                                     grace=g, state_dir=self.state_dir, session=key)
+            else:
+                job = _AppJob(name=name, mechanism=self.job.mechanism, grace=g,
+                              require=self.require, state_dir=self.state_dir, parent=self.job,
+                              session=key, app=self.app)
+            s = Session(self, key, job, resumed)
+            self._sessions[key] = s
+            return s
+
+    def _takeover(self, key: str) -> EndedWork:
+        """The resume rule: end what an earlier run left of session ``key``."""
+        report = EndedWork(RESUME, key)
+        # What the start-up reap already ended of this key belongs in its report.
+        for e in getattr(self.reap_report, "ended", None) or []:
+            if getattr(e, "session", None) == key:
+                report.processes.append(EndedProcess(
+                    int(getattr(e, "pid", 0)), str(getattr(e, "comm", "") or e.pid),
+                    float(getattr(e, "runtime_s", 0.0) or 0.0),
+                    root=getattr(e, "via", 0) is None))
+        if self._resume_error is not None:
+            report.note = f"resume check failed: {self._resume_error}"
+            return report
+        left = _leftovers(self._resume_index.get(key, {}))
+        if left.held_by_live_runs:
+            report.held_by = left.held_by_live_runs
+            report.note = (f"session {key!r} is also open in a live run of {self.app!r} "
+                           f"(owner pid {', '.join(left.held_by_live_runs)}); left alone")
+            logger.warning("tether host %r: %s", self.app, report.note)
+        if not left.processes:
+            return report
+        plan = EndedWork(RESUME, key, processes=[
+            EndedProcess(i.pid, left.labels.get(i.pid) or i.comm or str(i.pid), _runtime(i), i,
+                         i.pid in left.roots)
+            for i in left.processes], planned=True)
+        self._announce(plan)
+        _end_leftovers(left, self.grace)
+        for p in plan.processes:
+            if p.identity is not None and not identity.is_alive(p.identity):
+                report.processes.append(EndedProcess(p.pid, p.label, p.runtime_s, p.identity,
+                                                     p.root))
+        return report
+
+    # -- background and detached ------------------------------------------------------------
+    def background_job(self, name: str, cpu_percent: int | None = 25,
+                       timeout: float | None = None, *, grace: float | None = None) -> BackgroundJob:
+        """A job that is NOT ended with the host: CPU-capped, low priority,
+        bounded by ``timeout`` seconds, recorded ``background`` (never reaped)."""
+        if cpu_percent is not None and not 1 <= int(cpu_percent) <= 100:
+            raise ValueError("cpu_percent must be between 1 and 100")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be > 0 seconds")
+        # A background job is never nested in the host job (the host's death
+        # would take it along) and never in a PID namespace (it outlives its
+        # owner on purpose; the transparent mechanisms keep its PIDs real).
+        mech = self.mechanism if self.mechanism in ("cgroup", "subreaper", "pgroup") else "auto"
+        job = _AppJob(name=f"{self.app}:bg:{name}", mechanism=mech,
+                      grace=self.grace if grace is None else float(grace),
+                      state_dir=self.state_dir, background=True,
+                      cpu_percent=cpu_percent, app=self.app)
+        limits: list[str] = []
+        if _LINUX:
+            keeper = job.trace().get("keeper_pid")
+            if keeper:
+                limits += _lower_priority(int(keeper))
+            if cpu_percent is not None:
+                limits.append(_cpu_max(job.trace().get("cgroup_path"), int(cpu_percent)))
+        elif cpu_percent is not None:
+            limits.append(f"cpu {cpu_percent}% (by the platform backend)")
+        bg = BackgroundJob(self, name, job, cpu_percent, timeout, limits)
+        self._background.add(bg)
+        return bg
+
+    def launch_detached(self, argv: Sequence[Any], *, cwd: Any = None,
+                        env: dict[str, str] | None = None, stdin: Any = subprocess.DEVNULL,
+                        stdout: Any = subprocess.DEVNULL,
+                        stderr: Any = subprocess.DEVNULL) -> subprocess.Popen:
+        """Start ``argv`` to outlive the app on purpose (an editor, a browser).
+
+        Outside every job: a plain ``Popen`` in a new session, recorded as
+        ``detached`` so no reaper ever touches it. (If the app itself runs
+        inside a tether job, that outer job still holds it.)
+        """
+        p = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=stdin, stdout=stdout,
+                             stderr=stderr, start_new_session=True, close_fds=True)
+        ident = identity.read(p.pid)
+        fields: dict[str, Any] = {"pid": p.pid, "detached": True, "in_job": False}
+        if ident is not None:
+            fields.update(start=ident.token(), boot=ident.boot, pgid=ident.pgid, sid=ident.sid,
+                          uid=ident.uid)
+        self._write("spawn", **fields)
+        self.detached.append(p)
+        return p
+
+    # -- ending ----------------------------------------------------------------------
+    def close(self, reason: str = APP_EXIT) -> list[EndedWork]:
+        """Stop every open session (announced), close the host job. Background
+        jobs and detached launches are left running, on purpose. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return []
+            self._closed = True
+            sessions = list(self._sessions.values())
+        reports = []
+        try:
+            for s in sessions:
+                reports.append(s.stop(reason))
+        finally:
+            try:
+                self.job.close()
+            finally:
+                self._write("run-end")
+                self._audit.close()
+        return reports
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------
+# The resume rule's evidence: audit records of earlier runs
+
+
+@dataclass
+class _Leftovers:
+    processes: list[Identity] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+    roots: set[int] = field(default_factory=set)  # recorded spawns (the agent), not descendants
+    held_by_live_runs: list[str] = field(default_factory=list)
+
+
+def _token_ident(pid: Any, token: Any, boot: Any = None) -> Identity | None:
+    """The identity an audit record names (``start`` is ``"ticks@boot"``)."""
+    if not isinstance(pid, int) or pid <= 1 or not isinstance(token, str) or "@" not in token:
+        return None
+    ticks, _, tboot = token.partition("@")
+    try:
+        return Identity(pid, int(ticks), str(boot or tboot))
+    except ValueError:
+        return None
+
+
+def _alive_record(rec: dict[str, Any]) -> Identity | None:
+    """The live process a spawn record names, if its identity still matches."""
+    want = _token_ident(rec.get("pid"), rec.get("start"), rec.get("boot"))
+    if want is None or want.boot != identity.boot_id():
+        return None
+    cur = identity.read(want.pid)
+    if cur is None or not cur.same_process(want) or cur.state in _NOT_ALIVE:
+        return None
+    return cur
+
+
+def _owner_alive(owner: Any) -> bool:
+    """Whether the run's owner still lives. Unprovable counts as alive."""
+    if not isinstance(owner, dict):
+        return True
+    ident = _token_ident(owner.get("pid"), owner.get("start"))
+    if ident is None:
+        return True
+    if ident.boot != identity.boot_id():
+        return False
+    return identity.is_alive(ident)
+
+
+def _own_cgroup(path: Any, job_id: Any) -> str | None:
+    """``path`` if it is one of tether's job cgroups (as the record says), else None."""
+    if not _LINUX or not isinstance(path, str) or not isinstance(job_id, str):
+        return None
+    from .platform.linux_cgroup import RUN_PREFIX, cgroup2_mount
+
+    mount = cgroup2_mount()
+    real = os.path.realpath(path)
+    if not mount or not real.startswith(mount.rstrip("/") + "/"):
+        return None
+    if os.path.basename(real) != job_id:
+        return None
+    parts = real[len(mount):].split("/")
+    if not any(p.startswith(RUN_PREFIX) for p in parts):
+        return None
+    return real if os.path.isdir(real) else None
+
+
+def _cgroup_procs(path: str) -> list[int]:
+    out: list[int] = []
+    for d, _dirs, _files in os.walk(path):
+        try:
+            with open(os.path.join(d, "cgroup.procs"), "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _index_sessions(state_dir: Path, app: str, my_run: str,
+                    only_runs: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """One pass over the audit: per session key, per earlier run, what may be left.
+
+    Keeps only what could still be alive - spawn records whose pid exists now
+    (a process that is gone never comes back; a reused pid is rejected later
+    by its start time) and cgroup directories that still exist - so the index
+    stays small however long the log is.
+    """
+    from .audit import iter_records
+
+    try:
+        live_pids = {int(n) for n in os.listdir("/proc") if n.isdigit()} if _LINUX else None
+    except OSError:
+        live_pids = None
+    index: dict[str, dict[str, Any]] = {}
+    for rec in iter_records(state_dir):
+        key = rec.get("session")
+        if rec.get("app") != app or not isinstance(key, str):
+            continue
+        if rec.get("background") or rec.get("detached"):
+            continue
+        run = rec.get("run")
+        if not isinstance(run, str) or run == my_run:
+            continue
+        if only_runs is not None and run not in only_runs:
+            continue
+        r = index.setdefault(key, {}).setdefault(run, {"owner": None, "spawns": [], "cgroups": {}})
+        if isinstance(rec.get("owner"), dict):
+            r["owner"] = rec["owner"]
+        cg, job = rec.get("cgroup"), rec.get("job")
+        if isinstance(cg, str) and isinstance(job, str) and cg not in r["cgroups"]:
+            if os.path.isdir(cg):
+                r["cgroups"][cg] = job
+        if rec.get("event") == "spawn":
+            pid = rec.get("pid")
+            if live_pids is None or pid in live_pids:
+                r["spawns"].append({k: rec.get(k) for k in ("pid", "start", "boot", "argv")})
+    return index
+
+
+def _leftovers(runs: dict[str, dict[str, Any]]) -> _Leftovers:
+    """What of one session key's earlier copies is alive and provably theirs."""
+    out = _Leftovers()
+    found: dict[int, Identity] = {}
+    my_uid = os.getuid() if hasattr(os, "getuid") else None
+    for r in runs.values():
+        if _owner_alive(r["owner"]):
+            if any(_alive_record(s) for s in r["spawns"]):
+                owner = r["owner"] if isinstance(r["owner"], dict) else {}
+                out.held_by_live_runs.append(str(owner.get("pid", "?")))
+            continue
+        for path, job_id in r["cgroups"].items():
+            real = _own_cgroup(path, job_id)
+            if real is None:
+                continue
+            pids = _cgroup_procs(real)
+            if pids:
+                out.cgroups.append(real)
+            for pid in pids:
+                ident = identity.read(pid)
+                if ident is not None and ident.state not in _NOT_ALIVE:
+                    found[pid] = ident
+        roots: list[Identity] = []
+        for s in r["spawns"]:
+            cur = _alive_record(s)
+            if cur is None:
+                continue
+            if my_uid is not None and cur.uid != my_uid:
+                continue  # another user's process is never ours to end
+            roots.append(cur)
+            found[cur.pid] = cur
+            out.roots.add(cur.pid)
+            argv = s.get("argv")
+            if isinstance(argv, list) and argv:
+                out.labels[cur.pid] = _argv_label(argv)
+        if roots:
+            born = min(i.start for i in roots)
+            cap = identity.capture(born_after=born)
+            for d in cap.descendants([i.pid for i in roots], born):
+                if d.state not in _NOT_ALIVE and (my_uid is None or d.uid in (my_uid, 0)):
+                    found.setdefault(d.pid, d)
+            for i in roots:  # a leader's group or session holds its escapees
+                extra: list[Identity] = []
+                if i.sid == i.pid:
+                    extra += cap.by_session(i.sid, born)
+                if i.pgid == i.pid:
+                    extra += cap.by_pgid(i.pgid, born)
+                for d in extra:
+                    if d.state not in _NOT_ALIVE:
+                        found.setdefault(d.pid, d)
+    out.processes = sorted(found.values(), key=lambda i: i.start)
+    return out
+
+
+def _end_leftovers(left: _Leftovers, grace: float) -> None:
+    """SIGTERM, grace, SIGKILL (cgroup.kill for a stale job cgroup); bounded."""
+    idents = sorted(left.processes, key=lambda i: -i.start)  # youngest (deepest) first
+
+    def alive() -> list[Identity]:
+        return [i for i in idents if identity.is_alive(i)]
+
+    def send(sig: int) -> None:
+        for i in alive():
+            with contextlib.suppress(SignalRefused):
+                identity.send_signal(i, sig)
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if left.cgroups:
+        from .platform.linux_cgroup import kill_cgroup, remove_tree
+
+        for cg in left.cgroups:
+            with contextlib.suppress(OSError):
+                kill_cgroup(cg, timeout=3.0)
+                remove_tree(cg)
+    deadline = time.monotonic() + 3.0
+    while alive() and time.monotonic() < deadline:
+        send(_SIGKILL)
+        time.sleep(0.01)
+

@@ -1,0 +1,655 @@
+"""tether.Host with real processes: sessions, stops, resume, background, detached.
+
+Every process a test starts carries the ``procs`` fixture's mark (conftest.py)
+and is ended by its finalizer, escapees included; hosts made in this process
+are closed by the ``hosts`` fixture, stale cgroups of killed runs are removed
+by ``stale_cgroups``. Kill tests have a control the same check sees alive:
+a detached launch (outside every job) outlives the host; a tree whose
+guardians were killed with its owner stays alive until tether ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tether import Host, audit, identity
+from tether.errors import JobClosed, JobRefused
+from tether.host import (
+    EndedProcess,
+    EndedTask,
+    EndedWork,
+    SafetyNetWarning,
+    format_duration,
+)
+from tether.identity import Identity
+
+pytestmark = [
+    pytest.mark.mechanism,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="real processes, Linux"),
+]
+
+GRACE = 0.3
+APP = "host-test"
+# A session's tree: a plain child, a background child of sh, a setsid escapee.
+TREE = "sleep 300 & (setsid sh -c 'exec sleep 300' </dev/null >/dev/null 2>&1 &); exec sleep 300"
+TREE_SIZE = 3  # the exec'd sleep, its `sleep &` sibling, the setsid escapee (its parent exits)
+
+# The host in a child process (started in a new session, so the test can kill it alone).
+HOST_CHILD = r"""
+import json, os, subprocess, sys, time
+from tether import Host, identity
+state, app, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+TREE = sys.argv[4]
+host = Host(app, state_dir=state, grace=0.2)
+out = {"run": host.run, "mechanism": host.job.mechanism, "host_keeper": host.job.trace().get("keeper_pid"),
+       "host_cgroup": host.job.trace().get("cgroup_path"), "sessions": {}, "keepers": [],
+       "roots": {}}
+def settle(sessions, n):
+    # Until each tree is exactly its n sleeps (the subshell that forks the escapee is gone).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(sorted(m.comm for m in s.members()) == ["sleep"] * n for s in sessions):
+            return
+        time.sleep(0.01)
+sessions = []
+for key in scenario.split(",") if scenario not in ("background",) else ["s1"]:
+    s = host.session(key)
+    out["roots"][key] = s.popen(["/bin/sh", "-c", TREE], stdin=subprocess.DEVNULL).pid
+    sessions.append(s)
+    out["keepers"].append(s.job.trace().get("keeper_pid"))
+if scenario == "background":
+    bg = host.background_job("conv", cpu_percent=25, timeout=60)
+    p = bg.popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    short = host.background_job("short", cpu_percent=25, timeout=1.0)
+    q = short.popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    out["bg"] = identity.read(p.pid).to_dict()
+    out["bg_short"] = identity.read(q.pid).to_dict()
+    out["bg_limits"] = bg.limits
+det = host.launch_detached(["sleep", "300"])
+out["detached"] = identity.read(det.pid).to_dict()
+settle(sessions, 3)
+time.sleep(0.05)
+for s in sessions:
+    out["sessions"][s.key] = [m.to_dict() for m in s.members()]
+out["keepers"].append(out["host_keeper"])
+print(json.dumps(out), flush=True)
+time.sleep(600)
+"""
+
+
+# ---------------------------------------------------------------------------
+# helpers and fixtures
+
+
+def read_line(p: subprocess.Popen, timeout: float = 30) -> str:
+    r, _, _ = select.select([p.stdout], [], [], timeout)
+    if not r:
+        raise RuntimeError("host child did not report in time")
+    line = p.stdout.readline()
+    if not line:
+        raise RuntimeError(f"host child died before reporting (status {p.wait()})")
+    return line
+
+
+def wait_until(pred, timeout: float = 3.0, interval: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+def idents(dicts) -> list[Identity]:
+    return [Identity.from_dict(d) for d in dicts]
+
+
+def alive(ids) -> list[Identity]:
+    return [i for i in ids if identity.is_alive(i)]
+
+
+def start_host_child(procs, state: Path, scenario: str, app: str = APP) -> tuple[subprocess.Popen, dict]:
+    p = procs.popen([sys.executable, "-c", HOST_CHILD, str(state), app, scenario, TREE],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    return p, json.loads(read_line(p))
+
+
+def provable(tree: list[Identity], info: dict) -> list[Identity]:
+    """What of a tree whose guardians died the audit can still tie to its run.
+
+    With a cgroup, everything (the stale cgroup holds it). Otherwise the
+    setsid escapee whose parent exited is linked to the run by nothing the
+    kernel keeps (docs/reaper.md, "Limits"): it is left to the fixture.
+    """
+    if info["mechanism"] == "cgroup":
+        return tree
+    return [i for i in tree if i.sid != i.pid]
+
+
+def kill_run_with_guardians(p: subprocess.Popen, info: dict) -> None:
+    """SIGKILL the host child's keepers, then the child: nothing is left to end its jobs."""
+    for pid in info["keepers"]:
+        ident = identity.read(pid)
+        if ident is not None:
+            assert identity.send_signal(ident, signal.SIGKILL, member=True)
+            assert wait_until(lambda i=ident: not identity.is_alive(i))
+    p.kill()
+    p.wait(timeout=10)
+
+
+@pytest.fixture
+def hosts():
+    """Hosts opened in this process; closed (sessions stopped) at the end."""
+    made: list[Host] = []
+    yield made
+    for h in made:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h.close()
+        for bg in h.background_jobs:
+            bg.close()
+
+
+@pytest.fixture
+def stale_cgroups():
+    """Run cgroup dirs left by a killed host child: emptied and removed at the end."""
+    made: list[str] = []
+    yield made
+    from tether.platform import linux_cgroup as lc
+
+    for run_dir in made:
+        if run_dir and os.path.isdir(run_dir):
+            lc.kill_cgroup(run_dir, timeout=3)
+            lc.remove_tree(run_dir)
+
+
+def note_cgroup(stale_cgroups: list[str], info: dict) -> None:
+    cg = info.get("host_cgroup")
+    if cg:
+        stale_cgroups.append(os.path.dirname(cg))
+
+
+def open_host(hosts: list[Host], state: Path, **kw) -> Host:
+    kw.setdefault("grace", GRACE)
+    h = Host(kw.pop("app", APP), state_dir=state, **kw)
+    hosts.append(h)
+    return h
+
+
+def session_tree(procs, s, n: int = TREE_SIZE) -> list[Identity]:
+    """Start TREE in session ``s``; return its members once they are exactly its n sleeps."""
+    s.popen(["/bin/sh", "-c", TREE], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: sorted(m.comm for m in s.members()) == ["sleep"] * n, 10)
+    return s.members()
+
+
+# ---------------------------------------------------------------------------
+# the host job: the app's death ends every session
+
+
+def test_sigkill_of_the_host_ends_every_session_tree(procs, tmp_path: Path, stale_cgroups) -> None:
+    p, info = start_host_child(procs, tmp_path / "state", "alpha,beta")
+    note_cgroup(stale_cgroups, info)
+    trees = {k: idents(v) for k, v in info["sessions"].items()}
+    detached = Identity.from_dict(info["detached"])
+    assert set(trees) == {"alpha", "beta"}
+    everything = [i for t in trees.values() for i in t]
+    assert all(len(t) >= TREE_SIZE for t in trees.values()), trees
+    assert len(alive(everything)) == len(everything)
+    assert any(i.sid == i.pid for i in trees["alpha"]), "the tree holds a setsid escapee"
+
+    p.kill()
+    p.wait(timeout=10)
+    assert wait_until(lambda: not alive(everything), 3.0), alive(everything)
+    # Control: the detached launch (outside every job) is seen alive by the same check.
+    time.sleep(0.2)
+    assert identity.is_alive(detached)
+
+
+def test_host_audit_records_carry_app_session_and_detached(procs, tmp_path: Path, hosts) -> None:
+    state = tmp_path / "state"
+    h = open_host(hosts, state)
+    s = h.session("k1")
+    s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    d = h.launch_detached(["sleep", "300"], env=procs.env())
+    recs = list(audit.iter_records(state))
+    spawns = [r for r in recs if r["event"] == "spawn"]
+    assert any(r.get("session") == "k1" and r.get("app") == APP and r.get("in_job") for r in spawns)
+    det = [r for r in spawns if r.get("detached")]
+    assert det and det[0]["pid"] == d.pid and det[0]["app"] == APP and det[0]["in_job"] is False
+    assert "argv" not in det[0]
+    assert any(r["event"] == "job-open" and r.get("session") == "k1" and r.get("app") == APP
+               for r in recs)
+    assert any(r["event"] == "run-start" and r.get("app") == APP for r in recs)
+
+
+# ---------------------------------------------------------------------------
+# sessions and stops
+
+
+def test_stopping_one_session_leaves_the_others(procs, tmp_path: Path, hosts) -> None:
+    announced: list[tuple[str, list[Identity]]] = []
+
+    def announce(plan: EndedWork) -> None:
+        ids = [p.identity for p in plan.processes] + [p.identity for t in plan.tasks
+                                                       for p in t.processes]
+        announced.append((plan.announcement(), alive(ids)))
+
+    h = open_host(hosts, tmp_path / "state", announce=announce)
+    a, b = h.session("a"), h.session("b")
+    assert h.session("a") is a  # one open copy per key
+    ta, tb = session_tree(procs, a), session_tree(procs, b)
+    assert {m.pid for m in h.members()} >= {m.pid for m in ta + tb}
+
+    report = a.stop("user request")
+    assert not alive(ta)
+    assert len(alive(tb)) == len(tb)  # the other session is untouched
+    assert str(report).startswith("Stopped (user request): ended `sh -c ")
+    assert str(report).endswith(f"and {len(ta) - 1} other processes")
+    # Announced before anything ended: every process was still alive then.
+    assert len(announced) == 1
+    text, alive_then = announced[0]
+    assert text.startswith("Stopping (user request): ending `sh -c ")
+    assert len(alive_then) == len(ta)
+    assert a.closed and "a" not in h.sessions
+    with pytest.raises(JobClosed):
+        a.popen(["true"])
+    assert a.stop("user request") == EndedWork("user request", "a")  # a second stop: nothing
+    # The key can be opened again: a fresh session.
+    a2 = h.session("a")
+    assert a2 is not a and not a2.closed
+
+
+def test_host_close_stops_sessions_but_not_background_or_detached(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state")
+    tree = session_tree(procs, h.session("x"))
+    bg = h.background_job("bg", timeout=30)
+    bgp = bg.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    bgi = identity.read(bgp.pid)
+    d = h.launch_detached(["sleep", "300"], env=procs.env())
+    di = identity.read(d.pid)
+    reports = h.close()
+    assert [r.reason for r in reports] == ["app exit"] and str(reports[0])
+    assert not alive(tree)
+    assert identity.is_alive(bgi) and identity.is_alive(di)
+    with pytest.raises(JobRefused):
+        h.session("y")
+
+
+def test_session_popen_is_gated_inside_its_job(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state")
+    s = h.session("g")
+    p = s.popen(["/bin/sh", "-c", "sleep 300 & exec sleep 300"], stdin=subprocess.DEVNULL,
+                env=procs.env())
+    assert wait_until(lambda: len(s.members()) >= 2)
+    assert p.pid in {m.pid for m in s.members()}
+    cg = s.trace().get("cgroup_path")
+    if cg:  # nested: the session's cgroup lives inside the host job's
+        assert cg.startswith(h.job.trace()["cgroup_path"] + "/")
+    r = s.run(["/bin/sh", "-c", "echo $$"], capture_output=True, text=True, env=procs.env())
+    assert r.returncode == 0 and int(r.stdout)
+
+
+# ---------------------------------------------------------------------------
+# EndedWork text
+
+
+def _p(label: str, secs: float, pid: int = 100) -> EndedProcess:
+    return EndedProcess(pid, label, secs)
+
+
+def test_ended_work_text_zero_one_many() -> None:
+    assert str(EndedWork("user request")) == ""
+    assert not EndedWork("user request")
+    assert str(EndedWork("idle release", skipped=True, processes=[_p("x", 1)])) == ""
+
+    one = EndedWork("user request", tasks=[EndedTask("t", "npm run build", 842.4)])
+    assert str(one) == "Stopped (user request): ended `npm run build` after 14m 02s"
+    assert one.announcement() == "Stopping (user request): ending `npm run build` (running 14m 02s)"
+
+    many = EndedWork("user request", tasks=[EndedTask("t", "npm run build", 842.0,
+                                                      processes=[_p("node", 840)])],
+                     processes=[_p("claude", 9000), _p("mcp", 8000), _p("sh", 10)])
+    assert str(many) == ("Stopped (user request): ended `npm run build` after 14m 02s "
+                         "and 3 other processes")
+    assert many.process_count == 4
+    two_tasks = EndedWork("app exit", tasks=[EndedTask("a", "build", 5), EndedTask("b", "test", 70)],
+                          processes=[_p("claude", 90)])
+    assert str(two_tasks) == ("Stopped (app exit): ended `test` after 1m 10s and 1 other task "
+                              "and 1 other process")
+    procs_only = EndedWork("resume", processes=[_p("node", 3), _p("claude", 7300)])
+    assert str(procs_only) == "Stopped (resume): ended `claude` after 2h 01m and 1 other process"
+    assert format_duration(0.4) == "0s" and format_duration(59.9) == "59s"
+    assert format_duration(3600) == "1h 00m"
+    d = many.to_dict()
+    assert d["text"] == str(many) and d["tasks"][0]["processes"][0]["label"] == "node"
+    json.dumps(d)
+
+
+def test_ended_work_of_real_stops_zero_one_many(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state")
+    zero = h.session("zero").stop("user request")
+    assert str(zero) == "" and not zero
+
+    s1 = h.session("one")
+    s1.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="sleep 300")
+    assert wait_until(lambda: len(s1.members()) == 1)
+    one = s1.stop("user request")
+    assert str(one) == "Stopped (user request): ended `sleep 300` after 0s"
+    assert one.processes[0].runtime_s < 5
+
+    many = h.session("many")
+    tree = session_tree(procs, many)
+    many.tasks.started("bx1", "npm run build", pids=[tree[-1].pid])
+    r = many.stop("user request")
+    assert str(r) == f"Stopped (user request): ended `npm run build` after 0s and {len(tree) - 1} other processes"
+    assert r.tasks[0].processes[0].pid == tree[-1].pid
+
+
+# ---------------------------------------------------------------------------
+# the live-task ledger and optional stops
+
+
+def test_optional_stop_skips_while_a_task_is_live_and_person_stop_goes_through(
+        procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state", task_cap=60)
+    s = h.session("l")
+    agent = s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="agent")
+    build = s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    s.tasks.started("b1", "npm run build", pids=[build.pid])
+    s.tasks.finished("b1")  # the notification comes before the process exited (#74982)
+    assert [t.task_id for t in s.tasks.live()] == ["b1"]  # the members win
+
+    r = s.stop("idle release", optional=True)
+    assert r.skipped and str(r) == "" and r.held_by == ["npm run build"]
+    assert "idle release skipped: `npm run build` is live" in r.note
+    assert not s.closed and agent.poll() is None and build.poll() is None
+
+    t0 = time.monotonic()
+    r = s.stop("user request")  # a person: at once, whatever is live
+    assert time.monotonic() - t0 < 3
+    assert str(r).startswith("Stopped (user request): ended `npm run build` after ")
+    assert str(r).endswith("and 1 other process")
+    assert agent.wait(5) is not None and build.wait(5) is not None
+
+
+def test_optional_stop_waits_for_the_task_then_proceeds(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state", task_cap=20)
+    s = h.session("w")
+    s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="agent")
+    build = s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    s.tasks.started("b1", "npm run build", pids=[build.pid])
+    s.tasks.finished("b1")
+    timer = threading.Timer(0.4, build.kill)  # the build's process really ends
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        r = s.stop("idle release", optional=True, wait=True)
+        waited = time.monotonic() - t0
+    finally:
+        timer.cancel()
+    assert 0.3 <= waited < 5
+    assert not r.skipped and str(r) == "Stopped (idle release): ended `agent` after 0s"
+    assert s.closed
+
+
+def test_a_person_does_not_wait_behind_a_waiting_idle_release(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state", task_cap=30)
+    s = h.session("p")
+    s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="agent")
+    s.tasks.started("a1", "long task")  # never finishes
+    out: list[EndedWork] = []
+    t = threading.Thread(target=lambda: out.append(s.stop("idle release", optional=True,
+                                                           wait=True)))
+    t.start()
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = s.stop("user request")
+        assert time.monotonic() - t0 < 2
+        assert str(r).startswith("Stopped (user request): ended `long task` after ")
+    finally:
+        t.join(10)
+    assert out and out[0].skipped and "superseded" in out[0].note
+
+
+def test_optional_stop_proceeds_after_the_cap(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state", task_cap=0.4)
+    s = h.session("c")
+    s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="agent")
+    s.tasks.started("a1", "explore the repo", kind="local_agent")  # never finishes
+    first = s.stop("idle release", optional=True)
+    assert first.skipped
+    time.sleep(0.2)
+    assert s.stop("idle release", optional=True).skipped  # still within the cap
+    time.sleep(0.3)
+    r = s.stop("idle release", optional=True)  # held off for longer than the cap: proceeds
+    assert not r.skipped and s.closed
+    assert str(r).startswith("Stopped (idle release): ended `explore the repo` after ")
+
+    s2 = h.session("c2")
+    s2.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    s2.tasks.started("a2", "long task")
+    t0 = time.monotonic()
+    r2 = s2.stop("idle release", optional=True, wait=True, cap=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 3 and not r2.skipped and s2.closed
+
+
+def test_stream_adapter_feeds_a_real_session(procs, tmp_path: Path, hosts) -> None:
+    """The fake agent's stream-json drives the ledger; its early notification does not
+    end the task while the build's process (a setsid escapee) still runs."""
+    from tether.ledger import StreamAdapter
+
+    agent_py = Path(__file__).resolve().parent.parent / "examples" / "fake_agent.py"
+    h = open_host(hosts, tmp_path / "state")
+    s = h.session("stream")
+    p = s.popen([sys.executable, str(agent_py), "--session-id", "x", "--build", "1.0",
+                 "--think", "0.6", "--early-notify"], stdout=subprocess.PIPE, text=True,
+                env=procs.env(), label="fake_agent.py")
+    ad = StreamAdapter(s.tasks)
+    reader = ad.follow_in_thread(p.stdout)
+    assert wait_until(lambda: any(t.notifications for t in s.tasks.tasks()), 10)
+    task = s.tasks.tasks()[0]
+    assert task.label == "npm run build" and task.kind == "local_bash"
+    assert task in s.tasks.live(), "the build still runs: the task must stay live"
+    assert any(i.comm == "sleep" for i in task.live_processes())
+    assert s.tasks.wait_idle(10)  # once the build's process exits
+    # The stream says it again once the agent saw the build exit (after we did).
+    assert wait_until(lambda: task.notifications == 2, 5)
+    assert ad.session_id == "x" and ad.malformed == 0
+    r = s.stop("user request")
+    assert "fake_agent.py" in str(r) and "npm run build" not in str(r)
+    reader.join(5)
+
+
+# ---------------------------------------------------------------------------
+# the resume rule
+
+
+def test_resume_takeover_across_two_host_runs(procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "s1,s2")
+    note_cgroup(stale_cgroups, info)
+    # The second run starts while the first still runs: nothing of it is reaped.
+    h2 = open_host(hosts, state)
+    if h2.reap_report is not None:
+        assert not h2.reap_report.ended
+    kill_run_with_guardians(p, info)
+    leftovers = {k: idents(v) for k, v in info["sessions"].items()}
+    time.sleep(0.3)
+    # Control: with its guardians dead, the first run's sessions survive it.
+    assert len(alive(leftovers["s1"])) == len(leftovers["s1"])
+
+    seen_at_announce: list[int] = []
+
+    def announce(plan: EndedWork) -> None:
+        seen_at_announce.append(len(alive([q.identity for q in plan.processes])))
+
+    h2.announce = announce
+    want1, want2 = provable(leftovers["s1"], info), provable(leftovers["s2"], info)
+    s1 = h2.session("s1")
+    assert not alive(want1), alive(want1)
+    ended = {q.pid for q in s1.resumed.processes}
+    assert {i.pid for i in want1} <= ended
+    assert str(s1.resumed).startswith("Stopped (resume): ended ")
+    assert seen_at_announce == [len(want1)]  # announced while all still ran
+    # Only that key's copy: s2's leftover is still there until s2 resumes.
+    assert len(alive(leftovers["s2"])) == len(leftovers["s2"])
+    # A key nobody had: nothing to take over.
+    assert not h2.session("fresh").resumed
+    s2 = h2.session("s2")
+    assert not alive(want2) and {i.pid for i in want2} <= {q.pid for q in s2.resumed.processes}
+
+
+def test_resume_leaves_a_copy_held_by_a_live_run(procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "s1")
+    note_cgroup(stale_cgroups, info)
+    h2 = open_host(hosts, state)
+    s1 = h2.session("s1")
+    tree = idents(info["sessions"]["s1"])
+    assert not s1.resumed and len(alive(tree)) == len(tree)
+    assert s1.resumed.held_by and "live run" in s1.resumed.note
+
+
+def test_next_start_reaps_the_leftover_and_the_session_reports_it(
+        procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+    pytest.importorskip("tether.reaper")
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "s1")
+    note_cgroup(stale_cgroups, info)
+    kill_run_with_guardians(p, info)
+    tree = idents(info["sessions"]["s1"])
+    time.sleep(0.2)
+    assert len(alive(tree)) == len(tree)  # control: left over
+    h2 = open_host(hosts, state)
+    want = provable(tree, info)
+    assert not alive(want)
+    assert {i.pid for i in want} <= {e.pid for e in h2.reap_report.ended}
+    s1 = h2.session("s1")
+    # What the start-up reap ended of s1 is reported as s1's.
+    assert info["roots"]["s1"] in {q.pid for q in s1.resumed.processes}
+    assert {i.pid for i in want} <= {q.pid for q in s1.resumed.processes}
+    # The detached launch of the dead run is never reaped.
+    assert identity.is_alive(Identity.from_dict(info["detached"]))
+
+
+# ---------------------------------------------------------------------------
+# background jobs and detached launches
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def test_background_job_survives_the_host_and_is_not_reaped(
+        procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "background")
+    note_cgroup(stale_cgroups, info)
+    bg = Identity.from_dict(info["bg"])
+    short = Identity.from_dict(info["bg_short"])
+    tree = idents(info["sessions"]["s1"])
+    # Low priority from its first instruction: nice 19 (field 19), SCHED_IDLE (field 41 = 5).
+    f = _stat_fields(bg.pid)
+    assert int(f[19 - 3]) == 19 and int(f[41 - 3]) == 5
+    assert "nice 19" in info["bg_limits"] and "SCHED_IDLE" in info["bg_limits"]
+
+    p.kill()
+    p.wait(timeout=10)
+    # Control: the host's death ends its session (the check sees deaths) ...
+    assert wait_until(lambda: not alive(tree), 3.0)
+    time.sleep(0.3)
+    # ... but not its background job.
+    assert identity.is_alive(bg)
+    # The next start's reaper leaves it alone.
+    h2 = open_host(hosts, state)
+    assert identity.is_alive(bg)
+    if h2.reap_report is not None:
+        assert bg.pid not in {e.pid for e in h2.reap_report.ended}
+    # Its own timeout still holds with the host gone (the short one: 1 s).
+    assert wait_until(lambda: not identity.is_alive(short), 6.0)
+    assert identity.is_alive(bg)
+
+
+def test_background_job_timeout_and_close(procs, tmp_path: Path, hosts) -> None:
+    h = open_host(hosts, tmp_path / "state")
+    bg = h.background_job("t", cpu_percent=25, timeout=0.6)
+    t0 = time.monotonic()
+    p = bg.popen(["/bin/sh", "-c", "sleep 300 & exec sleep 300"], stdin=subprocess.DEVNULL,
+                 env=procs.env())
+    # Two sleeps, and the timeout watchdog (a python) is not listed as a member.
+    assert wait_until(lambda: sorted(m.comm for m in bg.members()) == ["sleep", "sleep"])
+    assert bg.wait(5)
+    assert time.monotonic() - t0 >= 0.5
+    assert p.wait(5) is not None
+    with pytest.raises(JobRefused):
+        bg.popen(["true"])
+    # close() ends one now.
+    bg2 = h.background_job("u", timeout=None)
+    q = bg2.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    qi = identity.read(q.pid)
+    ended = bg2.close()
+    assert qi.pid in {i.pid for i in ended} and not identity.is_alive(qi)
+    recs = [r for r in audit.iter_records(tmp_path / "state") if r.get("job") == bg2.job.id]
+    assert recs and all(r.get("background") is True and r.get("app") == APP for r in recs)
+    with pytest.raises(ValueError):
+        h.background_job("bad", cpu_percent=0)
+
+
+# ---------------------------------------------------------------------------
+# no safety net
+
+
+def test_disabled_safety_net_warns_once_and_sessions_still_run(procs, tmp_path: Path, hosts) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = open_host(hosts, tmp_path / "state", mechanism="jobobject")  # not on Linux
+    loud = [w for w in caught if issubclass(w.category, SafetyNetWarning)]
+    assert len(loud) == 1
+    assert str(loud[0].message).startswith("orphan-on-crash safety net DISABLED: ")
+    assert h.safety_net_disabled and h.guarantee.disabled
+    s = h.session("u")
+    p = s.popen(["/bin/sh", "-c", "sleep 300 & exec sleep 300"], stdin=subprocess.DEVNULL,
+                env=procs.env())
+    assert wait_until(lambda: len(s.members()) >= 2)
+    tree = s.members()
+    r = s.stop("user request")
+    assert not alive(tree) and p.wait(5) is not None and "ended" in str(r)
+    recs = [r for r in audit.iter_records(tmp_path / "state") if r["event"] == "spawn"]
+    assert recs and all(r["in_job"] is False for r in recs)
+
+
+def test_require_kernel_refuses_sessions_without_ownership(tmp_path: Path, hosts) -> None:
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        h = open_host(hosts, tmp_path / "state", mechanism="jobobject", require="kernel")
+    with pytest.raises(JobRefused, match="^process-tree ownership could not be established: "):
+        h.session("k")
+
+
+def test_require_kernel_sessions_are_kernel_enforced(procs, tmp_path: Path, hosts) -> None:
+    from tether.platform import probe
+
+    if not probe("pidns").available:
+        pytest.skip("no PID namespace here")
+    h = open_host(hosts, tmp_path / "state", require="kernel")
+    assert h.safety_net_disabled is None
+    s = h.session("k")
+    assert s.guarantee.kernel_enforced
+    s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: len(s.members()) == 1)
+    assert str(s.stop("user request")).startswith("Stopped (user request): ended ")

@@ -1,0 +1,249 @@
+"""The live-task ledger and its Claude Code stream-json adapter.
+
+``tests/data/claude_stream_sample.jsonl`` holds stream lines in the shapes
+Claude Code writes (see the mapping table in ``tether/ledger.py`` for the
+sources): a background bash task whose notification fires twice, a sub-agent
+with progress and a ``task_updated``, a killed dev server, a failed command, a
+notification for a task never started, a ``result`` line and a broken line.
+
+The real-process tests use a real ``Job`` as the ledger's source of members:
+the ledger must believe those members over the stream. Every process carries
+the ``procs`` fixture's mark and is ended by its finalizer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tether import Job, identity, ledger
+from tether.ledger import STREAM_MAPPING, Ledger, StreamAdapter
+
+SAMPLE = Path(__file__).parent / "data" / "claude_stream_sample.jsonl"
+LINUX = sys.platform.startswith("linux")
+
+
+def lines() -> list[str]:
+    return SAMPLE.read_text().splitlines()
+
+
+def wait_until(pred, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return bool(pred())
+
+
+def started_line(task_id: str, description: str) -> str:
+    return json.dumps({"type": "system", "subtype": "task_started", "task_id": task_id,
+                       "tool_use_id": "toolu_01", "description": description,
+                       "task_type": "local_bash", "session_id": "s"})
+
+
+def notification_line(task_id: str, status: str = "completed") -> str:
+    return json.dumps({"type": "system", "subtype": "task_notification", "task_id": task_id,
+                       "tool_use_id": "toolu_01", "status": status,
+                       "output_file": f"/tmp/{task_id}.output", "summary": "done",
+                       "session_id": "s"})
+
+
+# ---------------------------------------------------------------------------
+# the mapping, from recorded lines (no processes: the stream alone)
+
+
+def test_the_mapping_table_is_the_one_documented() -> None:
+    assert set(STREAM_MAPPING) == {"task_started", "task_progress", "task_notification",
+                                   "task_updated"}
+    for subtype in STREAM_MAPPING:
+        assert subtype in ledger.__doc__
+    assert ledger.TERMINAL_STATUSES >= {"completed", "failed", "stopped", "killed"}
+
+
+def test_sample_stream_maps_to_ledger_calls() -> None:
+    led = Ledger()  # no members: the stream is all there is
+    ad = StreamAdapter(led)
+    seen = []
+    for line in lines():
+        task = ad.feed(line)
+        seen.append(task.task_id if task is not None else None)
+    assert seen == [
+        None,  # init
+        "buyj7z5o7",  # task_started (local_bash)
+        "a3ae4e60e5d3e37a2",  # task_started (local_agent)
+        "a3ae4e60e5d3e37a2",  # task_progress
+        "buyj7z5o7",  # task_notification
+        None,  # result
+        "buyj7z5o7",  # task_notification again (claude-code #74982)
+        None,  # task_updated, status running: not terminal
+        "a3ae4e60e5d3e37a2",  # task_updated, completed
+        "a3ae4e60e5d3e37a2",  # task_notification
+        "bwfnw0614",  # task_started
+        "bwfnw0614",  # task_updated, killed
+        "bao4ntmse",  # task_started
+        None,  # notification for a task never started
+        "bao4ntmse",  # task_notification, failed
+        None,  # not JSON
+    ]
+    assert (ad.lines, ad.used, ad.ignored, ad.malformed) == (16, 11, 4, 1)
+    assert ad.session_id == "40746b0a-41c2-4f62-9ea6-d683612ad9ae"
+    by_id = {t.task_id: t for t in led.tasks()}
+    assert list(by_id) == ["buyj7z5o7", "a3ae4e60e5d3e37a2", "bwfnw0614", "bao4ntmse"]
+    assert by_id["buyj7z5o7"].label == "Sleep 3 seconds then print bg_task_done"
+    assert by_id["buyj7z5o7"].kind == "local_bash" and by_id["a3ae4e60e5d3e37a2"].kind == "local_agent"
+    assert by_id["buyj7z5o7"].notifications == 2 and by_id["buyj7z5o7"].status == "completed"
+    assert by_id["bwfnw0614"].status == "killed" and by_id["bao4ntmse"].status == "failed"
+    assert led.live() == [] and led.idle()
+    assert "zzz" not in by_id
+
+
+def test_tasks_are_live_until_the_stream_says_otherwise() -> None:
+    led = Ledger()
+    ad = StreamAdapter(led)
+    for line in lines()[:4]:
+        ad.feed(line)
+    assert [t.task_id for t in led.live()] == ["buyj7z5o7", "a3ae4e60e5d3e37a2"]
+    ad.feed(lines()[4])
+    assert [t.task_id for t in led.live()] == ["a3ae4e60e5d3e37a2"]
+    assert len(led) == 1
+
+
+def test_adapter_takes_bytes_and_survives_odd_lines() -> None:
+    led = Ledger()
+    ad = StreamAdapter(led)
+    assert ad.feed(started_line("t1", "x").encode()) is not None
+    for odd in ("", "   ", "[1, 2]", "{\"type\": \"system\"}", "{\"type\": \"system\", "
+                "\"subtype\": \"task_started\", \"task_id\": [1]}", "\xff{"):
+        assert ad.feed(odd) is None
+    assert ad.feed(b"\xff\xfe") is None  # undecodable bytes: replaced, then not JSON
+    # A progress line for a task whose start was missed opens it.
+    t = ad.feed(json.dumps({"type": "system", "subtype": "task_progress", "task_id": "late",
+                            "description": "Running tests"}))
+    assert t is not None and t.label == "Running tests" and t.live
+    # A notification without a status counts as completed.
+    t = ad.feed(json.dumps({"type": "system", "subtype": "task_notification", "task_id": "t1"}))
+    assert t.status == "completed"
+    long = "x" * 500
+    assert len(led.started("t2", long).label) == ledger.MAX_LABEL
+
+
+def test_follow_reads_until_eof() -> None:
+    import io
+
+    led = Ledger()
+    ad = StreamAdapter(led)
+    ad.follow(io.StringIO("\n".join(lines()) + "\n"))
+    assert ad.lines == 16 and len(led.tasks()) == 4
+
+
+def test_stopped_and_repeated_notifications() -> None:
+    led = Ledger()
+    led.started("a", "A")
+    led.started("b", "B")
+    assert led.finished("nope") is None
+    assert led.finished("a").notifications == 1
+    assert led.finished("a").notifications == 2
+    ended = led.stopped("user request")
+    assert [t.task_id for t in ended] == ["b"] and ended[0].status == "user request"
+    assert led.idle() and led.stopped() == []
+    # Started again under the same id: a fresh, live task.
+    assert led.started("a", "A again").live and len(led) == 1
+
+
+# ---------------------------------------------------------------------------
+# members over the stream: real processes
+
+
+@pytest.fixture
+def job(procs):
+    j = Job(name="ledger-test", grace=0.2)
+    yield j
+    j.close()
+
+
+linux_only = pytest.mark.skipif(not LINUX, reason="real processes, Linux")
+
+
+@linux_only
+def test_early_notification_does_not_end_a_task_whose_process_runs(procs, job) -> None:
+    led = Ledger(job.members)
+    ad = StreamAdapter(led)
+    agent = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    time.sleep(0.4)  # the agent is older than the task's window
+    ad.feed(started_line("b1", "npm run build"))
+    build = job.popen(["/bin/sh", "-c", "sleep 300 & wait"], stdin=subprocess.DEVNULL,
+                      env=procs.env())
+    assert wait_until(lambda: len(job.members()) >= 3)
+    ad.feed(notification_line("b1"))  # fires before the process exited
+    live = led.live()
+    assert [t.task_id for t in live] == ["b1"]
+    owned = {i.pid for i in live[0].live_processes()}
+    assert build.pid in owned and len(owned) == 2  # the shell and its child (rule 1)
+    assert agent.pid not in owned
+    build.kill()
+    for i in live[0].live_processes():
+        if i.pid != build.pid:
+            identity.send_signal(i, 9, member=True)
+    assert wait_until(led.idle, 3)
+    assert led.get("b1").finished is not None
+    assert agent.poll() is None  # the agent was never the task's
+
+
+@linux_only
+def test_not_a_task_and_explicit_pids(procs, job) -> None:
+    led = Ledger(job.members)
+    a = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    led.not_a_task(identity.read(a.pid))
+    led.started("t", "window task")  # the agent is born inside the window, yet not a task's
+    b = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: len(job.members()) >= 2)
+    led.live()
+    assert set(led.get("t").processes) == {b.pid}
+    c = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    led.started("e", "explicit", pids=[c.pid])
+    d = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: len(job.members()) >= 4)
+    led.live()
+    assert set(led.get("e").processes) == {c.pid}  # no window claims for an explicit task
+    assert d.pid in led.get("t").processes
+    led.finished("e")
+    assert led.get("e") in led.live()
+    c.kill()
+    c.wait(3)
+    assert wait_until(lambda: led.get("e") not in led.live())
+
+
+@linux_only
+def test_wait_idle_is_bounded_and_wakes_on_exit(procs, job) -> None:
+    led = Ledger(job.members)
+    led.started("b", "build")
+    p = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: len(job.members()) == 1)
+    led.finished("b")
+    t0 = time.monotonic()
+    assert led.wait_idle(0.3) is False
+    assert 0.25 <= time.monotonic() - t0 < 2
+    threading.Timer(0.2, p.kill).start()
+    t0 = time.monotonic()
+    assert led.wait_idle(5) is True
+    assert time.monotonic() - t0 < 3
+
+
+@linux_only
+def test_a_closed_job_has_nothing_to_hold(procs) -> None:
+    j = Job(name="ledger-closed", grace=0.1)
+    led = Ledger(j.members)
+    led.started("b", "build")
+    j.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(lambda: len(j.members()) == 1)
+    led.finished("b")
+    assert not led.idle()
+    j.close()
+    assert wait_until(led.idle)
