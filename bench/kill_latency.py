@@ -145,6 +145,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> int:
+    # A timeout's SIGTERM must still run the trial's cleanup (finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--sizes", default="1,10,100,1000")
@@ -180,7 +182,7 @@ def main() -> int:
             row["ratio_vs_unshare"] = round(ratio, 2) if ratio else None
             fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
             print(f"  {kind:<10} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
-                  f"{surv:9d} {('%.2fx' % ratio) if ratio else '-':>10}")
+                  f"{surv:9d} {(f'{ratio:.2f}x') if ratio else '-':>10}")
     out["load_avg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:

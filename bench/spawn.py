@@ -70,7 +70,7 @@ def main() -> int:
         base, ours = [], []
         for _ in range(n):
             base.append(timed(plain))
-            ours.append(timed(lambda: job.popen(["/bin/true"]).wait()))
+            ours.append(timed(lambda job=job: job.popen(["/bin/true"]).wait()))
         pss = pss_kb(job.trace()["keeper_pid"])
         job.close()
         b, o = statistics.median(base) * 1e6, statistics.median(ours) * 1e6
@@ -87,7 +87,7 @@ def main() -> int:
     for count in (1, 10, 50) if not a.quick else (1, 10):
         jobs = [Job() for _ in range(count)]
         try:
-            ts = [timed(lambda: jobs[-1].popen(["/bin/true"]).wait()) for _ in range(max(20, n // 5))]
+            ts = [timed(lambda jobs=jobs: jobs[-1].popen(["/bin/true"]).wait()) for _ in range(max(20, n // 5))]
             pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
         finally:
             for j in jobs:

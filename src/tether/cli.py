@@ -8,7 +8,6 @@ the code that uses them.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 EXIT_TETHER_FAILURE = 125

@@ -20,7 +20,7 @@ SCHEMA = 1
 
 def describe(name: str):
     """The Guarantee a job of mechanism ``name`` would have (no job is opened)."""
-    from .platform.base import JOBOBJECT, JobOptions, Guarantee
+    from .platform.base import JOBOBJECT, Guarantee, JobOptions
 
     if name == JOBOBJECT:
         try:

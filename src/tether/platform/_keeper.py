@@ -141,7 +141,7 @@ class Keeper:
         period = None if owner_gone is not None else 200
         while True:
             events = poller.poll(period)
-            for fd, ev in events:
+            for fd, _ev in events:
                 if fd == rfd:
                     try:
                         os.read(rfd, 4096)
@@ -182,6 +182,8 @@ class Keeper:
         return os.getppid() != 1 or self.owner_pid == 1
 
     def _shutdown(self, reason: str) -> int:
+        if reason == "owner-gone" and self.mech.exit_ends_job and not self.mech.options.background:
+            os._exit(0)  # PID 1 of the job's namespace: the kernel kills the rest at once
         if self.mech.options.background and reason == "owner-gone":
             # Background jobs outlive the owner on purpose: keep reaping until empty.
             while True:

@@ -17,6 +17,7 @@ class KeeperMechanism:
     """
 
     name = "?"
+    exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
     kernel_enforced = False
     transparent = True
 

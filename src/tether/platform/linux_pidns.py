@@ -133,6 +133,7 @@ def _probe() -> Availability:
 
 class PidnsMechanism(KeeperMechanism):
     name = PIDNS
+    exit_ends_job = True
     kernel_enforced = True
     transparent = False
 
