@@ -10,7 +10,9 @@ they use.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["Job", "JobRefused", "JobClosed", "TetherError", "Guarantee", "probe_all", "choose",

@@ -7,7 +7,6 @@ the code that uses them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 EXIT_TETHER_FAILURE = 125
@@ -20,7 +19,9 @@ _DELEGATED = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser():
+    import argparse
+
     from .platform.base import MECHANISM_NAMES
 
     p = argparse.ArgumentParser(prog="tether", description="Every process a program starts ends when it ends.")
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _nonneg_float(text: str) -> float:
+    import argparse
+
     try:
         v = float(text)
     except ValueError:

@@ -108,6 +108,12 @@ class Job:
         tr = self._backend.trace() if hasattr(self, "_backend") else {}
         if tr.get("cgroup_path"):
             fields.setdefault("cgroup", tr["cgroup_path"])
+        if event == "job-open":
+            fields.setdefault("name", self.name)
+            kp = tr.get("keeper_pid")
+            ki = identity.read(kp) if kp else None
+            if ki is not None:
+                fields.setdefault("keeper", {"pid": kp, "start": ki.token()})
         self._audit.write(event, **fields)
 
     def _log_spawn(self, pid: int, argv: Sequence[Any] | None = None) -> None:

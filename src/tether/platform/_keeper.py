@@ -73,6 +73,15 @@ def close_other_fds(keep: set[int]) -> None:
                 pass
 
 
+def name_process(name: bytes) -> None:
+    """Set our comm (`tether ps` finds keepers and wardens by it)."""
+    try:
+        with open("/proc/self/comm", "wb") as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
 def detach_signals() -> None:
     for name in _IGNORED:
         sig = getattr(signal, name, None)
@@ -99,6 +108,7 @@ def fork_keeper(mech, ctl_child: socket.socket, owner_pid: int, owner_pidfd: int
             os.setpgid(0, 0)
         except OSError:
             pass
+        name_process(b"tether-keeper")
         detach_signals()
         code = Keeper(mech, ctl_child, owner_pid, owner_pidfd).run()
     except BaseException:  # noqa: BLE001 - a keeper must never fall back into the owner's code

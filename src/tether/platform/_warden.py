@@ -10,7 +10,7 @@ import socket
 
 def main() -> None:
     from . import _proto
-    from ._keeper import close_other_fds, detach_signals, fork_keeper, open_pidfd
+    from ._keeper import close_other_fds, detach_signals, fork_keeper, name_process, open_pidfd
     from .base import JobOptions
     from .posix import mechanism_class
 
@@ -18,6 +18,7 @@ def main() -> None:
     owner = int(os.environ.pop("TETHER_OWNER_PID"))
     sock = socket.socket(fileno=fd)
     os.setpgid(0, 0)
+    name_process(b"tether-warden")
     detach_signals()
     owner_fd = open_pidfd(owner)
     if os.getppid() != owner:  # the owner died before we could watch it

@@ -1,0 +1,705 @@
+"""``tether ps``: the live jobs on this machine that tether knows of.
+
+Sources, merged into one list of jobs:
+
+* the **audit log** in the state directory (``job-open``/``spawn``/
+  ``job-close`` records): job id, name, mechanism, owner identity, when it
+  opened, what it spawned, its cgroup;
+* **cgroup traces**: tether's run directories ``tether-<ownerpid>-<start>``
+  anywhere in the cgroup v2 hierarchy (a bounded walk), one sub-directory per
+  job, whose ``cgroup.procs`` list the members exactly, escapees included;
+* **keepers**: the process that holds each job (found from a record, as the
+  parent of a recorded child, or by its name ``tether-keeper`` where the
+  keeper sets it); for subreaper, PID-namespace and process-group jobs the
+  members are the keeper's descendants.
+
+A job is listed when its owner is alive and it was not closed, or when any
+member is still alive (an owner that died and left members is exactly what a
+user wants to see). Every process is named by identity (pid + kernel start
+ticks + boot id): a record whose pid now names another process is not shown
+as a member.
+
+Output: a tree per job, drawn with box characters on a terminal; plain text
+(indentation, ``key=value`` job lines) when piped; ``--json`` for tools
+(schema version 1, documented in docs/ps.md). Reads only; never signals.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import identity
+from .identity import Identity
+
+__all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
+           "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+KEEPER_COMM = "tether-keeper"
+RUN_DIR_RE = re.compile(r"^tether-(\d+)-(\d+)$")
+_CG_MAX_DIRS = 20_000  # bound on the cgroup hierarchy walk
+_CG_MAX_DEPTH = 12
+_CG_TIME_CAP = 0.5
+_MAX_SPAWNS = 4096  # recorded children remembered per job (the newest)
+
+
+@dataclass
+class Member:
+    """One live process of a job, with the members it is the parent of."""
+
+    ident: Identity
+    cmdline: str = ""
+    children: list[Member] = field(default_factory=list)
+
+    def to_dict(self, now: int, hz: int) -> dict[str, Any]:
+        i = self.ident
+        return {
+            "pid": i.pid,
+            "ppid": i.ppid,
+            "start": i.token(),
+            "comm": i.comm,
+            "cmdline": self.cmdline,
+            "state": i.state,
+            "age": round(max(0, now - i.start) / hz, 2),
+            "children": [c.to_dict(now, hz) for c in self.children],
+        }
+
+
+@dataclass
+class PsJob:
+    """One job as ``tether ps`` sees it."""
+
+    job: str | None = None
+    name: str | None = None
+    run: str | None = None
+    mechanism: str | None = None
+    owner: Identity | None = None
+    owner_alive: bool | None = None
+    owner_comm: str = ""
+    opened: float | None = None  # epoch seconds, from the job-open record
+    started_ticks: int | None = None  # kernel ticks, from a trace, when no record says
+    closed: bool = False
+    background: bool = False
+    session: str | None = None
+    cgroup: str | None = None
+    keeper: Identity | None = None
+    parent_job: str | None = None
+    sources: set[str] = field(default_factory=set)
+    spawned: dict[tuple[int, int], None] = field(default_factory=dict)
+    members: list[Member] = field(default_factory=list)  # roots of the member tree
+    member_count: int = 0
+
+    def age(self, now_wall: float, now_ticks: int, hz: int) -> float | None:
+        if self.opened is not None:
+            return max(0.0, now_wall - self.opened)
+        if self.started_ticks is not None:
+            return max(0.0, (now_ticks - self.started_ticks) / hz)
+        return None
+
+    def to_dict(self, now_wall: float, now_ticks: int, hz: int) -> dict[str, Any]:
+        age = self.age(now_wall, now_ticks, hz)
+        return {
+            "job": self.job,
+            "name": self.name,
+            "run": self.run,
+            "mechanism": self.mechanism,
+            "owner": None if self.owner is None else {
+                "pid": self.owner.pid,
+                "start": self.owner.token(),
+                "alive": self.owner_alive,
+                "comm": self.owner_comm,
+            },
+            "age": None if age is None else round(age, 2),
+            "opened": self.opened,
+            "closed": self.closed,
+            "background": self.background,
+            "session": self.session,
+            "cgroup": self.cgroup,
+            "keeper": None if self.keeper is None else {
+                "pid": self.keeper.pid, "start": self.keeper.token()},
+            "parent_job": self.parent_job,
+            "sources": sorted(self.sources),
+            "member_count": self.member_count,
+            "members": [m.to_dict(now_ticks, hz) for m in self.members],
+        }
+
+
+# ---------------------------------------------------------------------------
+# Gathering
+
+
+def _token(tok: Any, boot: Any = None) -> tuple[int, str] | None:
+    """``"ticks@bootid"`` -> (ticks, bootid); a bare tick count takes ``boot``."""
+    if isinstance(tok, int) and isinstance(boot, str):
+        return tok, boot
+    if not isinstance(tok, str):
+        return None
+    ticks, sep, b = tok.partition("@")
+    if not sep:
+        b = boot if isinstance(boot, str) else None
+    if b is None or not ticks.isdigit():
+        return None
+    return int(ticks), b
+
+
+def _pid(v: Any) -> int | None:
+    return v if type(v) is int and v > 0 else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+class _Book:
+    """Jobs by key, merged from every source."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple, PsJob] = {}
+        self.by_cgroup: dict[str, PsJob] = {}
+        self.by_keeper: dict[int, PsJob] = {}
+
+    def get(self, run: str | None, job: str | None) -> PsJob:
+        key = ("job", run, job)
+        j = self.jobs.get(key)
+        if j is None:
+            j = self.jobs[key] = PsJob(job=job, run=run)
+        return j
+
+    def add(self, key: tuple, j: PsJob) -> PsJob:
+        self.jobs[key] = j
+        return j
+
+
+def _read_audit(book: _Book, state_dir: str | os.PathLike[str], notes: list[str]) -> None:
+    from . import audit
+
+    boot = identity.boot_id()
+    try:
+        records = audit.read_records(state_dir)
+    except audit.AuditDirError as e:
+        notes.append(f"audit log not read: {e}")
+        return
+    except OSError as e:
+        notes.append(f"audit log not read: {e}")
+        return
+    for rec in records:
+        try:
+            _absorb(book, rec, boot)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            continue  # a line of the wrong shape: skip it, keep reading
+
+
+def _absorb(book: _Book, rec: dict[str, Any], boot: str) -> None:
+    event = rec.get("event")
+    if event not in ("job-open", "spawn", "exit", "job-close"):
+        return
+    job_id = _str(rec.get("job"))
+    if job_id is None:
+        return
+    owner = rec.get("owner")
+    oid = None
+    if isinstance(owner, dict):
+        opid = _pid(owner.get("pid"))
+        ot = _token(owner.get("start"))
+        if opid is not None and ot is not None:
+            oid = Identity(opid, ot[0], ot[1])
+    if oid is not None and oid.boot != boot:
+        return  # another boot: nothing of it is alive
+    run = _str(rec.get("run")) or (f"{oid.pid}-{oid.start}" if oid is not None else None)
+    j = book.get(run, job_id)
+    j.sources.add("audit")
+    if oid is not None and j.owner is None:
+        j.owner = oid
+    for k in ("mechanism", "name", "session"):
+        v = _str(rec.get(k))
+        if v is not None and getattr(j, k) is None:
+            setattr(j, k, v)
+    if rec.get("background") is True:
+        j.background = True
+    cg = _str(rec.get("cgroup"))
+    if cg is not None:
+        j.cgroup = cg
+        book.by_cgroup[os.path.normpath(cg)] = j
+    keeper = rec.get("keeper")
+    if isinstance(keeper, dict):
+        kp, kt = _pid(keeper.get("pid")), _token(keeper.get("start"))
+        if kp is not None and kt is not None and kt[1] == boot:
+            j.keeper = Identity(kp, kt[0], kt[1])
+    elif _pid(rec.get("keeper_pid")) is not None and j.keeper is None:
+        kid = identity.read(rec["keeper_pid"])
+        if kid is not None:
+            j.keeper = kid  # checked below against the owner
+    if event == "job-open":
+        ts = rec.get("ts")
+        if isinstance(ts, (int, float)):
+            j.opened = float(ts)
+        j.closed = False
+        return
+    if event == "job-close":
+        j.closed = True
+        return
+    pid = _pid(rec.get("pid"))
+    tok = _token(rec.get("start"), rec.get("boot"))
+    if pid is None or tok is None or tok[1] != boot:
+        return
+    key = (pid, tok[0])
+    if event == "exit":
+        j.spawned.pop(key, None)
+        return
+    j.spawned[key] = None
+    if len(j.spawned) > _MAX_SPAWNS:
+        j.spawned.pop(next(iter(j.spawned)))
+
+
+def _cgroup_run_dirs(notes: list[str]) -> tuple[str | None, list[str]]:
+    """Every ``tether-<pid>-<start>`` directory in the cgroup v2 hierarchy (bounded)."""
+    if not sys.platform.startswith("linux"):
+        return None, []
+    from .platform import linux_cgroup as lc
+
+    mount = lc.cgroup2_mount()
+    if mount is None:
+        return None, []
+    found: list[str] = []
+    deadline = time.monotonic() + _CG_TIME_CAP
+    stack = [(mount, 0)]
+    seen = 0
+    while stack:
+        path, depth = stack.pop()
+        try:
+            it = os.scandir(path)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                if not e.is_dir(follow_symlinks=False):
+                    continue
+                seen += 1
+                if RUN_DIR_RE.match(e.name):
+                    found.append(e.path)  # its job directories are read as jobs
+                elif depth + 1 < _CG_MAX_DEPTH:
+                    stack.append((e.path, depth + 1))
+        if seen > _CG_MAX_DIRS or time.monotonic() > deadline:
+            notes.append(f"cgroup hierarchy walk stopped after {seen} directories")
+            break
+    return mount, sorted(found)
+
+
+def _cg_procs(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _read_cgroups(book: _Book, notes: list[str]) -> None:
+    """Jobs from cgroup run directories (one sub-directory per job)."""
+    boot = identity.boot_id()
+    _mount, run_dirs = _cgroup_run_dirs(notes)
+    for rd in run_dirs:
+        m = RUN_DIR_RE.match(os.path.basename(rd))
+        assert m is not None
+        owner = Identity(int(m.group(1)), int(m.group(2)), boot)
+        run = f"{owner.pid}-{owner.start}"
+        for dirpath, dirs, _files in os.walk(rd):
+            dirs.sort()
+            if dirpath == rd:
+                continue
+            job_id = os.path.basename(dirpath)
+            norm = os.path.normpath(dirpath)
+            j = book.by_cgroup.get(norm)
+            if j is None:
+                j = book.get(run, job_id)
+                j.cgroup = dirpath
+                book.by_cgroup[norm] = j
+            j.sources.add("cgroup")
+            if j.mechanism is None:
+                j.mechanism = "cgroup"
+            if j.owner is None:
+                j.owner = owner
+            if j.opened is None:
+                try:  # cgroupfs keeps the directory's creation time
+                    j.opened = os.stat(dirpath).st_ctime or None
+                except OSError:
+                    pass
+            parent = os.path.dirname(dirpath)
+            if parent != rd:
+                j.parent_job = os.path.basename(parent)
+
+
+def _looks_like_keeper(k: Identity, owner: Identity) -> bool:
+    """Whether ``k``, the parent of a recorded child, is that job's keeper:
+    named so, or a child of the owner (or of its warden), or the init of a
+    PID namespace holding a pidfd on the owner (a pidns keeper is re-parented
+    away from the owner when its intermediate exits); never older than the
+    owner."""
+    if k.pid <= 1 or k.pid == owner.pid or k.start < owner.start:
+        return False
+    if k.comm == KEEPER_COMM or k.ppid == owner.pid:
+        return True
+    parent = identity.read(k.ppid)
+    if parent is not None and parent.ppid == owner.pid and parent.comm == "tether-warden":
+        return True
+    # A pidns keeper's parent is gone, but it watches the owner by pidfd.
+    return _is_ns_init(k.pid) and owner.pid in _pidfd_targets(k.pid)
+
+
+def _is_ns_init(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    ids = line.split()[1:]
+                    return len(ids) > 1 and ids[-1] == b"1"
+    except OSError:
+        return False
+    return False
+
+
+def _pidfd_targets(pid: int) -> list[int]:
+    """Pids that process ``pid`` holds pidfds for (its fdinfo ``Pid:`` lines,
+    in our PID namespace's numbering); [] where we may not look."""
+    out = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:[pidfd]":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Pid:"):
+                        target = int(line.split()[1])
+                        if target > 0:
+                            out.append(target)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _owner_of_keeper(k: Identity) -> Identity | None:
+    """A keeper's owner: the process it watches through a pidfd (exact, and
+    the only way for a PID-namespace keeper, whose parent is gone); else its
+    parent, or its parent's parent when the parent is the owner's warden."""
+    for target in _pidfd_targets(k.pid):
+        cur = identity.read(target)
+        if cur is not None and cur.start <= k.start:
+            return cur
+    parent = identity.read(k.ppid)
+    if parent is None or parent.pid <= 1:
+        return None
+    if parent.comm == "tether-warden":
+        return identity.read(parent.ppid)
+    return parent
+
+
+def _below(root: int, born_after: int | None = None) -> list[int]:
+    """Descendants of ``root`` from the kernel's children lists (exact and
+    cheap: it reads only this subtree, not the whole process table)."""
+    out: list[int] = []
+    stack = [root]
+    seen = {root}
+    while stack and len(out) < 100_000:
+        for c in identity.children(stack.pop()):
+            if c in seen or c <= 1:
+                continue
+            seen.add(c)
+            if born_after is not None:
+                cur = identity.read(c)
+                if cur is None or cur.start < born_after:
+                    continue  # not born after it: not its child but a reused pid's
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def _keepers_by_name(notes: list[str]) -> list[Identity]:
+    """Processes named ``tether-keeper`` (one bounded capture of the table)."""
+    cap = identity.capture()
+    if not cap.complete:
+        notes.append(f"keeper search incomplete: {cap.reason}")
+    return [i for i in cap.procs.values() if i.comm == KEEPER_COMM]
+
+
+def collect(state_dir: str | os.PathLike[str] | None = None, *,
+            notes: list[str] | None = None) -> list[PsJob]:
+    """Every live job tether knows of, with its member tree."""
+    notes = notes if notes is not None else []
+    book = _Book()
+    if state_dir is None:
+        from .audit import default_state_dir
+
+        state_dir = default_state_dir()
+    _read_audit(book, state_dir, notes)
+    _read_cgroups(book, notes)
+    boot = identity.boot_id()
+
+    # Keepers found by name (where the keeper names itself).
+    for ident in _keepers_by_name(notes):
+        j = next((x for x in book.jobs.values()
+                  if x.keeper is not None and x.keeper.same_process(ident)), None)
+        if j is None:
+            j = book.add(("keeper", ident.pid, ident.start), PsJob(owner=_owner_of_keeper(ident)))
+            j.started_ticks = ident.start
+        j.keeper = ident
+        j.sources.add("keeper")
+        book.by_keeper[ident.pid] = j
+
+    out: list[PsJob] = []
+    for j in book.jobs.values():
+        # Owner: alive only if the very process (pid + start + boot) still runs.
+        if j.owner is not None:
+            j.owner_alive = identity.is_alive(j.owner)
+            if j.owner_alive:
+                cur = identity.read(j.owner.pid)
+                j.owner_comm = cur.comm if cur is not None else ""
+        # Keeper: confirm a recorded one, or find it as the parent of a member.
+        if j.keeper is not None and not identity.is_alive(j.keeper):
+            j.keeper = None
+        live_spawned = []
+        for pid, start in j.spawned:
+            cur = identity.read(pid)
+            if cur is not None and cur.start == start and cur.boot == boot \
+                    and cur.state not in ("Z", "X"):
+                live_spawned.append(cur)
+        if j.keeper is None and j.owner is not None and j.owner_alive:
+            candidates = live_spawned
+            if j.cgroup is not None:
+                candidates = [c for c in map(identity.read, _cg_procs(j.cgroup)) if c]
+            for c in candidates:
+                k = identity.read(c.ppid)
+                if k is not None and _looks_like_keeper(k, j.owner):
+                    j.keeper = k
+                    j.sources.add("keeper")
+                    break
+        if j.keeper is not None and j.started_ticks is None:
+            j.started_ticks = j.keeper.start
+        # Members.
+        pids: set[int] = set()
+        if j.cgroup is not None and os.path.isdir(j.cgroup):
+            pids.update(_cg_procs(j.cgroup))
+            if j.keeper is not None:
+                pids.discard(j.keeper.pid)  # it visits the cgroup around a spawn
+        elif j.keeper is not None:
+            pids.update(_below(j.keeper.pid, born_after=j.keeper.start))
+        else:
+            for c in live_spawned:
+                pids.add(c.pid)
+                pids.update(_below(c.pid, born_after=c.start))
+        idents = []
+        for pid in sorted(pids):
+            cur = identity.read(pid)
+            if cur is None or cur.state in ("Z", "X"):
+                continue
+            idents.append(cur)
+        j.member_count = len(idents)
+        j.members = _tree(idents)
+        if j.member_count == 0 and (j.closed or not j.owner_alive):
+            continue  # over: nothing of it is alive
+        out.append(j)
+    out.sort(key=lambda x: (x.owner.pid if x.owner else 0, x.job or "", x.cgroup or ""))
+    return out
+
+
+def _tree(idents: list[Identity]) -> list[Member]:
+    nodes = {i.pid: Member(i, _cmdline(i.pid)) for i in idents}
+    roots = []
+    for pid in sorted(nodes):
+        m = nodes[pid]
+        parent = nodes.get(m.ident.ppid)
+        if parent is not None and parent is not m:
+            parent.children.append(m)
+        else:
+            roots.append(m)
+    return roots
+
+
+def _cmdline(pid: int) -> str:
+    if not sys.platform.startswith("linux"):
+        return ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return ""
+    return data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
+
+
+# ---------------------------------------------------------------------------
+# Rendering
+
+# A command line may hold newlines, tabs, escape sequences: one line each, and
+# nothing that drives the terminal.
+_CONTROL = {c: " " for c in range(32)} | {127: " "}
+
+
+def _oneline(text: str) -> str:
+    return " ".join(text.translate(_CONTROL).split())
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = max(0, int(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _owner_text(j: PsJob) -> str:
+    if j.owner is None:
+        return "owner unknown"
+    state = "alive" if j.owner_alive else "DEAD"
+    comm = f" {_oneline(j.owner_comm)}" if j.owner_comm else ""
+    return f"owner {j.owner.pid}{comm} ({state})"
+
+
+def _clock() -> tuple[float, int, int]:
+    return time.time(), identity.now_ticks(), identity.clock_ticks()
+
+
+def render_tree(jobs: list[PsJob], width: int = 100) -> str:
+    """The terminal view: one header per job and its member tree, box-drawn."""
+    now_wall, now_ticks, hz = _clock()
+    if not jobs:
+        return "no live tether jobs\n"
+    lines: list[str] = []
+    for j in jobs:
+        name = f" {_oneline(j.name)!r}" if j.name else ""
+        flags = "".join(f" [{f}]" for f, on in (("closed", j.closed), ("background", j.background),
+                                                  ("nested in " + (j.parent_job or ""),
+                                                   j.parent_job is not None)) if on)
+        n = j.member_count
+        lines.append(f"{j.job or '?'}{name}  {j.mechanism or '?'}  {_owner_text(j)}  "
+                     f"age {_duration(j.age(now_wall, now_ticks, hz))}  "
+                     f"{n} member{'s' if n != 1 else ''}{flags}")
+        extra = []
+        if j.keeper is not None:
+            extra.append(f"keeper {j.keeper.pid}")
+        if j.cgroup:
+            extra.append(f"cgroup {j.cgroup}")
+        if extra:
+            lines.append("│ " + ", ".join(extra))
+
+        def walk(ms: list[Member], prefix: str) -> None:
+            for idx, m in enumerate(ms):
+                last = idx == len(ms) - 1
+                head = prefix + ("└─ " if last else "├─ ")
+                age = _duration((now_ticks - m.ident.start) / hz)
+                text = f"{head}{m.ident.pid} {_oneline(m.cmdline or m.ident.comm)}"
+                tail = f"  {age}"
+                if len(text) + len(tail) > width:
+                    text = text[: max(len(head) + 8, width - len(tail) - 1)] + "…"
+                lines.append(text + tail)
+                walk(m.children, prefix + ("   " if last else "│  "))
+
+        walk(j.members, "")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_plain(jobs: list[PsJob]) -> str:
+    """The piped view: ``key=value`` job lines, members indented two spaces a level."""
+    now_wall, now_ticks, hz = _clock()
+    lines: list[str] = []
+    for j in jobs:
+        age = j.age(now_wall, now_ticks, hz)
+        fields = [
+            f"job={j.job or '?'}",
+            f"mechanism={j.mechanism or '?'}",
+            f"owner={j.owner.pid if j.owner else '?'}",
+            "owner_alive=" + ("?" if j.owner_alive is None else "yes" if j.owner_alive else "no"),
+            f"age={age:.1f}" if age is not None else "age=?",
+            f"members={j.member_count}",
+        ]
+        if j.name:
+            fields.append(f"name={'_'.join(_oneline(j.name).split())}")
+        if j.keeper is not None:
+            fields.append(f"keeper={j.keeper.pid}")
+        if j.cgroup:
+            fields.append(f"cgroup={j.cgroup}")
+        if j.closed:
+            fields.append("closed=yes")
+        if j.background:
+            fields.append("background=yes")
+        if j.parent_job:
+            fields.append(f"parent={j.parent_job}")
+        lines.append(" ".join(fields))
+
+        def walk(ms: list[Member], depth: int) -> None:
+            for m in ms:
+                age = (now_ticks - m.ident.start) / hz
+                lines.append(f"{'  ' * depth}{m.ident.pid} {_oneline(m.ident.comm)} {age:.1f} "
+                             f"{_oneline(m.cmdline)}".rstrip())
+                walk(m.children, depth + 1)
+
+        walk(j.members, 1)
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def to_json(jobs: list[PsJob], state_dir: str | None = None,
+            notes: list[str] | None = None) -> dict[str, Any]:
+    now_wall, now_ticks, hz = _clock()
+    return {
+        "version": SCHEMA_VERSION,
+        "boot": identity.boot_id(),
+        "state_dir": state_dir,
+        "jobs": [j.to_dict(now_wall, now_ticks, hz) for j in jobs],
+        "notes": list(notes or []),
+    }
+
+
+def cli(argv: list[str]) -> int:
+    """``tether ps [--json] [--plain] [--state-dir DIR]``; exit 0, 2 on bad arguments."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="tether ps",
+        description="List the live jobs tether knows of on this machine (audit log, cgroups, "
+                    "keepers), each with its mechanism, owner, age and member tree.")
+    p.add_argument("--json", action="store_true", help="JSON for tools (see docs/ps.md)")
+    p.add_argument("--plain", action="store_true",
+                   help="plain text even on a terminal (the default when piped)")
+    p.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="audit log directory (default: $TETHER_STATE_DIR, else "
+                        "$XDG_STATE_HOME/tether or ~/.local/state/tether)")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    from .audit import default_state_dir
+
+    state_dir = args.state_dir or str(default_state_dir())
+    notes: list[str] = []
+    jobs = collect(state_dir, notes=notes)
+    out = sys.stdout
+    if args.json:
+        import json
+
+        out.write(json.dumps(to_json(jobs, state_dir, notes), indent=2) + "\n")
+    elif args.plain or not out.isatty():
+        out.write(render_plain(jobs))
+    else:
+        import shutil
+
+        out.write(render_tree(jobs, shutil.get_terminal_size((100, 24)).columns))
+        for n in notes:
+            print(f"note: {n}", file=sys.stderr)
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,557 @@
+"""pytest plugin: report, and end, the processes a test leaves running.
+
+Loaded by every pytest run through the ``pytest11`` entry point, and inert
+unless turned on (only ``pytest_addoption`` and ``pytest_configure`` run
+otherwise; nothing is imported, no process attribute changes)::
+
+    pytest --tether-leaks=warn     # report each leak as a warning, end it
+    pytest --tether-leaks=fail     # the leaking test errors at teardown
+    pytest -p tether               # same as --tether-leaks=warn
+    [pytest] tether_leaks = fail   # in pytest.ini / pyproject / setup.cfg
+
+When on, for every test: the processes started while the test ran - by the
+test or by its function-scoped fixtures, and everything those started - that
+are still alive after the function-scoped fixtures were torn down are
+reported (pid, command name, age, test id) and ended (SIGTERM, a grace
+period, SIGKILL; every signal identity-checked through
+``tether.identity.send_signal``).
+
+How a process is tied to the test, without looking at inherited stdout or
+stderr (nextest's approach, which reports false leaks under load):
+
+* Linux: the pytest process makes itself a child subreaper
+  (``PR_SET_CHILD_SUBREAPER``), so a double-forked or ``setsid`` daemon is
+  re-parented to it rather than to PID 1. Then "started by this test" is
+  exact: a descendant of this pytest process (read from the kernel's
+  ``/proc/PID/task/*/children``) born after the test began and not alive
+  when it began. Under pytest-xdist every worker is its own pytest process
+  and its own subreaper, so a worker only ever sees its own tests'
+  processes. The walk is over this process's descendants only, so its cost
+  does not grow with the machine's process count.
+* Elsewhere (macOS, BSD, or if the prctl fails): one bounded capture of the
+  process table; descendants born after the test began, plus processes born
+  after it began that share a session or process group with one of those
+  (but not pytest's own session or group, which xdist's workers share). A
+  daemon whose parent exited and which left every such session and group
+  cannot be tied to the test there; this is stated, not hidden.
+
+Fixtures of wider scope (class, module, package, session) keep their
+processes: whatever is born while such a fixture is being set up belongs to
+it, with everything it starts later (by parentage, or by its own session or
+process group), and is never reported for a test.
+
+Side effect when on (Linux): orphans of the test run re-parent to the pytest
+process instead of PID 1, so a test that asserts ``getppid() == 1`` for an
+orphan sees pytest's pid instead. The plugin reaps such adopted orphans once
+they have exited (but never a child a live ``subprocess.Popen`` or
+``multiprocessing`` object still tracks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# pytest is already imported whenever pytest loads this module; tether.identity
+# and everything else are imported only when the detector is turned on.
+import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from tether.identity import Identity
+
+MODES = ("off", "warn", "fail")
+_DEFAULT_GRACE = 1.0
+_KILL_DEADLINE = 5.0  # bound on ending one test's leaks after the grace
+_MAX_WALK = 100_000  # bound on one walk of our own descendants
+# A process still alive this long after its test ended is a leak; less, and
+# it is most likely exiting already (a fixture sent SIGTERM without waiting).
+_SETTLE = 0.25
+
+__all__ = ["MODES", "TetherLeakWarning", "LeakDetector", "leak_mode"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tether", "tether: leaked-process detection")
+    group.addoption(
+        "--tether-leaks",
+        choices=MODES,
+        default=None,
+        dest="tether_leaks",
+        help="report (warn) or fail a test that leaves processes running; they are "
+        "ended either way. Default: the tether_leaks ini value, else off "
+        "(warn when loaded with -p tether).",
+    )
+    group.addoption(
+        "--tether-leaks-grace",
+        type=float,
+        default=None,
+        dest="tether_leaks_grace",
+        metavar="SECONDS",
+        help=f"seconds between SIGTERM and SIGKILL for leaked processes (default {_DEFAULT_GRACE:g})",
+    )
+    parser.addini("tether_leaks", "tether leaked-process detection: off, warn or fail", default="")
+    parser.addini(
+        "tether_leaks_grace",
+        "seconds between SIGTERM and SIGKILL for leaked processes",
+        default="",
+    )
+
+
+def leak_mode(config: pytest.Config) -> str:
+    """The mode in force: the command line, else the ini value, else ``warn``
+    when loaded explicitly with ``-p tether``, else ``off``."""
+    opt = config.getoption("tether_leaks", None)
+    if opt:
+        return opt
+    ini = str(config.getini("tether_leaks") or "").strip().lower()
+    if ini:
+        if ini not in MODES:
+            raise pytest.UsageError(f"tether_leaks = {ini!r}: choose one of {', '.join(MODES)}")
+        return ini
+    # The entry point loads this module in every run, so being loaded says
+    # nothing; an explicit -p does.
+    plugins = config.getoption("plugins", None) or []
+    if any(p in ("tether", "tether.pytest_plugin") for p in plugins):
+        return "warn"
+    return "off"
+
+
+def _grace(config: pytest.Config) -> float:
+    g = config.getoption("tether_leaks_grace", None)
+    if g is None:
+        ini = str(config.getini("tether_leaks_grace") or "").strip()
+        g = float(ini) if ini else _DEFAULT_GRACE
+    return max(0.0, float(g))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = leak_mode(config)
+    if mode == "off":
+        return  # inert: no per-test hook is even registered
+    config.pluginmanager.register(LeakDetector(config, mode, _grace(config)), "tether-leaks")
+
+
+class TetherLeakWarning(pytest.PytestWarning):
+    """A test left processes running (tether ended them)."""
+
+
+# ---------------------------------------------------------------------------
+# Finding our processes
+
+
+def _cmdline(pid: int) -> str:
+    if not sys.platform.startswith("linux"):
+        return ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read(512)
+    except OSError:
+        return ""
+    text = data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
+    # One line, nothing that drives a terminal (python -c scripts hold newlines).
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+class _Proc:
+    """One process seen in a walk, and the process it hangs under."""
+
+    __slots__ = ("ident", "parent")
+
+    def __init__(self, ident: Identity, parent: int) -> None:
+        self.ident = ident
+        self.parent = parent
+
+
+class _Owner:
+    """A wider-scoped fixture's processes (keys are ``(pid, start)``)."""
+
+    __slots__ = ("label", "keys", "groups")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.keys: set[tuple[int, int]] = set()
+        self.groups: set[int] = set()  # sessions / process groups its processes lead
+
+
+def _key(ident: Identity) -> tuple[int, int]:
+    return (ident.pid, ident.start)
+
+
+class LeakDetector:
+    """The per-test machinery; registered by ``pytest_configure`` only when on."""
+
+    def __init__(self, config: pytest.Config, mode: str, grace: float,
+                 settle: float = _SETTLE) -> None:
+        from tether import identity
+
+        self._id = identity
+        self.config = config
+        self.mode = mode
+        self.grace = grace
+        self.settle = settle
+        self.me = os.getpid()
+        self._subreaper: bool | None = None  # decided at the first test
+        self._t0 = 0
+        self._before: set[tuple[int, int]] = set()
+        self._owners: dict[int, _Owner] = {}  # id(fixturedef) -> its processes
+        self._released: list[_Owner] = []  # torn down since the last check
+        self._leaks_key = pytest.StashKey[list]()
+        self._summary: list[tuple[str, list[dict]]] = []
+
+    # -- finding ----------------------------------------------------------------
+    def _setup_subreaper(self) -> None:
+        if self._subreaper is not None:
+            return
+        self._subreaper = False
+        if os.environ.get("_TETHER_LEAKS_PORTABLE") == "1":
+            return  # test knob: exercise the portable scan on Linux
+        if sys.platform.startswith("linux"):
+            try:
+                from tether.platform.linux_subreaper import set_subreaper
+
+                set_subreaper()
+                self._subreaper = True
+            except OSError:
+                self._subreaper = False
+
+    def _walk(self) -> list[_Proc]:
+        """Every process below this one, parents before children."""
+        me = self.me
+        if self._subreaper:
+            ident_read, children = self._id.read, self._id.children
+            out: list[_Proc] = []
+            stack = [me]
+            seen = {me}
+            while stack and len(out) < _MAX_WALK:
+                parent = stack.pop()
+                for c in children(parent):
+                    if c in seen:
+                        continue
+                    seen.add(c)
+                    ident = ident_read(c)
+                    if ident is None:
+                        continue
+                    out.append(_Proc(ident, parent))
+                    stack.append(c)
+            return out
+        # Portable: one bounded capture; descendants, plus processes born
+        # after the test began in a session or group one of those is in.
+        cap = self._id.capture()
+        out = [_Proc(i, i.ppid) for i in cap.descendants([me])]
+        seen = {p.ident.pid for p in out}
+        mine = {os.getpgrp(), os.getsid(0)}
+        groups = {
+            g
+            for p in out
+            if p.ident.start >= self._t0
+            for g in (p.ident.sid, p.ident.pgid)
+            if g > 1 and g not in mine
+        }
+        for g in sorted(groups):
+            for ident in cap.by_session(g, self._t0) + cap.by_pgid(g, self._t0):
+                if ident.pid not in seen:
+                    seen.add(ident.pid)
+                    out.append(_Proc(ident, ident.ppid))
+        return out
+
+    def _classify(self, procs: list[_Proc]) -> list[tuple[Identity, str]]:
+        """(process, whose) for every process the current test or a fixture
+        torn down during it is answerable for; ``whose`` is ``""`` for the
+        test itself, else the fixture's label."""
+        held: set[int] = set()  # pids held by a live wider fixture
+        released: dict[int, str] = {}  # pid -> label of a fixture torn down
+        live_groups = set()
+        for o in self._owners.values():
+            live_groups |= o.groups
+        rel_keys: dict[tuple[int, int], str] = {}
+        rel_groups: dict[int, str] = {}
+        for o in self._released:
+            for k in o.keys:
+                rel_keys[k] = o.label
+            for g in o.groups:
+                rel_groups[g] = o.label
+        owned = set()
+        for o in self._owners.values():
+            owned |= o.keys
+        out = []
+        # Parents come first, so a parent's verdict is known for its children.
+        for p in procs:
+            ident = p.ident
+            k = _key(ident)
+            if k in owned or p.parent in held or ident.sid in live_groups \
+                    or ident.pgid in live_groups:
+                held.add(ident.pid)
+                continue
+            label = rel_keys.get(k) or released.get(p.parent) \
+                or rel_groups.get(ident.sid) or rel_groups.get(ident.pgid)
+            if label:
+                released[ident.pid] = label
+                out.append((ident, label))
+                continue
+            if ident.start >= self._t0 and k not in self._before:
+                out.append((ident, ""))
+        return out
+
+    def _born_since(self, t: int) -> set[tuple[int, int]]:
+        return {_key(p.ident) for p in self._walk() if p.ident.start >= t}
+
+    # -- hooks ------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # tryfirst: before the runner's own implementation sets up fixtures.
+        self._setup_subreaper()
+        self._t0 = self._id.now_ticks()
+        # A process born in the same clock tick just before the test began
+        # has start == t0: remember those alive now, they are not the test's.
+        self._before = self._born_since(self._t0)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):  # noqa: ANN001, ANN201
+        scope = getattr(fixturedef, "scope", "function")
+        scope = getattr(scope, "value", scope)  # a Scope enum in some pytest versions
+        if scope == "function" or self._subreaper is None:
+            return (yield)
+        # Wider fixtures are set up before every function-scoped one of the
+        # test, so what is born now is the fixture's, not the test's.
+        t = self._id.now_ticks()
+        alive_before = self._born_since(t)
+        try:
+            return (yield)
+        finally:
+            owner = self._owners.setdefault(
+                id(fixturedef), _Owner(f"{scope}-scoped fixture {fixturedef.argname!r}"))
+            mine = (os.getpgrp(), os.getsid(0))
+            for p in self._walk():
+                k = _key(p.ident)
+                if p.ident.start >= t and k not in alive_before and k not in self._before:
+                    owner.keys.add(k)
+                    # A session or group it leads marks its double-forked
+                    # workers as its own too.
+                    for g in (p.ident.sid, p.ident.pgid):
+                        if g == p.ident.pid and g > 1 and g not in mine:
+                            owner.groups.add(g)
+
+    @pytest.hookimpl
+    def pytest_fixture_post_finalizer(self, fixturedef, request) -> None:  # noqa: ANN001
+        owner = self._owners.pop(id(fixturedef), None)
+        if owner is not None and owner.keys:
+            # Checked with the current test's leaks, at the end of its teardown.
+            self._released.append(owner)
+
+    # tryfirst makes this the outermost wrapper: its code after the yield runs
+    # after every other teardown implementation (the fixtures' finalizers too).
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201
+        try:
+            return (yield)  # every function-scoped fixture is torn down in here
+        finally:
+            self._check(item)
+
+    def _check(self, item: pytest.Item) -> None:
+        if self._subreaper is None:
+            return
+        import time
+
+        procs = self._walk()
+        self._reap_adopted(procs)
+        found = {_key(i): (i, whose) for i, whose in self._classify(procs)
+                 if i.state not in ("Z", "X", "x")}
+        # A process that was sent SIGTERM by a fixture that did not wait for
+        # it is on its way out: give such processes a moment before calling
+        # them leaked.
+        waited = bool(found)
+        deadline = time.monotonic() + self.settle
+        delay = 0.001
+        while found and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            found = {k: v for k, v in found.items() if self._id.is_alive(v[0])}
+        if not found:
+            if waited:
+                self._reap_adopted(self._walk())  # those that exited meanwhile
+            self._released.clear()
+            return
+        try:
+            report = self._end(list(found.values()), item.nodeid)
+        finally:
+            self._released.clear()
+        item.stash[self._leaks_key] = report
+        if self.mode == "warn":
+            import warnings
+
+            # Attributed to the test's own line, not to this plugin.
+            path, lineno, _ = item.location
+            warnings.warn_explicit(TetherLeakWarning(format_leaks(item.nodeid, report)),
+                                   TetherLeakWarning, str(self.config.rootpath / path),
+                                   (lineno or 0) + 1)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call):  # noqa: ANN001, ANN201
+        rep = yield
+        if call.when != "teardown":
+            return rep
+        report = item.stash.get(self._leaks_key, None)
+        if not report:
+            return rep
+        text = format_leaks(item.nodeid, report)
+        # user_properties travel with the report to the xdist controller.
+        rep.user_properties.append(("tether_leaks", report))
+        if self.mode == "fail" and rep.outcome == "passed":
+            rep.outcome = "failed"
+            rep.longrepr = text
+        return rep
+
+    def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001
+        if report.when != "teardown":
+            return
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "tether_leaks" and value:
+                self._summary.append((report.nodeid, list(value)))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
+        if not self._summary:
+            return
+        n = sum(len(r) for _, r in self._summary)
+        t = len(self._summary)
+        terminalreporter.write_sep(
+            "=",
+            f"tether: {n} leaked process{'es' if n != 1 else ''} in {t} "
+            f"test{'s' if t != 1 else ''}, ended",
+            yellow=self.mode == "warn",
+            red=self.mode == "fail",
+        )
+        for nodeid, report in self._summary:
+            terminalreporter.write_line(format_leaks(nodeid, report))
+
+    # -- ending -----------------------------------------------------------------
+    def _end(self, leaks: list[tuple[Identity, str]], nodeid: str) -> list[dict]:
+        import signal
+        import time
+
+        idm = self._id
+        now = idm.now_ticks()
+        hz = idm.clock_ticks()
+        rows: dict[tuple[int, int], dict] = {}
+        for i, whose in leaks:
+            cur = idm.read(i.pid)  # fresh: the walk may have seen it before its exec
+            rows[_key(i)] = {
+                "pid": i.pid,
+                "comm": cur.comm if cur is not None and cur.start == i.start else i.comm,
+                "cmdline": _cmdline(i.pid),
+                "age": round(max(0, now - i.start) / hz, 2),
+                "test": nodeid,
+                "owner": whose or "test",
+                "ended": None,
+            }
+
+        def send(i: Identity, sig: int, name: str) -> None:
+            row = rows.get(_key(i))
+            try:
+                sent = idm.send_signal(i, sig, member=True)
+            except Exception as e:  # noqa: BLE001 - SignalRefused (EPERM): say so
+                if row is not None:
+                    row["ended"] = f"refused: {e}"
+                return
+            if sent and row is not None:
+                row["ended"] = name
+
+        def still() -> list[Identity]:
+            # Rescan: a leaked process may still be forking. Released
+            # fixtures' processes stay targets until they are gone.
+            return [i for i, _ in self._classify(self._walk())
+                    if i.state not in ("Z", "X", "x")]
+
+        targets = [i for i, _ in leaks]
+        if self.grace > 0:
+            for i in targets:
+                send(i, signal.SIGTERM, "SIGTERM")
+            deadline = time.monotonic() + self.grace
+            delay = 0.002
+            while targets and time.monotonic() < deadline:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+                # Children born meanwhile join the SIGKILL round below.
+                targets = [i for i in targets if idm.is_alive(i)]
+                targets += [i for i in still() if _key(i) not in rows]
+        deadline = time.monotonic() + _KILL_DEADLINE
+        while targets and time.monotonic() < deadline:
+            for i in targets:
+                send(i, signal.SIGKILL, "SIGKILL")
+            time.sleep(0.002)
+            self._reap_adopted(self._walk())
+            targets = still()
+        self._reap_adopted(self._walk())
+        boot = idm.boot_id()
+        for (pid, start), row in rows.items():
+            if idm.is_alive(idm.Identity(pid, start, boot)):
+                row["ended"] = f"STILL ALIVE ({row['ended'] or 'not signalled'})"
+            elif row["ended"] is None:
+                row["ended"] = "exit"  # it went by itself during the grace
+        return list(rows.values())
+
+    def _reap_adopted(self, procs: list[_Proc]) -> None:
+        """Reap our exited children born in this test that nothing else will wait for.
+
+        A subreaper adopts orphans; when they exit they stay zombies until
+        their new parent waits. Never reap a child a live Popen object
+        tracks: its ``wait()`` would then report a wrong status.
+        """
+        me = self.me
+        zombies = [
+            p.ident.pid
+            for p in procs
+            if p.parent == me and p.ident.state == "Z" and p.ident.start >= self._t0
+        ]
+        if not zombies:
+            return
+        tracked = _tracked_children()
+        for pid in zombies:
+            if pid in tracked:
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _tracked_children() -> set[int]:
+    """Pids that a live subprocess.Popen / multiprocessing Popen will wait for."""
+    import gc
+
+    classes: list[type] = []
+    sp = sys.modules.get("subprocess")
+    if sp is not None:
+        classes.append(sp.Popen)
+    for name in ("multiprocessing.popen_fork", "multiprocessing.popen_forkserver",
+                 "multiprocessing.popen_spawn_posix"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            classes.append(mod.Popen)
+    if not classes:
+        return set()
+    kinds = tuple(classes)
+    out = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, kinds) and getattr(obj, "returncode", None) is None:
+            pid = getattr(obj, "pid", None)
+            if isinstance(pid, int):
+                out.add(pid)
+    return out
+
+
+def format_leaks(nodeid: str, report: list[dict]) -> str:
+    """The human report of one test's leaks."""
+    n = len(report)
+    lines = [f"tether: {nodeid} left {n} process{'es' if n != 1 else ''} running:"]
+    for r in report:
+        cmd = r.get("cmdline") or ""
+        if len(cmd) > 60:
+            cmd = cmd[:57] + "..."
+        whose = r.get("owner") or "test"
+        by = "" if whose == "test" else f"  [left by {whose}]"
+        lines.append(
+            f"  pid {r['pid']:<7} {r['comm'][:15]:<15} age {r['age']:>6.2f} s  "
+            f"ended by {r['ended']:<7}  {cmd}{by}".rstrip()
+        )
+    return "\n".join(lines)
