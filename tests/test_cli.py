@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import available
+from procutil import available
 
 TETHER = [sys.executable, "-m", "tether"]
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import POSIX_MECHS, available
+from procutil import POSIX_MECHS, available
 
 from tether import Job, JobClosed, JobRefused, identity
 

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from conftest import POSIX_MECHS, available, run_owner
+from procutil import POSIX_MECHS, available, run_owner
 
 pytestmark = pytest.mark.mechanism
 
@@ -74,7 +74,7 @@ def run_owner_env(procs, mech, scenario, **env):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from procutil import ROOT
 
     p = procs.popen([sys.executable, os.path.join(ROOT, "tests", "_owner.py"), mech, scenario, "20"],
                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=procs.env(**env))

@@ -1,0 +1,183 @@
+"""Helpers for tests that start real processes (imported by tests; the fixture is in conftest).
+
+Every process a test starts carries ``TETHER_TEST_MARK=<unique id>`` in its
+environment. The ``procs`` fixture's finalizer ends every live process that
+was born after the test began *and* carries that test's mark - nothing else,
+ever - so a failing test leaves nothing running, escapees included.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from tether import identity
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "src")
+
+
+def marked(born: int, mark: str) -> list[identity.Identity]:
+    """Live processes born after ``born`` whose environment carries ``mark``."""
+    needle = f"TETHER_TEST_MARK={mark}".encode()
+    out = []
+    cap = identity.capture(born_after=born)
+    for ident in cap.procs.values():
+        if ident.pid <= 2 or ident.pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{ident.pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            if identity.is_alive(ident):
+                out.append(ident)
+    return out
+
+
+class Procs:
+    def __init__(self) -> None:
+        self.born = identity.now_ticks()
+        self.mark = uuid.uuid4().hex
+        self.popens: list[subprocess.Popen] = []
+        import tempfile
+
+        # A pid-hopper outruns any scan of /proc (each of its processes lives a few
+        # ms), so it also appends to this log at every hop: growth means alive.
+        fd, self.hoplog = tempfile.mkstemp(prefix="tether-hop-")
+        os.close(fd)
+        os.chmod(self.hoplog, 0o666)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TETHER_TEST_MARK"] = self.mark
+        env["HOPLOG"] = self.hoplog
+        env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(extra)
+        return env
+
+    def alive(self, exclude: frozenset[int] = frozenset()) -> list[identity.Identity]:
+        return [i for i in marked(self.born, self.mark) if i.pid not in exclude]
+
+    def wait_count(self, n: int, timeout: float = 15.0) -> list[identity.Identity]:
+        """Wait (bounded) until at least ``n`` marked processes are up."""
+        deadline = time.monotonic() + timeout
+        left = self.alive()
+        while len(left) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self.alive()
+        return left
+
+    def seen_alive(self, window: float = 0.5, exclude: frozenset[int] = frozenset()) -> list[identity.Identity]:
+        """Anything alive in any scan during ``window`` (a pid-hopper can slip one scan)."""
+        deadline = time.monotonic() + window
+        size = os.path.getsize(self.hoplog)
+        while True:
+            left = self.alive(exclude)
+            if left:
+                return left
+            if os.path.getsize(self.hoplog) != size:
+                return [identity.Identity(-1, 0, "", comm="(pid-hopper still hopping)")]
+            if time.monotonic() > deadline:
+                return []
+            time.sleep(0.005)
+
+    def wait_all_dead(self, timeout: float = 3.0, exclude: frozenset[int] = frozenset()) -> list[identity.Identity]:
+        deadline = time.monotonic() + timeout
+        left = self.seen_alive(0.05, exclude)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left = self.seen_alive(0.05, exclude)
+        return left
+
+    def popen(self, args, **kw) -> subprocess.Popen:
+        kw.setdefault("env", self.env())
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(args, **kw)
+        self.popens.append(p)
+        return p
+
+    def cleanup(self) -> None:
+        for p in self.popens:
+            if p.poll() is None:
+                p.kill()
+        quiet = time.monotonic()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = self.alive()
+            if not left:
+                if time.monotonic() - quiet > 0.3:
+                    break
+                time.sleep(0.02)
+                continue
+            quiet = time.monotonic()
+            for ident in left:
+                try:
+                    identity.send_signal(ident, signal.SIGKILL, member=True)
+                except Exception:  # noqa: BLE001
+                    pass
+            time.sleep(0.01)
+        # A hopper slips through scans: stop it by its own log (kill what it names).
+        hop_quiet = time.monotonic()
+        size = -1
+        while time.monotonic() < deadline:
+            cur = os.path.getsize(self.hoplog)
+            if cur != size:
+                size, hop_quiet = cur, time.monotonic()
+                try:
+                    with open(self.hoplog, "rb") as f:
+                        last = f.read().split()[-1:]
+                except OSError:
+                    last = []
+                for pid in range(int(last[0]) - 2, int(last[0]) + 64) if last else ():
+                    ident = identity.read(pid)
+                    if ident is None or ident.start < self.born:
+                        continue
+                    try:
+                        with open(f"/proc/{pid}/environ", "rb") as f:
+                            if f"TETHER_TEST_MARK={self.mark}".encode() in f.read().split(b"\0"):
+                                identity.send_signal(ident, signal.SIGKILL, member=True)
+                    except Exception:  # noqa: BLE001
+                        pass
+            elif time.monotonic() - hop_quiet > 0.3:
+                break
+            time.sleep(0.001)
+        try:
+            os.unlink(self.hoplog)
+        except OSError:
+            pass
+        for p in self.popens:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for s in (p.stdin, p.stdout, p.stderr):
+                if s is not None:
+                    s.close()
+
+
+
+def available(name: str) -> bool:
+    from tether.platform import probe
+
+    return probe(name).available
+
+
+POSIX_MECHS = [m for m in ("cgroup", "subreaper", "pidns", "pgroup") if sys.platform.startswith("linux")]
+
+
+def run_owner(procs: Procs, mechanism: str, script: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    """Start tests/_owner.py; return it and its first JSON line (after it set up)."""
+    import json
+
+    p = procs.popen([sys.executable, os.path.join(ROOT, "tests", "_owner.py"), mechanism, script, *extra],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    line = p.stdout.readline()
+    if not line:
+        raise RuntimeError("owner died before reporting")
+    return p, json.loads(line)
