@@ -10,6 +10,7 @@ import itertools
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -50,6 +51,10 @@ class Job:
     SIGTERM and SIGKILL in ``terminate()`` and at the end of a ``with`` block.
     ``state_dir`` (or ``$TETHER_STATE_DIR``) turns the spawn audit log on.
     """
+
+    #: ``popen(..., ctty=True)`` makes the child's stdin (a terminal) its
+    #: controlling terminal, in a new session, with no extra exec.
+    supports_ctty = sys.platform.startswith("linux")
 
     def __init__(
         self,
@@ -215,6 +220,10 @@ class Job:
         return await create(popen, limit)
 
     # -- members and ending ----------------------------------------------------
+    def member_pids(self) -> list[int]:
+        """PIDs of the job's members (cheaper than ``members()``; may include zombies)."""
+        return [] if self._closed else self._backend.member_pids()
+
     def members(self) -> list[Identity]:
         """Identities of every live process in the job, escapees included."""
         if self._closed:

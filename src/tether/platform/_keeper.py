@@ -344,6 +344,11 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
     file_actions = []
     for target, idx in sorted(targets.items()):
         file_actions.append((os.POSIX_SPAWN_DUP2, lifted[idx], target))
+    if msg.get("ctty") and 0 in targets:
+        # posix_spawn runs setsid before the file actions, and on Linux a
+        # session leader without a terminal acquires the first one it opens:
+        # re-open the child's stdin terminal by path onto fd 0.
+        file_actions.append((os.POSIX_SPAWN_OPEN, 0, os.ttyname(lifted[targets[0]]), os.O_RDWR, 0))
     for fd in lifted:
         os.set_inheritable(fd, False)
     kwargs: dict = {}

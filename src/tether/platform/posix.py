@@ -283,8 +283,13 @@ class JobPopen(subprocess.Popen):
     not supported yet. ``pid`` is the PID as this process sees it.
     """
 
-    def __init__(self, backend: KeeperJob, args: Any, **kwargs: Any):
+    def __init__(self, backend: KeeperJob, args: Any, *, ctty: bool = False, **kwargs: Any):
         self._tether_backend = backend
+        # ctty=True: the child's stdin, a terminal, becomes its controlling
+        # terminal (in a new session).
+        self._tether_ctty = bool(ctty)
+        if ctty:
+            kwargs["start_new_session"] = True
         self._pidfd: int | None = None
         self._inner_pid = 0
         super().__init__(args, **kwargs)
@@ -360,6 +365,7 @@ class JobPopen(subprocess.Popen):
             "umask": umask,
             "ignored": ignored,
             "sigmask": list(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "ctty": self._tether_ctty,
         }
         backend = self._tether_backend
         try:

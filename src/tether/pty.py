@@ -1,0 +1,894 @@
+"""Terminal sessions: a program on a real pseudo-terminal, inside a job, with a
+safe immediate close.
+
+    from tether.pty import PtySession
+    with PtySession(["bash", "-i"]) as s:
+        r = s.attach()
+        s.write(b"sleep 120 &\\n")
+        ...
+    # leaving the block is close("immediate"): the shell and everything it
+    # started in the background is gone, and nothing else was touched
+
+For apps that relay a terminal (an agent's shell, a user's terminal tab) over
+a connection. See docs/pty.md for the close lifecycle, the concurrency rules
+and the measured numbers.
+
+How the program gets the terminal as its controlling terminal: the job's
+keeper starts it in a new session (``setsid``) with the slave as
+stdin/stdout/stderr, but a received fd does not become a controlling
+terminal by being dup2'd - only an ``open()`` after ``setsid`` (Linux) or
+``ioctl(TIOCSCTTY)`` does. So, unless the core can do it in the spawn itself
+(``Job.supports_ctty``), a one-line ``/bin/sh`` shim re-opens the slave by
+path and execs the program (about 0.5 ms; a Python shim costs 15-20 ms and
+``setsid --ctty`` forks a second process when the child already leads a
+process group, which the ``pgroup`` mechanism makes it do). Elsewhere than
+Linux an open does not acquire a terminal, so a Python shim calls TIOCSCTTY.
+
+Every signal sent here goes through :func:`tether.identity.send_signal`
+(identity-checked; refuses PID <= 1, this process, its ancestors and other
+users' processes). The session's own hang-up is the kernel's: closing the
+master side of the terminal.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import select
+import shutil
+import signal
+import struct
+import sys
+import termios
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import identity
+from .errors import SignalRefused, TetherError
+from .identity import Identity
+from .job import Job
+
+__all__ = [
+    "PtySession",
+    "Reader",
+    "CloseResult",
+    "CloseOperation",
+    "SessionClosing",
+    "SessionClosed",
+    "COOKIE_VAR",
+]
+
+#: Environment variable that tags every process of a session. A double-forked
+#: daemon that escaped parentage, group and session still carries it, so the
+#: close capture can find it even under the ``pgroup`` mechanism (the same
+#: idea as Jenkins' ProcessTreeKiller cookie). Only processes born after the
+#: session started, of our own uid, are ever looked at.
+COOKIE_VAR = "TETHER_PTY_SESSION"
+
+CAPTURE_TIME_CAP = 1.0
+CAPTURE_MEM_CAP = 32 * 2**20
+_ENVIRON_READ_CAP = 1 << 20  # an environment block larger than this is not searched further
+_KILL_WAIT = 5.0  # bound on waiting for SIGKILLed processes to be gone
+
+OPEN, CLOSING, CLOSED = "open", "closing", "closed"
+
+
+class SessionClosing(TetherError):
+    """The session is being closed (or is closed): no new attachment, no input."""
+
+
+class SessionClosed(SessionClosing):
+    """The session is closed. A subclass of :class:`SessionClosing`, so code
+    that catches the latter also refuses attachments to a finished session."""
+
+
+# --------------------------------------------------------------------------
+# Readers
+
+
+class Reader:
+    """One attached consumer of the session's output.
+
+    Each reader has its own buffer of at most ``max_buffer`` bytes; when a
+    slow reader falls that far behind, its oldest bytes are dropped (counted
+    in ``dropped``) so that it never stalls the program or the other readers.
+    """
+
+    def __init__(self, session: PtySession | None, max_buffer: int) -> None:
+        self._session = session
+        self._max = max(1, int(max_buffer))
+        self._cond = threading.Condition()
+        self._buf = bytearray()
+        self._eof = False
+        self._detached = False
+        self.dropped = 0
+
+    # fed by the session's pump thread
+    def _feed(self, data: bytes) -> None:
+        with self._cond:
+            if self._detached:
+                return
+            self._buf += data
+            over = len(self._buf) - self._max
+            if over > 0:
+                del self._buf[:over]
+                self.dropped += over
+            self._cond.notify_all()
+
+    def _end(self) -> None:
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    @property
+    def eof(self) -> bool:
+        """True once the output has ended (or the reader was detached) and
+        everything buffered has been read."""
+        with self._cond:
+            return (self._eof or self._detached) and not self._buf
+
+    @property
+    def attached(self) -> bool:
+        return not self._detached
+
+    def read(self, timeout: float | None = None) -> bytes:
+        """Whatever output is buffered (at least one byte), waiting for some.
+
+        Returns ``b""`` at the end of the output (the session closed, the
+        program and everything holding the terminal exited, or this reader
+        was detached). Raises ``TimeoutError`` when ``timeout`` seconds pass
+        with nothing to read.
+        """
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._buf or self._eof or self._detached, timeout)
+            if not ok:
+                raise TimeoutError(f"no output within {timeout} s")
+            data = bytes(self._buf)
+            self._buf.clear()
+            return data
+
+    def read_until(self, needle: bytes, timeout: float) -> bytes:
+        """Read until ``needle`` has appeared; return everything read (the
+        bytes after the needle stay buffered). ``TimeoutError`` (carrying what
+        was read so far in ``.args[1]``) if it does not appear in time;
+        ``EOFError`` if the output ends first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                i = self._buf.find(needle)
+                if i >= 0:
+                    end = i + len(needle)
+                    data = bytes(self._buf[:end])
+                    del self._buf[:end]
+                    return data
+                if self._eof or self._detached:
+                    data = bytes(self._buf)
+                    self._buf.clear()
+                    raise EOFError(f"output ended before {needle!r}", data)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{needle!r} not seen within {timeout} s", bytes(self._buf))
+                self._cond.wait(left)
+
+    def detach(self) -> None:
+        """Stop receiving output. Idempotent. A blocked ``read`` returns what
+        is buffered, then ``b""``."""
+        with self._cond:
+            self._detached = True
+            self._cond.notify_all()
+        s = self._session
+        if s is not None:
+            s._remove_reader(self)
+
+    close = detach
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+
+# --------------------------------------------------------------------------
+# The result of a close
+
+
+@dataclass
+class CloseResult:
+    """What a close did. Every list holds identities (pid + start + boot), so
+    a PID that the kernel reuses later is never confused with these.
+
+    ``captured``: the session's processes found by the close's bounded
+    capture (the root excluded). ``terminated``: captured processes (and the
+    root) that were gone before the grace ended. ``killed``: those SIGKILLed
+    after the grace and the identity recheck. ``refused``: (identity, reason)
+    pairs the identity layer would not signal. ``failed``: (identity, signal,
+    error) for signals that failed after their retries. ``survivors``:
+    captured processes still running when the close gave up waiting (empty
+    when all went well; the session then keeps its owner record).
+    ``left_running`` (graceful only): processes the hang-up left alive, which
+    stay in the session's job.
+    """
+
+    mode: str
+    root: Identity | None = None
+    captured: list[Identity] = field(default_factory=list)
+    terminated: list[Identity] = field(default_factory=list)
+    killed: list[Identity] = field(default_factory=list)
+    refused: list[tuple[Identity, str]] = field(default_factory=list)
+    failed: list[tuple[Identity, int, str]] = field(default_factory=list)
+    survivors: list[Identity] = field(default_factory=list)
+    left_running: list[Identity] = field(default_factory=list)
+    capture_complete: bool = True
+    capture_reason: str = ""
+    capture_ms: float = 0.0
+    job_ended: bool = False
+    returncode: int | None = None
+    elapsed: float = 0.0
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        """No error, and nothing captured is left running."""
+        return self.error is None and not self.survivors
+
+
+class CloseOperation:
+    """A pending or finished close; every ``close()`` call during it joins it."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._done = threading.Event()
+        self._result: CloseResult | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> CloseResult:
+        """The close's result, waiting for it; ``TimeoutError`` if not in time."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"close not finished within {timeout} s")
+        assert self._result is not None
+        return self._result
+
+    def _finish(self, result: CloseResult) -> None:
+        self._result = result
+        self._done.set()
+
+
+# --------------------------------------------------------------------------
+# Controlling-terminal shims
+
+
+# Linux: a session leader without a controlling terminal acquires the first
+# terminal it open()s without O_NOCTTY; sh's `<>` opens O_RDWR|O_CREAT.
+_SH_SHIM = 'exec "$@" <>"$0" >&0 2>&0'
+# Elsewhere (BSD, macOS) only TIOCSCTTY does it.
+_PY_SHIM = (
+    "import fcntl,os,sys,termios;fcntl.ioctl(0,termios.TIOCSCTTY,0);"
+    "os.execvp(sys.argv[1],sys.argv[1:])"
+)
+
+
+def _shim_argv(slave_path: str, argv: list[str]) -> list[str]:
+    if sys.platform.startswith("linux") and os.path.exists("/bin/sh"):
+        return ["/bin/sh", "-c", _SH_SHIM, slave_path, *argv]
+    return [sys.executable, "-S", "-c", _PY_SHIM, *argv]
+
+
+def _set_winsize(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _get_winsize(fd: int) -> tuple[int, int]:
+    rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    return rows, cols
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    """Whether /proc/PID/environ holds ``needle`` (a whole ``NAME=value``)."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        data = b"\0"
+        while len(data) < _ENVIRON_READ_CAP:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if b"\0" + needle + b"\0" in data + b"\0":
+                return True
+        return False
+    except OSError:
+        return False  # exited, or not ours to read
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------
+# The session
+
+
+class PtySession:
+    """A program on a real pseudo-terminal, inside its own tether ``Job``.
+
+    ``argv``: the program (searched in ``PATH`` of ``env``). ``env``: its
+    environment (default: this process's, with ``TERM`` defaulted to
+    ``xterm-256color``); the session adds ``TETHER_PTY_SESSION`` (see
+    :data:`COOKIE_VAR`). ``mechanism``: the job's mechanism (``"pgroup"``
+    forces the weakest one, where the close's own capture does the work).
+    ``grace``: seconds between the polite signals of a close and SIGKILL.
+
+    Output is read by a pump thread and handed to every attached
+    :class:`Reader` (``attach()``); :meth:`read` reads from a primary reader
+    attached from the start, so no early output is lost.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        mechanism: str = "auto",
+        *,
+        grace: float = 2.0,
+        name: str | None = None,
+        parent: Job | None = None,
+        scrollback: int = 64 * 1024,
+        max_buffer: int = 1 << 20,
+    ) -> None:
+        argv = [os.fsdecode(a) for a in argv]
+        if not argv:
+            raise ValueError("argv must not be empty")
+        if grace < 0:
+            raise ValueError("grace must be >= 0")
+        self.grace = float(grace)
+        self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        base_env = dict(os.environ) if env is None else dict(env)
+        if env is None:
+            base_env.setdefault("TERM", "xterm-256color")
+        base_env.pop(COOKIE_VAR, None)
+        # The cookie first, so it sits at the start of the child's environ.
+        self.env = {COOKIE_VAR: self.token, **base_env}
+        exe = argv[0]
+        if "/" not in exe:
+            found = shutil.which(exe, path=self.env.get("PATH", os.defpath))
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), exe)
+        elif not os.access(os.path.join(os.fspath(cwd or "."), exe), os.X_OK):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), exe)
+        self.argv = argv
+
+        self._lock = threading.Lock()  # state, readers, the close operation
+        self._io_lock = threading.Lock()  # one delivered chunk vs one attach (consistent replay)
+        self._state = OPEN
+        self._op: CloseOperation | None = None
+        self._readers: list[Reader] = []
+        self._scrollback = bytearray()
+        self._scrollback_max = int(scrollback)
+        self._max_buffer = int(max_buffer)
+        self._write_lock = threading.Lock()
+        self._record: dict[str, Any] | None = None
+        # Test seams (fault injection around the real calls; see tests/test_pty.py).
+        self._send: Callable[..., bool] = identity.send_signal
+        self._capture: Callable[..., identity.Capture] = identity.capture
+
+        self._master, slave = os.openpty()
+        self.job: Job | None = None
+        try:
+            self.slave_path = os.ttyname(slave)
+            _set_winsize(slave, rows, cols)
+            os.set_blocking(self._master, False)
+            # Every process of the session is born at or after this tick:
+            # the bound of every process-table walk the close makes.
+            self.born_after = identity.now_ticks()
+            self.job = Job(name=name or f"pty-{self.token}", mechanism=mechanism, grace=grace,
+                           parent=parent)
+            self.mechanism = self.job.mechanism
+            if getattr(Job, "supports_ctty", False):
+                self._proc = self.job.popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                                            env=self.env, cwd=cwd, ctty=True)
+            else:
+                self._proc = self.job.popen(_shim_argv(self.slave_path, argv), stdin=slave,
+                                            stdout=slave, stderr=slave, env=self.env, cwd=cwd,
+                                            start_new_session=True)
+        except BaseException:
+            os.close(self._master)
+            if self.job is not None:
+                self.job.close()
+            raise
+        finally:
+            # The owner must not hold the slave: the master sees EIO (end of
+            # output) only when no process holds it any more.
+            os.close(slave)
+        self.pid = self._proc.pid
+        # The root's identity: the shim execs the program in place, so the
+        # pid (and start) is the program's.
+        root = identity.read(self.pid)
+        # None if it has already exited and been reaped (the pid could then
+        # name someone else: the start tick tells).
+        self.root = root if root is not None and root.start >= self.born_after else None
+        self._record = {"token": self.token, "owner": os.getpid(), "root": self.root,
+                        "job": self.job.id, "mechanism": self.mechanism, "captured": [],
+                        "pending": []}
+        self._primary = Reader(self, self._max_buffer)
+        self._readers.append(self._primary)
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._pump_thread = threading.Thread(target=self._pump, name=f"tether-pty-{self.pid}",
+                                             daemon=True)
+        self._pump_thread.start()
+
+    # -- state --------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """``"open"``, ``"closing"`` or ``"closed"``."""
+        return self._state
+
+    @property
+    def returncode(self) -> int | None:
+        """The program's exit status once it has exited (negative: killed by
+        that signal), else None."""
+        return self._proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the program (the root) to exit; its exit status."""
+        return self._proc.wait(timeout)
+
+    @property
+    def owner_record(self) -> dict[str, Any] | None:
+        """The session's owner record (token, owner pid, root and captured
+        identities), kept until every process a close captured has exited;
+        None after that."""
+        with self._lock:
+            rec = self._record
+            if rec is not None and self._state == CLOSED and not self._alive(rec["pending"]):
+                self._record = rec = None  # the last captured process has exited since
+            return None if rec is None else dict(rec)
+
+    @property
+    def guarantee(self):  # noqa: ANN201 - tether.platform.base.Guarantee
+        return self.job.guarantee if self.job is not None else None
+
+    def __repr__(self) -> str:
+        return f"<tether.pty.PtySession pid={self.pid} {self.mechanism} {self._state}>"
+
+    # -- output ---------------------------------------------------------------
+    def _pump(self) -> None:
+        master, stop = self._master, self._stop_r
+        poller = select.poll()
+        poller.register(master, select.POLLIN)
+        poller.register(stop, select.POLLIN)
+        try:
+            while True:
+                events = poller.poll()
+                if any(fd == stop for fd, _ in events):
+                    return
+                try:
+                    data = os.read(master, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:  # EIO: nothing holds the slave any more
+                    return
+                if not data:
+                    return
+                with self._io_lock:
+                    self._scrollback += data
+                    over = len(self._scrollback) - self._scrollback_max
+                    if over > 0:
+                        del self._scrollback[:over]
+                    with self._lock:
+                        readers = list(self._readers)
+                    for r in readers:
+                        r._feed(data)
+        finally:
+            with self._lock:
+                readers = list(self._readers)
+                closing = self._state != OPEN
+            for r in readers:
+                r._end()
+            if closing:
+                self._close_master()
+
+    def attach(self, replay: bool = False, max_buffer: int | None = None) -> Reader:
+        """A new reader of the output from now on (``replay=True``: starting
+        with the scrollback). Raises :class:`SessionClosing` while a close is
+        pending and :class:`SessionClosed` after it - never an attachment to
+        a dying session, even when this call had to wait behind the output
+        pump while the close went on."""
+        with self._io_lock:
+            # The state is read only after waiting for the pump: a close may
+            # have begun, or finished, while this call waited.
+            with self._lock:
+                if self._state == CLOSING:
+                    raise SessionClosing("the session is closing")
+                if self._state == CLOSED:
+                    raise SessionClosed("the session is closed")
+                r = Reader(self, self._max_buffer if max_buffer is None else max_buffer)
+                if replay and self._scrollback:
+                    r._feed(bytes(self._scrollback))
+                if not self._pump_thread.is_alive():
+                    r._end()  # the output already ended: scrollback only
+                self._readers.append(r)
+                return r
+
+    def _remove_reader(self, r: Reader) -> None:
+        with self._lock:
+            if r in self._readers:
+                self._readers.remove(r)
+
+    def read(self, timeout: float | None = None) -> bytes:
+        """Read from the primary reader (see :meth:`Reader.read`)."""
+        return self._primary.read(timeout)
+
+    def read_until(self, needle: bytes, timeout: float) -> bytes:
+        """Read from the primary reader until ``needle`` (see :meth:`Reader.read_until`)."""
+        return self._primary.read_until(needle, timeout)
+
+    @property
+    def primary(self) -> Reader:
+        """The reader attached at start; :meth:`read` uses it. Detach it if
+        you do not read it (it otherwise keeps up to ``max_buffer`` bytes)."""
+        return self._primary
+
+    # -- input ----------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._state == CLOSING:
+            raise SessionClosing("the session is closing")
+        if self._state == CLOSED:
+            raise SessionClosed("the session is closed")
+
+    def write(self, data: bytes | str, timeout: float | None = 10.0) -> int:
+        """Send input to the program, as typed on its terminal; all of it.
+
+        ``SessionClosing`` while a close is pending. ``TimeoutError`` when the
+        terminal's input buffer stays full (the program is not reading) for
+        ``timeout`` seconds.
+        """
+        if isinstance(data, str):
+            data = data.encode()
+        view = memoryview(data)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._write_lock:
+            self._check_open()
+            while view:
+                try:
+                    n = os.write(self._master, view)
+                    view = view[n:]
+                    continue
+                except BlockingIOError:
+                    pass
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the terminal did not take input within {timeout} s")
+                select.select([], [self._master], [], 0.05 if left is None else min(left, 0.05))
+                self._check_open()
+        return len(data)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal's size; the kernel sends SIGWINCH to its
+        foreground process group."""
+        with self._write_lock:
+            self._check_open()
+            _set_winsize(self._master, rows, cols)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(rows, cols)`` of the terminal."""
+        with self._write_lock:
+            if self._master < 0:
+                raise SessionClosed("the session is closed")
+            return _get_winsize(self._master)
+
+    # -- close ------------------------------------------------------------------
+    def close(self, mode: str = "immediate", *, wait: bool = True,
+              timeout: float | None = None) -> CloseResult | CloseOperation:
+        """Close the session; returns its :class:`CloseResult`.
+
+        ``immediate``: (1) one bounded capture of the process table (1 s,
+        32 MiB) finds every process of the session - still-parented
+        descendants of the program in any process group or session, the
+        members of its session and of every group and session they lead, and
+        processes carrying the session's environment cookie; (2) the terminal
+        is hung up and the program is sent SIGHUP, SIGTERM and SIGCONT;
+        (3) the captured processes are sent SIGTERM (and SIGCONT, those seen
+        stopped); (4) after at
+        most ``grace`` seconds, what still matches its captured identity is
+        SIGKILLed; (5) the session's job is ended by its mechanism; (6) the
+        close returns once every captured process has exited, and only then
+        drops the owner record.
+
+        ``graceful``: what closing a terminal window does. The terminal is
+        hung up; the program gets ``grace`` seconds to exit by itself, then
+        SIGTERM, then SIGKILL. Background jobs get their normal hang-up
+        handling (bash and zsh pass SIGHUP on to their jobs; ``nohup``,
+        ``disown`` and ``setsid`` ones survive it): they are not signalled by
+        the close, stay in the session's job (``result.left_running``), and
+        end with the job - when this process exits, or on ``session.job.close()``.
+
+        A ``close()`` while another is pending joins it and returns the same
+        result object (whatever ``mode`` it asks for). ``wait=False`` returns
+        the :class:`CloseOperation` at once.
+        """
+        if mode not in ("immediate", "graceful"):
+            raise ValueError(f"mode must be 'immediate' or 'graceful', not {mode!r}")
+        with self._lock:
+            op = self._op
+            starter = op is None
+            if starter:
+                op = self._op = CloseOperation(mode)
+                self._state = CLOSING
+        if starter:
+            t = threading.Thread(target=self._run_close, args=(op,), name=f"tether-pty-close-{self.pid}",
+                                 daemon=True)
+            t.start()
+        if not wait:
+            return op
+        return op.result(timeout)
+
+    def _run_close(self, op: CloseOperation) -> None:
+        t0 = time.monotonic()
+        res = CloseResult(mode=op.mode, root=self.root)
+        try:
+            if op.mode == "immediate":
+                self._close_immediate(res)
+            else:
+                self._close_graceful(res)
+        except BaseException as exc:  # noqa: BLE001 - reported in the result; the job still ends
+            res.error = exc
+            try:
+                self._hangup()
+                if op.mode == "immediate":
+                    self._end_job(res)
+                    res.survivors = self._alive(res.captured)
+            except BaseException:  # noqa: BLE001 - the first error is the one reported
+                pass
+        finally:
+            res.returncode = self._proc.poll()
+            res.elapsed = time.monotonic() - t0
+            with self._lock:
+                self._state = CLOSED
+                if not res.survivors:
+                    self._record = None
+                elif self._record is not None:
+                    self._record["pending"] = list(res.survivors)
+                readers = list(self._readers)
+            for r in readers:
+                r._end()
+            if not self._pump_thread.is_alive():
+                for fd in (self._stop_r, self._stop_w):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            op._finish(res)
+
+    # steps ----------------------------------------------------------------------
+    def capture(self) -> tuple[list[Identity], identity.Capture]:
+        """One bounded capture of the session's processes (the root
+        excluded): see :meth:`close`. Read-only; safe to call any time."""
+        cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
+                            born_after=self.born_after)
+        born = self.born_after
+        root_pid = self.pid
+        found: dict[int, Identity] = {}
+        excluded = {root_pid}
+        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
+        if keeper:
+            excluded.add(keeper)
+
+        def add(idents: Iterable[Identity]) -> list[Identity]:
+            new = [i for i in idents if i.pid not in found and i.pid not in excluded]
+            for i in new:
+                found[i.pid] = i
+            return new
+
+        # Seeds. Still-parented descendants of the root, in any group or
+        # session, and the root's own session and group (even if the root
+        # has exited by itself: its session outlives it).
+        add(cap.descendants([root_pid], born_after=born))
+        add(cap.by_session(root_pid, born))
+        add(cap.by_pgid(root_pid, born))
+        # Escapees that left parentage, group and session (double fork +
+        # setsid) but kept the environment: the cookie. An orphan is
+        # re-parented to the nearest living subreaper among its ancestors, or
+        # to init: the keeper, this process or one of its ancestors - so only
+        # those orphans need their environment read (their own children are
+        # found by the descendant walk below). Same uid only, born after the
+        # session started, within the capture's own time budget.
+        needle = f"{COOKIE_VAR}={self.token}".encode()
+        me_uid = os.geteuid()
+        adopters = identity.own_ancestors() | ({keeper} if keeper else set())
+        deadline = time.monotonic() + max(0.0, CAPTURE_TIME_CAP - cap.elapsed)
+        for ident in list(cap.procs.values()):
+            if ident.pid in found or ident.pid in excluded or ident.pid <= 2:
+                continue
+            if ident.ppid not in adopters:
+                continue
+            if me_uid != 0 and ident.uid != me_uid:
+                continue
+            if time.monotonic() > deadline:
+                cap.complete = False
+                cap.reason = cap.reason or "time cap reached while reading environments"
+                break
+            if _environ_has(ident.pid, needle):
+                add([ident])
+        # What the mechanism itself knows to be in the job (cgroup members,
+        # subreaper orphans), read fresh. Not for pgroup: its member list is a
+        # second full capture that finds nothing the walks above miss.
+        if self.job is not None and not self.job.closed and self.mechanism != "pgroup":
+            add(m for m in self._job_members(cap) if m.start >= born)
+        # Closure: the descendants of everything found, and every session and
+        # process group a found process is in. Those are the session's own: a
+        # process enters a session only by inheritance and a group only within
+        # its session, and a group's or session's id (its first leader's
+        # pid) is not reused while it has members. Still bounded to processes
+        # born after the session started.
+        seen_ids: set[tuple[int, int]] = set()
+        frontier = list(found.values())
+        for _ in range(256):
+            if not frontier:
+                break
+            new = add(cap.descendants([i.pid for i in frontier], born_after=born))
+            for i in frontier:
+                for kind, value in ((5, i.sid), (4, i.pgid)):
+                    if value <= 1 or (kind, value) in seen_ids:
+                        continue
+                    seen_ids.add((kind, value))
+                    walk = cap.by_session if kind == 5 else cap.by_pgid
+                    new += add(walk(value, born))
+            frontier = new
+        safe = identity.own_ancestors() | {os.getpid()}
+        return [i for i in found.values() if i.pid not in safe], cap
+
+    def _job_members(self, cap: identity.Capture) -> list[Identity]:
+        """The job's members as its mechanism lists them, identified from the
+        capture where it has them (``Job.members()`` re-reads every one)."""
+        job = self.job
+        try:
+            lister = getattr(job, "member_pids", None) or job._backend.member_pids
+            pids = lister()
+        except (TetherError, OSError):
+            return []
+        out = []
+        for pid in pids:
+            ident = cap.procs.get(pid) or identity.read(pid)
+            if ident is not None and ident.state not in ("Z", "X"):
+                out.append(ident)
+        return out
+
+    def _signal(self, ident: Identity, sig: int, res: CloseResult, *, member: bool = False,
+                tries: int = 3) -> bool:
+        """One identity-checked signal, retried on a transient failure; a
+        refusal by the identity layer is final and recorded."""
+        last = ""
+        for attempt in range(tries):
+            try:
+                return self._send(ident, sig, member=member)
+            except SignalRefused as exc:
+                res.refused.append((ident, str(exc)))
+                return False
+            except OSError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.002 * (attempt + 1))
+        res.failed.append((ident, int(sig), last))
+        return False
+
+    def _hangup(self) -> None:
+        """Hang up the terminal: stop the pump and close the master. The
+        kernel then sends SIGHUP (and SIGCONT) to the session leader and the
+        foreground process group, and reads of the slave return EOF/EIO."""
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        self._pump_thread.join(0.5)
+        if not self._pump_thread.is_alive():
+            self._close_master()
+        # else: the pump is held up delivering output; it closes the master
+        # itself when it stops (the state is no longer open).
+
+    def _close_master(self) -> None:
+        # Only once the pump no longer polls it: closing an fd another thread
+        # waits on could let a new file take its number under that thread.
+        with self._write_lock:
+            if self._master >= 0:
+                os.close(self._master)
+                self._master = -1
+
+    def _alive(self, idents: Iterable[Identity]) -> list[Identity]:
+        return [i for i in idents if identity.is_alive(i)]
+
+    def _wait_gone(self, idents: list[Identity], timeout: float) -> list[Identity]:
+        """Wait up to ``timeout`` for all of ``idents`` to be gone (a zombie
+        counts as gone); returns those still alive."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        left = self._alive(idents)
+        while left and time.monotonic() < deadline:
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.02)
+            self._proc.poll()  # lets the keeper reap the root
+            left = self._alive(left)
+        return left
+
+    def _end_job(self, res: CloseResult) -> None:
+        if self.job is not None and not self.job.closed:
+            try:
+                self.job.close()
+                res.job_ended = True
+            except TetherError as exc:
+                res.failed.append((self.root, int(signal.SIGKILL), f"job close: {exc}"))
+
+    def _close_immediate(self, res: CloseResult) -> None:
+        # (1) capture, before anything is signalled: a hang-up makes processes
+        # exit and reparent, which would hide their descendants.
+        captured, cap = self.capture()
+        res.captured = captured
+        res.capture_complete, res.capture_reason = cap.complete, cap.reason
+        res.capture_ms = cap.elapsed * 1e3
+        with self._lock:
+            if self._record is not None:
+                self._record["captured"] = list(captured)
+        root = self.root
+        # (2) hang up / terminate the root.
+        self._hangup()
+        if root is not None:
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
+                self._signal(root, sig, res, member=True)
+        # (3) signal the captured set; SIGCONT to the stopped ones, so they
+        # act on it (one stopped later is still SIGKILLed after the grace).
+        for ident in captured:
+            self._signal(ident, signal.SIGTERM, res)
+            if ident.state in ("T", "t"):
+                self._signal(ident, signal.SIGCONT, res)
+        everyone = captured + ([root] if root is not None else [])
+        # (4) grace, then one identity recheck and SIGKILL to what still matches.
+        left = self._wait_gone(everyone, self.grace)
+        gone = {i.pid for i in everyone} - {i.pid for i in left}
+        res.terminated = [i for i in everyone if i.pid in gone]
+        for ident in left:
+            if self._signal(ident, signal.SIGKILL, res, member=ident is root):
+                res.killed.append(ident)
+        # (5) end the whole job (cgroup.kill, the subreaper's kill loop...):
+        # anything the capture could not see, e.g. born after it.
+        self._end_job(res)
+        # (6) the owner record stays until every captured process is gone.
+        res.survivors = self._wait_gone(everyone, _KILL_WAIT)
+        self._proc.poll()
+
+    def _close_graceful(self, res: CloseResult) -> None:
+        root = self.root
+        self._hangup()
+        left = self._wait_gone([root], self.grace) if root is not None else []
+        if left:
+            self._signal(root, signal.SIGTERM, res, member=True)
+            self._signal(root, signal.SIGCONT, res, member=True)
+            left = self._wait_gone(left, self.grace)
+        if left and self._signal(root, signal.SIGKILL, res, member=True):
+            res.killed.append(root)
+            left = self._wait_gone(left, _KILL_WAIT)
+        if root is not None and not left:
+            res.terminated.append(root)
+        res.survivors = left
+        # Report, without touching them, what the hang-up left running.
+        captured, cap = self.capture()
+        res.capture_complete, res.capture_reason = cap.complete, cap.reason
+        res.capture_ms = cap.elapsed * 1e3
+        res.left_running = self._alive(captured)
+        self._proc.poll()
+
+    # -- context manager ----------------------------------------------------------
+    def __enter__(self) -> PtySession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close("immediate")
