@@ -1,0 +1,919 @@
+"""The spawn-audit log: JSON Lines, one record per event, rotated by size,
+kept by count and age, read back across every rotated copy.
+
+A leaf module: standard library only (plus ``tether.errors``). Nothing here
+is imported by tether unless the audit is turned on.
+
+Files (in the state directory, default :func:`default_state_dir`)::
+
+    audit.jsonl        the live file, appended to by every writer
+    audit.jsonl.1      the previous one ... audit.jsonl.N (oldest)
+    audit.jsonl.lock   flock'ed only while rotating (writers) or opening (readers)
+
+Record schema (version ``SCHEMA_VERSION`` = 1). Every record is one JSON
+object on one line; ``v``, ``ts`` and ``event`` are always present, the rest
+only where known (absent rather than null). Readers must ignore fields they do
+not know and must accept records whose ``v`` is greater than theirs.
+
+=============  ==========  ====================================================
+field          type        meaning
+=============  ==========  ====================================================
+v              int         schema version of the writer
+ts             float       wall-clock time of the event, epoch seconds
+event          str         one of :data:`EVENTS`
+run            str         id of one owner's run (:func:`new_run_id`)
+owner          object      ``{"pid": int, "start": "ticks@bootid"}`` of the owner
+job            str         job id, unique within its run
+session        str         optional caller key (a host's session id)
+pid            int         the process the event is about
+start          str         its start-time token ``"ticks@bootid"``
+boot           str         boot id the start ticks belong to
+pgid, sid      int         process group and session at spawn
+uid            int         real uid of the process
+mechanism      str         ``cgroup``, ``subreaper``, ``pgroup``, ``pidns``, ...
+in_job         bool        the process was placed inside the job
+background     bool        meant to outlive its owner (never reaped)
+detached       bool        launched to survive on purpose (never reaped)
+cgroup         str         the job's cgroup path, when the mechanism has one
+status         int         exit status (``exit``); negative = killed by signal
+app            str         host application name, optional
+argv           [str]       ONLY when the caller opted in for that spawn
+argv_truncated int         argv was cut to fit a line; original arg count
+error          str         for ``error`` records: what went wrong
+lost           int         for ``error``/``audit-gap``: records lost before it
+=============  ==========  ====================================================
+
+Metadata only: the writer never adds command text, arguments or environment
+values by itself. A caller that wants the argv of one spawn passes
+``record_argv=`` to :func:`spawn_fields` for that spawn.
+
+Writing. :meth:`AuditWriter.write` encodes one line and hands it to ONE
+``os.write`` on an ``O_APPEND | O_CLOEXEC`` descriptor. On a local regular
+file (Linux ext4, xfs, btrfs, tmpfs, overlayfs) the kernel appends the whole
+buffer under the inode lock, so lines of concurrent writer processes are never
+torn or interleaved, whatever their length (PIPE_BUF only concerns pipes).
+Network file systems (NFS) and Windows do not promise this. There is no fsync:
+a process crash loses nothing (the data is in the kernel), a power loss may
+lose the last records.
+
+Rotation. Before each write the writer ``stat``s the live name. If it is
+another file than the one open (someone else rotated) the writer reopens; if
+the line would take it past ``max_bytes`` the writer takes a non-blocking
+``flock`` on the lock file, checks again, renames ``.N-1 -> .N ... -> .1``,
+live ``-> .1``, prunes copies beyond ``keep_files`` or older than
+``keep_days`` and reopens. A writer that cannot get the lock within ~50 ms
+writes to the live file anyway (it grows a little past ``max_bytes``) rather
+than wait on a stopped process. A writer that wrote just before a rotation
+lands its line at the end of ``.1``: nothing is lost, nothing reordered within
+a file.
+
+Trouble. ``write`` never raises for I/O trouble (read-only or vanished
+directory, ENOSPC, EACCES, ...): it returns ``False`` and reports the loss
+ONCE per writer, through ``on_loss(message)`` or one stderr line
+``tether: audit log disabled: <reason>``. While broken, writes are cheap
+no-ops that return ``False``; every ``retry_interval`` seconds (default 5) one
+write tries again (reopening the directory by path). When a retry succeeds the
+writer first appends an ``error`` record ``{"error": "audit-gap", "lost": N}``
+so readers (the reaper) know records are missing. An insecure directory
+(symlink, other owner, group/other-writable) is not I/O trouble: the
+constructor raises :class:`AuditDirError`; found later on a retry, it counts as
+a loss.
+
+Reading. :func:`iter_records` / :func:`read_records` stream every rotated
+copy oldest first, then the live file, in bounded memory (256 KiB blocks plus
+at most ``max_line`` of carry). They skip and count empty-JSON garbage,
+non-object lines, lines longer than ``max_line`` (never held whole in memory)
+and a last line without its newline (torn by a crash or still being written).
+A torn fragment glued to the start of a good record is cut off and the record
+kept. Records of a newer schema are yielded as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.errors import TetherError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EVENTS",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_KEEP_FILES",
+    "DEFAULT_KEEP_DAYS",
+    "MAX_LINE",
+    "AuditDirError",
+    "AuditWriter",
+    "ReadStats",
+    "default_state_dir",
+    "check_dir",
+    "iter_records",
+    "read_records",
+    "log_files",
+    "new_run_id",
+    "owner_fields",
+    "spawn_fields",
+]
+
+SCHEMA_VERSION = 1
+EVENTS = ("run-start", "job-open", "spawn", "exit", "job-close", "run-end", "reap", "error")
+
+DEFAULT_FILENAME = "audit.jsonl"
+DEFAULT_MAX_BYTES = 5 * 2**20
+DEFAULT_KEEP_FILES = 5
+DEFAULT_KEEP_DAYS = 14
+# The longest line a reader accepts, and so the longest line a writer writes.
+MAX_LINE = 64 * 1024
+
+_WINDOWS = sys.platform == "win32"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOINHERIT", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
+# Directory-relative syscalls close the window in which the checked directory
+# could be swapped for a symlink; Windows has none, it uses paths.
+_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and not _WINDOWS
+_READ_BLOCK = 256 * 1024
+_LOCK_TRIES = 10  # x 5 ms: a rotation never waits long on a stopped process
+
+
+class AuditDirError(TetherError):
+    """The audit directory is unsafe to use (symlink, other owner, writable by others)."""
+
+
+# --------------------------------------------------------------------------
+# where the log lives
+
+
+def default_state_dir() -> Path:
+    """``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``, else
+    ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``)."""
+    env = os.environ.get("TETHER_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    if _WINDOWS:
+        base = os.environ.get("LOCALAPPDATA")
+        if base:
+            return Path(base) / "tether"
+        return Path.home() / "AppData" / "Local" / "tether"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "tether"
+    return Path.home() / ".local" / "state" / "tether"
+
+
+def _refusal(path: Path | str, st: os.stat_result) -> str | None:
+    """Why a directory with this (l)stat must not hold the audit log, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"audit directory {path} is a symbolic link; refusing to use it"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"audit directory {path} is not a directory"
+    if _WINDOWS:
+        return None  # owner and mode bits mean nothing there; ACLs are out of scope
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        return (
+            f"audit directory {path} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {euid}); refusing to use it"
+        )
+    if st.st_mode & 0o022:
+        return (
+            f"audit directory {path} is writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); refusing to use it (chmod 700 it)"
+        )
+    return None
+
+
+def check_dir(path: str | os.PathLike[str], *, create: bool = True) -> Path:
+    """Return *path* as a Path if it is safe to hold the audit log.
+
+    Creates it (mode 0700, parents with the default mode) when missing and
+    *create* is true. Raises :class:`AuditDirError` for a directory that is a
+    symlink, owned by another user, or group/other-writable, and
+    ``FileNotFoundError`` (an OSError) when missing and *create* is false.
+    Other OSErrors (a read-only parent, ...) propagate.
+    """
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(p, mode=0o700, exist_ok=True)
+        st = os.lstat(p)
+    why = _refusal(p, st)
+    if why:
+        raise AuditDirError(why)
+    return p
+
+
+def _open_dir(path: Path) -> int:
+    """An fd on the checked directory, verified through the fd itself."""
+    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+    try:
+        why = _refusal(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why:
+        os.close(fd)
+        raise AuditDirError(why)
+    return fd
+
+
+# --------------------------------------------------------------------------
+# record helpers
+
+
+def new_run_id() -> str:
+    """A fresh run id: sortable by time, unique without coordination."""
+    import secrets
+
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def owner_fields(pid: int, start: str | None) -> dict[str, Any]:
+    """The ``owner`` value: ``{"pid": pid, "start": "ticks@bootid"}``."""
+    return {"pid": int(pid), "start": start}
+
+
+def spawn_fields(
+    *,
+    pid: int | None = None,
+    start: str | None = None,
+    boot: str | None = None,
+    pgid: int | None = None,
+    sid: int | None = None,
+    uid: int | None = None,
+    identity: Any = None,
+    job: str | None = None,
+    session: str | None = None,
+    mechanism: str | None = None,
+    in_job: bool | None = None,
+    background: bool | None = None,
+    detached: bool | None = None,
+    cgroup: str | None = None,
+    app: str | None = None,
+    record_argv: Sequence[str | bytes] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Fields of a ``spawn`` record, None values left out.
+
+    *identity* (a ``tether.identity.Identity``) fills pid/start/boot/pgid/
+    sid/uid; explicit arguments win. *record_argv* is the per-spawn opt-in to
+    keep the command line in the log: without it no argv is recorded, and the
+    writer never records one by itself. Bytes arguments are decoded with
+    ``os.fsdecode`` (undecodable bytes become ``\\udcXX`` escapes in JSON).
+    """
+    if identity is not None:
+        token = identity.token() if hasattr(identity, "token") else None
+        pid = identity.pid if pid is None else pid
+        start = token if start is None else start
+        boot = getattr(identity, "boot", None) if boot is None else boot
+        pgid = getattr(identity, "pgid", None) if pgid is None else pgid
+        sid = getattr(identity, "sid", None) if sid is None else sid
+        uid = getattr(identity, "uid", None) if uid is None else uid
+        if uid is not None and uid < 0:
+            uid = None  # Identity's "not read" marker
+    rec: dict[str, Any] = {
+        "job": job,
+        "session": session,
+        "pid": pid,
+        "start": start,
+        "boot": boot,
+        "pgid": pgid,
+        "sid": sid,
+        "uid": uid,
+        "mechanism": mechanism,
+        "in_job": in_job,
+        "background": background,
+        "detached": detached,
+        "cgroup": cgroup,
+        "app": app,
+    }
+    rec.update(extra)
+    out = {k: v for k, v in rec.items() if v is not None}
+    if record_argv is not None:
+        out["argv"] = [a if isinstance(a, str) else os.fsdecode(a) for a in record_argv]
+    return out
+
+
+# --------------------------------------------------------------------------
+# writing
+
+_WRITERS: weakref.WeakSet[AuditWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held a writer's lock would deadlock the
+    # child's first write; the child starts with fresh locks.
+    for w in list(_WRITERS):
+        w._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_encoder: Callable[[Any], str] | None = None
+
+
+def _encode(rec: Mapping[str, Any]) -> bytes:
+    global _encoder
+    if _encoder is None:
+        import json
+
+        # One encoder for all records (json.dumps with options builds a new
+        # one per call). ensure_ascii: any str, lone surrogates included,
+        # encodes; default=str: an odd value never costs the record.
+        _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, default=str).encode
+    return (_encoder(rec) + "\n").encode("ascii")
+
+
+class AuditWriter:
+    """Appends records to ``<state_dir>/<filename>``; see the module doc.
+
+    Thread-safe and fork-safe; several processes may write the same log.
+    Raises :class:`AuditDirError` at construction for an unsafe directory;
+    every later problem is reported once and turns writes into ``False``.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        filename: str = DEFAULT_FILENAME,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        keep_files: int = DEFAULT_KEEP_FILES,
+        keep_days: float | None = DEFAULT_KEEP_DAYS,
+        on_loss: Callable[[str], Any] | None = None,
+        retry_interval: float = 5.0,
+        max_line: int = MAX_LINE,
+    ) -> None:
+        if keep_files < 1:
+            raise ValueError("keep_files must be >= 1")
+        if keep_days is not None and keep_days <= 0:
+            raise ValueError("keep_days must be > 0 or None")
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        if not filename or os.sep in filename or (os.altsep and os.altsep in filename):
+            raise ValueError(f"bad audit filename {filename!r}")
+        self.state_dir = Path(state_dir)
+        self.filename = filename
+        self.max_bytes = int(max_bytes)
+        self.keep_files = int(keep_files)
+        self.keep_days = keep_days
+        self.on_loss = on_loss
+        self.retry_interval = float(retry_interval)
+        self.max_line = int(max_line)
+        self.lost = 0  # records not written since the writer was created
+        self.reason: str | None = None  # why the log is broken now, or None
+        self._lock = threading.Lock()
+        self._dfd = -1
+        self._fd = -1
+        self._ino: tuple[int, int] | None = None
+        self._dev_n = self._ino_n = -1
+        self._retry_at = 0.0
+        self._reported = False
+        self._gap = 0  # records lost since the last successful write
+        self._torn = False  # a short write left a partial line behind
+        self._closed = False
+        self._pruned = False
+        self._dir_ready = False
+        try:
+            check_dir(self.state_dir, create=True)
+        except AuditDirError:
+            raise
+        except OSError as e:
+            # Not fatal: reported on the first write, which retries.
+            self.reason = _why(e, self.state_dir)
+        _WRITERS.add(self)
+
+    # -- paths relative to the directory fd (or plain paths on Windows)
+    def _p(self, name: str) -> str:
+        return name if _DIR_FD else os.path.join(self.state_dir, name)
+
+    def _kw(self) -> dict[str, int]:
+        return {"dir_fd": self._dfd} if _DIR_FD else {}
+
+    @property
+    def path(self) -> Path:
+        return self.state_dir / self.filename
+
+    @property
+    def ok(self) -> bool:
+        """False while the log is broken (after a failed write, before a retry works)."""
+        return self.reason is None
+
+    def write(self, event: str, **fields: Any) -> bool:
+        """Append one record; True when it reached the file. Never raises for I/O."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown audit event {event!r}; one of {EVENTS}")
+        rec: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": time.time(), "event": event}
+        fields.pop("v", None)
+        rec.update(fields)
+        line = _encode(rec)
+        if len(line) > self.max_line:
+            line = self._shrink(rec, len(line))
+        with self._lock:
+            if self._fd >= 0 and self.reason is None and _DIR_FD and not self._gap:
+                # Fast path: the open file is still the live one, and the line fits.
+                try:
+                    st = os.stat(self.filename, dir_fd=self._dfd, follow_symlinks=False)
+                    if (
+                        st.st_ino == self._ino_n
+                        and st.st_dev == self._dev_n
+                        and st.st_size + len(line) <= self.max_bytes
+                    ):
+                        self._write_all(line)
+                        return True
+                except FileNotFoundError:
+                    pass  # rotated away: the slow path reopens
+                except OSError as e:
+                    self._fail(_why(e, self.state_dir))
+                    return False
+            if self._closed:
+                return False
+            if self._fd < 0 or self.reason is not None:
+                if time.monotonic() < self._retry_at:
+                    self._gap += 1
+                    self.lost += 1
+                    return False
+            try:
+                self._append(line)
+            except OSError as e:
+                self._fail(_why(e, self.state_dir))
+                return False
+            except AuditDirError as e:
+                self._fail(str(e))
+                return False
+            return True
+
+    def _shrink(self, rec: dict[str, Any], size: int) -> bytes:
+        # A line longer than a reader accepts would be lost at read time: cut
+        # the opted-in argv first, and if it still does not fit keep a stub.
+        argv = rec.get("argv")
+        if isinstance(argv, list):
+            rec = dict(rec)
+            rec["argv_truncated"] = len(argv)
+            keep = list(argv)
+            while keep:
+                keep = keep[: len(keep) // 2]
+                rec["argv"] = keep
+                line = _encode(rec)
+                if len(line) <= self.max_line:
+                    return line
+            rec.pop("argv")
+            line = _encode(rec)
+            if len(line) <= self.max_line:
+                return line
+        stub = {
+            "v": SCHEMA_VERSION,
+            "ts": rec.get("ts"),
+            "event": "error",
+            "error": "record-too-long",
+            "of": rec.get("event"),
+            "bytes": size,
+        }
+        for k in ("run", "job", "session", "pid", "start"):
+            if k in rec and len(_encode({k: rec[k]})) < 1024:
+                stub[k] = rec[k]
+        return _encode(stub)
+
+    def _append(self, line: bytes) -> None:
+        """One record, under self._lock. Raises OSError / AuditDirError."""
+        if self.reason is not None or not self._dir_ready:
+            self._reopen_dir()
+        try:
+            if _DIR_FD:
+                st = os.stat(self.filename, dir_fd=self._dfd, follow_symlinks=False)
+            else:
+                st = os.stat(self._p(self.filename), follow_symlinks=False)
+        except FileNotFoundError:
+            st = None  # rotated away by another writer, or deleted
+        if st is None or self._fd < 0 or (st.st_dev, st.st_ino) != self._ino:
+            self._open_file()
+            st = os.fstat(self._fd)
+        if st.st_size and st.st_size + len(line) > self.max_bytes:
+            self._rotate(len(line))
+        if self._gap or self._torn:
+            gap = _encode(
+                {
+                    "v": SCHEMA_VERSION,
+                    "ts": time.time(),
+                    "event": "error",
+                    "error": "audit-gap",
+                    "lost": self._gap,
+                    "pid": os.getpid(),
+                }
+            )
+            # A newline first ends a partial line a short write left behind.
+            self._write_all((b"\n" if self._torn else b"") + gap)
+            self._gap = 0
+            self._torn = False
+        self._write_all(line)
+        self.reason = None
+
+    def _write_all(self, data: bytes) -> None:
+        n = os.write(self._fd, data)
+        if n != len(data):
+            # Only a full disk (or a quota) cuts a regular-file append short.
+            # Never write the rest: a second write could interleave.
+            if n > 0:
+                self._torn = True
+            import errno
+
+            raise OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)} (short write, {n} of {len(data)} bytes)",
+                str(self.path),
+            )
+
+    def _reopen_dir(self) -> None:
+        self._dir_ready = False
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._ino = None
+        if self._dfd >= 0:
+            os.close(self._dfd)
+            self._dfd = -1
+        check_dir(self.state_dir, create=True)
+        if _DIR_FD:
+            self._dfd = _open_dir(self.state_dir)
+        self._dir_ready = True
+        if not self._pruned:
+            # Age limits also hold for a log too quiet to rotate often.
+            self._pruned = True
+            self._prune()
+
+    def _open_file(self) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+        fd = os.open(self._p(self.filename), flags, 0o600, **self._kw())
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise AuditDirError(f"audit log {self.path} is not a regular file")
+            if self._fd >= 0:
+                # dup2 keeps the fd number: a racing thread can never write
+                # into an unrelated file that reused a closed number.
+                os.dup2(fd, self._fd, inheritable=False)
+                os.close(fd)
+            else:
+                self._fd = fd
+        except BaseException:
+            if fd != self._fd:
+                os.close(fd)
+            raise
+        self._ino = (st.st_dev, st.st_ino)
+        self._dev_n, self._ino_n = st.st_dev, st.st_ino
+
+    def _rotate(self, need: int) -> None:
+        """Rename live -> .1 -> .2 ... under the lock file, if still needed."""
+        lock = -1
+        try:
+            lock = self._lock_file()
+            name = self.filename
+            try:
+                st = os.stat(self._p(name), **self._kw(), follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if (
+                st is not None
+                and st.st_size
+                and st.st_size + need > self.max_bytes
+                and (lock >= 0 or _WINDOWS)
+            ):
+                # Shift only the copies that exist, highest first, so the
+                # cost follows the files present and nothing is clobbered.
+                names = os.listdir(self._dfd if _DIR_FD else self.state_dir)
+                for n, old in _rotated(names, name):
+                    if n >= self.keep_files:
+                        os.unlink(self._p(old), **self._kw())
+                    else:
+                        self._rename(old, f"{name}.{n + 1}")
+                self._rename(name, f"{name}.1")
+                self._prune()
+        except OSError:
+            # Rotation trouble (Windows: a file open elsewhere) is not a lost
+            # record: write to the live file and try again at the next write.
+            pass
+        finally:
+            if lock >= 0:
+                os.close(lock)  # closing releases the flock
+        try:
+            st = os.stat(self._p(self.filename), **self._kw(), follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._ino:
+            self._open_file()
+
+    def _rename(self, src: str, dst: str) -> None:
+        if _DIR_FD:
+            os.rename(src, dst, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+        else:
+            os.replace(self._p(src), self._p(dst))
+
+    def _lock_file(self) -> int:
+        """A non-blocking flock on the lock file, or -1 (no fcntl, or busy)."""
+        try:
+            import fcntl
+        except ImportError:
+            return -1
+        fd = os.open(
+            self._p(self.filename + ".lock"),
+            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+            0o600,
+            **self._kw(),
+        )
+        for _ in range(_LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                time.sleep(0.005)
+        os.close(fd)
+        return -1
+
+    def _prune(self) -> None:
+        """Delete rotated copies beyond keep_files or older than keep_days."""
+        try:
+            names = os.listdir(self._dfd if _DIR_FD else self.state_dir)
+        except OSError:
+            return
+        cutoff = time.time() - self.keep_days * 86400 if self.keep_days else None
+        for n, name in _rotated(names, self.filename):
+            try:
+                if n > self.keep_files:
+                    os.unlink(self._p(name), **self._kw())
+                elif cutoff is not None:
+                    st = os.stat(self._p(name), **self._kw(), follow_symlinks=False)
+                    if st.st_mtime < cutoff:
+                        os.unlink(self._p(name), **self._kw())
+            except OSError:
+                pass
+
+    def _fail(self, reason: str) -> None:
+        self.lost += 1
+        self._gap += 1
+        self.reason = reason
+        self._retry_at = time.monotonic() + self.retry_interval
+        if self._reported:
+            return
+        self._reported = True
+        msg = f"tether: audit log disabled: {reason}"
+        try:
+            if self.on_loss is not None:
+                self.on_loss(msg)
+            else:
+                sys.stderr.write(msg + "\n")
+                sys.stderr.flush()
+        except Exception:
+            pass  # reporting must not break the caller either
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._dev_n = self._ino_n = -1
+            for attr in ("_fd", "_dfd"):
+                fd = getattr(self, attr)
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                    setattr(self, attr, -1)
+
+    def fileno(self) -> int:
+        """The log's fd (-1 before the first write), for inheritance checks."""
+        return self._fd
+
+    def __enter__(self) -> AuditWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _why(e: OSError, state_dir: Path) -> str:
+    text = e.strerror or str(e)
+    where = os.fspath(e.filename) if isinstance(e.filename, (str, os.PathLike)) else None
+    if where and not os.path.isabs(where):
+        where = os.path.join(state_dir, where)  # a dir_fd-relative name
+    return f"{text}: {where or state_dir}"
+
+
+# --------------------------------------------------------------------------
+# reading
+
+
+@dataclass
+class ReadStats:
+    """Counts filled by :func:`read_records`."""
+
+    files: int = 0  # log files read
+    lines: int = 0  # non-empty lines seen (records + skipped)
+    records: int = 0  # objects yielded
+    corrupt: int = 0  # not JSON, or JSON but not an object
+    truncated: int = 0  # last line of a file without its newline
+    too_long: int = 0  # longer than max_line, skipped unread
+    newer: int = 0  # yielded records with v > SCHEMA_VERSION
+    refused_files: int = 0  # not a regular file, or not ours
+
+
+def _rotated(names: list[str], filename: str) -> list[tuple[int, str]]:
+    """(n, name) of every ``filename.<n>`` in *names*, oldest (highest n) first."""
+    prefix = filename + "."
+    out = []
+    for name in names:
+        if name.startswith(prefix):
+            suffix = name[len(prefix) :]
+            if suffix.isdigit() and suffix.isascii() and suffix[0] != "0":
+                out.append((int(suffix), name))
+    out.sort(reverse=True)
+    return out
+
+
+def log_files(state_dir: str | os.PathLike[str], *, filename: str = DEFAULT_FILENAME) -> list[Path]:
+    """The log files that exist, oldest first (rotated copies, then the live file)."""
+    d = Path(state_dir)
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    files = [d / name for _, name in _rotated(names, filename)]
+    if filename in names:
+        files.append(d / filename)
+    return files
+
+
+def iter_records(
+    state_dir: str | os.PathLike[str],
+    *,
+    filename: str = DEFAULT_FILENAME,
+    max_line: int = MAX_LINE,
+) -> Iterator[dict[str, Any]]:
+    """Every record, oldest first, across every rotated copy; see :func:`read_records`."""
+    return read_records(state_dir, filename=filename, max_line=max_line)
+
+
+def read_records(
+    state_dir: str | os.PathLike[str],
+    *,
+    filename: str = DEFAULT_FILENAME,
+    max_line: int = MAX_LINE,
+    stats: ReadStats | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Like :func:`iter_records`, counting what it read and skipped in *stats*.
+
+    The directory is checked now (not at the first ``next()``): an unsafe one
+    raises :class:`AuditDirError`; a missing one yields nothing. All files are
+    opened up front, under a shared lock when the lock file exists, so a
+    rotation while reading neither hides nor repeats a file.
+    """
+    d = Path(state_dir)
+    try:
+        check_dir(d, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return iter(())
+    st = stats if stats is not None else ReadStats()
+    fds = _open_all(d, filename, st)
+    return _records(fds, max_line, st)
+
+
+def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
+    lock = -1
+    try:
+        import fcntl
+
+        try:
+            lock = os.open(d / (filename + ".lock"), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        except OSError:
+            lock = -1
+        if lock >= 0:
+            for _ in range(_LOCK_TRIES):
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.005)
+            # Not locked after ~50 ms: read anyway, a rotation may shift a file.
+    except ImportError:
+        pass
+    fds: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    try:
+        euid = None if _WINDOWS else os.geteuid()
+        for path in log_files(d, filename=filename):
+            try:
+                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY)
+            except OSError:
+                st.refused_files += 1  # a symlink, vanished, unreadable
+                continue
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode) or (euid is not None and fst.st_uid != euid):
+                os.close(fd)
+                st.refused_files += 1
+                continue
+            if (fst.st_dev, fst.st_ino) in seen:
+                # Listed under two names by a rotation we could not lock out.
+                os.close(fd)
+                continue
+            seen.add((fst.st_dev, fst.st_ino))
+            fds.append(fd)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    finally:
+        if lock >= 0:
+            os.close(lock)
+    return fds
+
+
+def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str, Any]]:
+    import json
+
+    def parse(line: bytes) -> dict[str, Any] | None:
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict):
+            return obj
+        st.corrupt += 1
+        # A line torn by a full disk gets the next writer's record glued to
+        # its end: keep that record. (Writers put "v" first.)
+        cut = line.rfind(b'{"v":')
+        if cut > 0:
+            try:
+                obj = json.loads(line[cut:])
+            except (ValueError, RecursionError):
+                return None
+            if isinstance(obj, dict):
+                return obj
+        return None
+
+    try:
+        for i, fd in enumerate(fds):
+            st.files += 1
+            with open(fd, "rb", buffering=0, closefd=True) as f:
+                fds[i] = -1
+                carry = b""
+                skipping = False  # inside an over-long line, waiting for its newline
+                while True:
+                    block = f.read(_READ_BLOCK)
+                    if not block:
+                        break
+                    if skipping:
+                        nl = block.find(b"\n")
+                        if nl < 0:
+                            continue
+                        skipping = False
+                        block = block[nl + 1 :]
+                    data = carry + block if carry else block
+                    lines = data.split(b"\n")
+                    carry = lines.pop()
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        st.lines += 1
+                        if len(line) > max_line:
+                            st.too_long += 1
+                            continue
+                        obj = parse(line)
+                        if obj is not None:
+                            st.records += 1
+                            v = obj.get("v")
+                            if type(v) is int and v > SCHEMA_VERSION:
+                                st.newer += 1
+                            yield obj
+                    if len(carry) > max_line:
+                        st.lines += 1
+                        st.too_long += 1
+                        carry = b""
+                        skipping = True
+                if carry.strip():
+                    st.lines += 1
+                    st.truncated += 1
+                elif skipping:
+                    pass  # the over-long last line was already counted
+    finally:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)

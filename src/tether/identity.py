@@ -1,0 +1,862 @@
+"""Who a process is, a bounded capture of the process table, and the one
+function through which tether signals processes.
+
+A process is its pid **plus** its kernel start time **plus** the boot it
+belongs to. A bare pid is not an identity: the kernel hands a reaped pid to
+the next process soon after. psutil's ``create_time()`` is not one either on
+Linux: it is ``boot_time + ticks / HZ`` where ``boot_time`` is derived from the
+wall clock and drifts with NTP, so the same process can read back with a
+different float. Here, on Linux, ``start`` is the raw field 22 of
+``/proc/PID/stat`` (clock ticks since boot) and ``boot`` is
+``/proc/sys/kernel/random/boot_id``; both are exact and stable.
+
+Elsewhere (macOS, BSD, Windows) psutil is used, imported lazily; ``start`` is
+psutil's ``create_time`` in integer microseconds (there the kernel keeps a
+fixed start timestamp, so it does not drift the way Linux's derivation does).
+
+This module is a leaf on hot paths (shell wrapper start-up, contained spawn):
+it imports only ``os``, ``sys`` and ``time`` at the top, and ``tether.errors``.
+``signal`` (which pulls in ``enum``) and psutil are imported when first needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from tether.errors import SignalRefused
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
+    from collections.abc import Iterable
+
+__all__ = [
+    "Identity",
+    "Capture",
+    "boot_id",
+    "clock_ticks",
+    "now_ticks",
+    "read",
+    "matches",
+    "is_alive",
+    "children",
+    "pidfd_pid",
+    "own_ancestors",
+    "capture",
+    "send_signal",
+]
+
+_LINUX = sys.platform.startswith("linux")
+
+# Rough bytes one captured entry costs (Identity tuple, its ints and comm str,
+# the dict slot). Measured with tracemalloc at ~260 bytes; rounded up.
+_ENTRY_BYTES = 400
+
+# Fields after the ')' that closes comm in /proc/PID/stat, 0-based:
+# 0 state, 1 ppid, 2 pgrp, 3 session, ..., 19 starttime (field 22 of proc(5)).
+_F_STATE, _F_PPID, _F_PGRP, _F_SID, _F_START = 0, 1, 2, 3, 19
+
+# One shared str per state letter instead of a fresh one per process.
+_STATES = {s.encode(): s for s in "RSDZTtXxKWPIL"}
+
+
+class Identity(tuple):
+    """A process: ``(pid, start, boot)`` plus what was seen of it.
+
+    A tuple (like a ``NamedTuple``: indexable, unpackable, hashable,
+    picklable, ``_replace``/``_asdict``), written by hand because importing
+    ``typing`` would cost more than this whole module on a bare interpreter.
+
+    Fields, in order: ``pid``, ``start`` (Linux: clock ticks since boot, field
+    22 of ``/proc/PID/stat``; elsewhere: create time in integer microseconds),
+    ``boot`` (boot id), ``ppid``, ``pgid``, ``sid``, ``uid`` (real uid from
+    :func:`read`; see :func:`capture` for the cheaper uid it records),
+    ``state`` (one letter, as in ``/proc``: R S D Z T t X I ...), ``comm``.
+
+    Two identities name the same process when ``pid``, ``start`` and ``boot``
+    are equal; the other fields are observations.
+    """
+
+    __slots__ = ()
+    _fields = ("pid", "start", "boot", "ppid", "pgid", "sid", "uid", "state", "comm")
+
+    def __new__(
+        cls,
+        pid: int,
+        start: int,
+        boot: str,
+        ppid: int = 0,
+        pgid: int = 0,
+        sid: int = 0,
+        uid: int = -1,
+        state: str = "",
+        comm: str = "",
+    ) -> Identity:
+        return tuple.__new__(cls, (pid, start, boot, ppid, pgid, sid, uid, state, comm))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    @property
+    def pid(self) -> int:
+        return self[0]
+
+    @property
+    def start(self) -> int:
+        return self[1]
+
+    @property
+    def boot(self) -> str:
+        return self[2]
+
+    @property
+    def ppid(self) -> int:
+        return self[3]
+
+    @property
+    def pgid(self) -> int:
+        return self[4]
+
+    @property
+    def sid(self) -> int:
+        return self[5]
+
+    @property
+    def uid(self) -> int:
+        return self[6]
+
+    @property
+    def state(self) -> str:
+        return self[7]
+
+    @property
+    def comm(self) -> str:
+        return self[8]
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
+        return f"Identity({inner})"
+
+    def token(self) -> str:
+        """``"{start}@{boot}"``: the start-time token stored in audit records."""
+        return f"{self[1]}@{self[2]}"
+
+    def same_process(self, other: Identity) -> bool:
+        """True when both name the same process (pid, start and boot equal)."""
+        return self[0] == other[0] and self[1] == other[1] and self[2] == other[2]
+
+    def _replace(self, **changes: object) -> Identity:
+        d = dict(zip(self._fields, self, strict=True))
+        d.update(changes)
+        return Identity(**d)  # type: ignore[arg-type]
+
+    def _asdict(self) -> dict:
+        return dict(zip(self._fields, self, strict=True))
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict with every field."""
+        return dict(zip(self._fields, self, strict=True))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Identity:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored, missing
+        optional ones take their defaults (older records stay readable)."""
+        return cls(
+            int(d["pid"]),
+            int(d["start"]),
+            str(d["boot"]),
+            int(d.get("ppid", 0)),
+            int(d.get("pgid", 0)),
+            int(d.get("sid", 0)),
+            int(d.get("uid", -1)),
+            str(d.get("state", "")),
+            str(d.get("comm", "")),
+        )
+
+
+# --------------------------------------------------------------------------
+# Clocks and the boot id
+
+_boot_id: str | None = None
+_clk_tck: int | None = None
+
+
+def boot_id() -> str:
+    """This boot's id (Linux: ``/proc/sys/kernel/random/boot_id``; elsewhere
+    ``str(int(psutil.boot_time()))``). Cached: it cannot change while we run."""
+    global _boot_id
+    if _boot_id is None:
+        if _LINUX:
+            try:
+                with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                    _boot_id = f.read().strip().decode("ascii")
+            except OSError:
+                # No /proc (a bare container): identities still compare
+                # within this boot; records of other boots cannot be told apart.
+                _boot_id = ""
+        else:
+            _boot_id = str(int(_psutil().boot_time()))
+    return _boot_id
+
+
+def clock_ticks() -> int:
+    """Units of ``Identity.start`` per second: ``SC_CLK_TCK`` on Linux
+    (usually 100), 1 000 000 elsewhere (start is in microseconds there).
+    Cached. Convert a duration with ``int(seconds * clock_ticks())``."""
+    global _clk_tck
+    if _clk_tck is None:
+        _clk_tck = os.sysconf("SC_CLK_TCK") if _LINUX else 1_000_000
+    return _clk_tck
+
+
+def now_ticks() -> int:
+    """Now, in the unit of ``Identity.start``.
+
+    Take it before starting something: every process born afterwards has
+    ``start >= now_ticks()``, which makes it a safe ``born_after`` bound.
+    Linux: ``CLOCK_BOOTTIME`` in clock ticks, rounded down exactly as the
+    kernel rounds a task's ``start_boottime`` for ``/proc/PID/stat`` (both are
+    shifted alike inside a time namespace). Elsewhere: wall-clock microseconds,
+    minus one so that a process created in the same microsecond still counts.
+    """
+    if _LINUX:
+        return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * clock_ticks() // 1_000_000_000
+    return int(time.time() * 1_000_000) - 1
+
+
+# --------------------------------------------------------------------------
+# Reading one process (Linux)
+
+
+def _read_fd(fd: int, size: int) -> bytes:
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _parse_stat(pid: int, data: bytes, boot: str, uid: int) -> Identity:
+    # comm may hold anything, ") S 1 2 (" included: the real end is the LAST ')'.
+    close = data.rindex(b")")
+    f = data[close + 2 :].split(None, 20)
+    state = f[_F_STATE]
+    return Identity(
+        pid,
+        int(f[_F_START]),
+        boot,
+        int(f[_F_PPID]),
+        int(f[_F_PGRP]),
+        int(f[_F_SID]),
+        uid,
+        _STATES.get(state) or state.decode("ascii", "replace"),
+        data[data.index(b"(") + 1 : close].decode("utf-8", "backslashreplace"),
+    )
+
+
+def _stat_linux(pid: int) -> Identity | None:
+    """Only /proc/PID/stat (uid -1): the cheapest look, for matches()."""
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
+    except OSError:  # ENOENT, or ESRCH when it died between open and read
+        return None
+    if not data:
+        return None
+    return _parse_stat(pid, data, boot_id(), -1)
+
+
+def _read_linux(pid: int) -> Identity | None:
+    try:
+        sfd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        tfd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+    except OSError:
+        os.close(sfd)
+        return None
+    # Both fds are open before either is read: an open /proc file pins the
+    # process it was opened for (a read after its death fails with ESRCH), and
+    # if the stat read succeeds the pid was still that process when status
+    # was opened, so both describe one process even if the pid is reused.
+    try:
+        data = _read_fd(sfd, 1024)
+    except OSError:
+        os.close(tfd)
+        return None
+    try:
+        status = _read_fd(tfd, 1024)  # Tgid and Uid are in the first ~300 bytes
+    except OSError:
+        return None
+    if not data or not status:
+        return None
+    uid = -1
+    for line in status.split(b"\n"):
+        if line.startswith(b"Tgid:"):
+            if int(line[5:]) != pid:
+                return None  # a thread id, not a process: /proc/TID resolves but is no process
+        elif line.startswith(b"Uid:"):
+            uid = int(line[4:].split()[0])  # real, effective, saved, fs: take real
+            break
+    return _parse_stat(pid, data, boot_id(), uid)
+
+
+# --------------------------------------------------------------------------
+# Elsewhere: psutil, lazily
+
+_psutil_mod = None
+
+
+def _psutil():  # -> the psutil module
+    global _psutil_mod
+    if _psutil_mod is None:
+        import psutil
+
+        _psutil_mod = psutil
+    return _psutil_mod
+
+
+_PSUTIL_STATES = {
+    "running": "R",
+    "sleeping": "S",
+    "disk-sleep": "D",
+    "stopped": "T",
+    "tracing-stop": "t",
+    "zombie": "Z",
+    "dead": "X",
+    "wake-kill": "K",
+    "waking": "W",
+    "idle": "I",
+    "locked": "L",
+    "waiting": "W",
+    "parked": "P",
+}
+
+
+def _pg_sid(pid: int) -> tuple[int, int]:
+    try:
+        pgid = os.getpgid(pid)  # type: ignore[attr-defined]  # absent on Windows
+    except (OSError, AttributeError):
+        pgid = 0
+    try:
+        sid = os.getsid(pid)  # type: ignore[attr-defined]
+    except (OSError, AttributeError):
+        sid = 0
+    return pgid, sid
+
+
+def _from_psutil_info(info: dict, boot: str) -> Identity:
+    pid = info["pid"]
+    pgid, sid = _pg_sid(pid)
+    uids = info.get("uids")
+    return Identity(
+        pid,
+        int(round((info.get("create_time") or 0.0) * 1_000_000)),
+        boot,
+        info.get("ppid") or 0,
+        pgid,
+        sid,
+        uids[0] if uids else -1,
+        _PSUTIL_STATES.get(info.get("status") or "", "S"),
+        info.get("name") or "",
+    )
+
+
+_PS_ATTRS = ["pid", "ppid", "create_time", "uids", "status", "name"]
+
+
+def _read_psutil(pid: int) -> Identity | None:
+    ps = _psutil()
+    try:
+        p = ps.Process(pid)
+        info = p.as_dict(_PS_ATTRS if hasattr(os, "getuid") else _PS_ATTRS[:3] + _PS_ATTRS[4:])
+    except (ps.Error, OSError):
+        return None
+    if info.get("create_time") is None:
+        return None  # as_dict swallowed an AccessDenied: no identity without a start
+    return _from_psutil_info(info, boot_id())
+
+
+# --------------------------------------------------------------------------
+# Public one-process API
+
+
+def read(pid: int) -> Identity | None:
+    """The identity of process ``pid`` now, or None if there is none.
+
+    Linux: one read of ``/proc/PID/stat`` and one of ``/proc/PID/status`` (for
+    the real uid, and to tell a thread id from a process). A thread id gives
+    None: tether identifies processes, not threads.
+    """
+    if type(pid) is not int or pid <= 0:
+        return None
+    return _read_linux(pid) if _LINUX else _read_psutil(pid)
+
+
+def matches(ident: Identity) -> bool:
+    """Whether the very process ``ident`` names still exists (same pid, start
+    and boot). A zombie still exists here; see :func:`is_alive`."""
+    if ident[2] != boot_id():
+        return False
+    cur = _stat_linux(ident[0]) if _LINUX else read(ident[0])
+    return cur is not None and cur[1] == ident[1]
+
+
+def is_alive(ident: Identity) -> bool:
+    """:func:`matches` and not a zombie (or dead): a zombie counts as dead,
+    because orphan reaping by PID 1 can lag by seconds."""
+    if ident[2] != boot_id():
+        return False
+    cur = _stat_linux(ident[0]) if _LINUX else read(ident[0])
+    return cur is not None and cur[1] == ident[1] and cur[7] not in ("Z", "X", "x")
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (of all its threads: a child belongs to the
+    thread that forked it); [] if ``pid`` is gone. Not atomic: a loop that
+    kills must rescan."""
+    if type(pid) is not int or pid <= 0:
+        return []
+    if not _LINUX:
+        ps = _psutil()
+        try:
+            return [c.pid for c in ps.Process(pid).children()]
+        except ps.Error:
+            return []
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return []
+    out: list[int] = []
+    seen: set[int] = set()
+    for tid in tids:
+        try:
+            fd = os.open(f"{base}/{tid}/children", os.O_RDONLY)
+        except OSError:
+            continue  # the thread exited meanwhile
+        chunks = []
+        try:
+            while True:  # a subreaper can have tens of thousands: read to EOF
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        for tok in data.split():
+            c = int(tok)
+            if c not in seen:
+                seen.add(c)
+                out.append(c)
+    return out
+
+
+def pidfd_pid(fd: int) -> int | None:
+    """The pid that pidfd ``fd`` refers to, as this process sees it (the
+    ``Pid:`` line of ``/proc/self/fdinfo/FD``); None once that process has
+    exited (the kernel shows -1), when it is outside our PID namespace (0),
+    or where this cannot be read (not Linux, not a pidfd)."""
+    if not _LINUX:
+        return None
+    try:
+        data = _read_fd(os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY), 4096)
+    except OSError:
+        return None
+    for line in data.split(b"\n"):
+        if line.startswith(b"Pid:"):
+            pid = int(line[4:])
+            return pid if pid > 0 else None
+    return None
+
+
+def _ppid_of(pid: int) -> int:
+    if _LINUX:
+        cur = _stat_linux(pid)
+        return cur[3] if cur is not None else 0
+    cur = read(pid)
+    return cur[3] if cur is not None else 0
+
+
+def own_ancestors() -> frozenset[int]:
+    """This process, every ancestor up to PID 1 (as far as this PID namespace
+    shows them), and 0 and 1 always. Read fresh each call: ancestors change
+    when a parent dies and we are reparented."""
+    me = os.getpid()
+    out = {0, 1, me}
+    pid = os.getppid()
+    # Bounded in case /proc shows a ppid loop mid-reparenting.
+    for _ in range(4096):
+        if pid in out:
+            break
+        out.add(pid)
+        pid = _ppid_of(pid)
+    return frozenset(out)
+
+
+_anc_cache: tuple[int, frozenset[int]] = (-1, frozenset())
+
+
+def _is_ancestor(pid: int) -> bool:
+    """``pid in own_ancestors()``, cheap on repeat (kill loops ask per process).
+
+    The set of ancestors can only shrink while we run -- a process is
+    reparented to an existing ancestor (subreaper or init), never to a new
+    one -- so a pid outside the cached set is not an ancestor now. A pid inside
+    it may be a dead ancestor's pid reused, so that case is re-read fresh.
+    Keyed by our pid: a forked child has other ancestors.
+    """
+    global _anc_cache
+    me = os.getpid()
+    if _anc_cache[0] != me:
+        _anc_cache = (me, own_ancestors())
+    if pid not in _anc_cache[1]:
+        return False
+    fresh = own_ancestors()
+    _anc_cache = (me, fresh)
+    return pid in fresh
+
+
+# --------------------------------------------------------------------------
+# Bounded capture of the process table
+
+
+class Capture:
+    """One snapshot of the process table, and safe walks over it.
+
+    Every listing (``children_of``, ``descendants``, ``by_session``,
+    ``by_pgid``) leaves out PID <= 2, this process and each of its ancestors
+    (read when the listing is made), because a walk by ppid, session or
+    group can otherwise reach the whole machine: PID 1's session is 0, and
+    seen through a PID namespace a session id can read as 0 too.
+    """
+
+    __slots__ = ("procs", "complete", "reason", "elapsed", "born_after", "_kids")
+
+    def __init__(
+        self,
+        procs: dict[int, Identity],
+        complete: bool = True,
+        reason: str = "",
+        elapsed: float = 0.0,
+        born_after: int | None = None,
+    ) -> None:
+        self.procs = procs
+        self.complete = complete
+        self.reason = reason
+        self.elapsed = elapsed
+        self.born_after = born_after  # the filter applied while reading, if any
+        self._kids: dict[int, list[Identity]] | None = None
+
+    def __repr__(self) -> str:
+        how = "complete" if self.complete else f"incomplete: {self.reason}"
+        return f"<Capture {len(self.procs)} processes, {self.elapsed * 1e3:.1f} ms, {how}>"
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self.procs
+
+    def get(self, pid: int) -> Identity | None:
+        return self.procs.get(pid)
+
+    def _children_map(self) -> dict[int, list[Identity]]:
+        if self._kids is None:
+            kids: dict[int, list[Identity]] = {}
+            for p in self.procs.values():
+                lst = kids.get(p[3])
+                if lst is None:
+                    kids[p[3]] = [p]
+                else:
+                    lst.append(p)
+            self._kids = kids
+        return self._kids
+
+    @staticmethod
+    def _excluded() -> frozenset[int]:
+        return own_ancestors() | {2, os.getpid()}
+
+    def children_of(self, pid: int) -> list[Identity]:
+        """Captured processes whose ppid is ``pid`` (safety exclusions apply)."""
+        excl = self._excluded()
+        return [c for c in self._children_map().get(pid, ()) if c[0] > 2 and c[0] not in excl]
+
+    def descendants(self, roots: Iterable[int], born_after: int | None = None) -> list[Identity]:
+        """Every captured process below ``roots`` by ppid, breadth first.
+
+        The roots themselves are not listed (but are walked, even this
+        process: a subreaper guardian lists its own descendants). With
+        ``born_after``, only processes with ``start >= born_after`` are
+        listed or walked through (a child is never older than its parent).
+        Excluded processes (PID <= 2, this process, its ancestors) are
+        neither listed nor walked through.
+        """
+        excl = self._excluded()
+        kids = self._children_map()
+        queue = [r for r in roots]
+        seen = set(queue)
+        out: list[Identity] = []
+        i = 0
+        while i < len(queue):
+            parent = queue[i]
+            i += 1
+            for c in kids.get(parent, ()):
+                pid = c[0]
+                if pid in seen:
+                    continue  # a torn snapshot can show a ppid loop
+                seen.add(pid)
+                if pid <= 2 or pid in excl:
+                    continue
+                if born_after is not None and c[1] < born_after:
+                    continue
+                out.append(c)
+                queue.append(pid)
+        return out
+
+    def _by(self, index: int, value: int, born_after: int, what: str) -> list[Identity]:
+        if born_after is None:
+            raise TypeError(f"{what}: born_after is required (a walk by {what} must be bounded)")
+        if value <= 1:
+            return []  # 0: PID 1's session/group, or a pid from outside our namespace
+        excl = self._excluded()
+        return [
+            p
+            for p in self.procs.values()
+            if p[index] == value and p[1] >= born_after and p[0] > 2 and p[0] not in excl
+        ]
+
+    def by_session(self, sid: int, born_after: int) -> list[Identity]:
+        """Captured processes of session ``sid`` born at or after ``born_after``
+        (safety exclusions apply; ``sid <= 1`` gives [])."""
+        return self._by(5, sid, born_after, "session")
+
+    def by_pgid(self, pgid: int, born_after: int) -> list[Identity]:
+        """Captured processes of process group ``pgid`` born at or after
+        ``born_after`` (safety exclusions apply; ``pgid <= 1`` gives [])."""
+        return self._by(4, pgid, born_after, "process group")
+
+
+def _capture_linux(time_cap: float, mem_cap: int, born_after: int | None) -> Capture:
+    clock = time.monotonic
+    t0 = clock()
+    deadline = t0 + time_cap
+    max_entries = mem_cap // _ENTRY_BYTES
+    boot = boot_id()
+    procs: dict[int, Identity] = {}
+    complete, reason = True, ""
+    # The loop below is the hot path (thousands of iterations): locals only,
+    # _parse_stat inlined, Identity built by tuple.__new__ without a Python call.
+    o_rdonly = os.O_RDONLY
+    read_, close, fstat, open_ = os.read, os.close, os.fstat, os.open
+    new, states = tuple.__new__, _STATES
+    floor = -1 if born_after is None else born_after
+    n = 0
+    pfd = open_("/proc", o_rdonly | os.O_DIRECTORY)
+    try:
+        with os.scandir(pfd) as it:  # streamed: never a full listing in memory
+            for entry in it:
+                name = entry.name
+                if not name[0].isdigit():
+                    continue
+                n += 1
+                # the clock on the 1st process and every 16th after: cheap
+                if (n & 15) == 1 and clock() > deadline:
+                    complete = False
+                    reason = f"time cap {time_cap:g} s reached after {n - 1} processes"
+                    break
+                if len(procs) >= max_entries:
+                    complete = False
+                    reason = (
+                        f"memory cap {mem_cap / 2**20:g} MiB reached after {len(procs)} processes"
+                    )
+                    break
+                try:
+                    # Relative to an open /proc: no path walk from / per process.
+                    fd = open_(name + "/stat", o_rdonly, dir_fd=pfd)
+                    try:
+                        data = read_(fd, 1024)
+                        # The owner of a /proc/PID file is the process's effective
+                        # uid (0 when it is not dumpable): a cheap fstat instead of
+                        # parsing the much costlier /proc/PID/status for the real uid.
+                        uid = fstat(fd).st_uid
+                    finally:
+                        close(fd)
+                except OSError:
+                    continue  # it exited while we looked
+                if not data:
+                    continue
+                rp = data.rindex(b")")  # comm may contain ") ": the LAST ')' ends it
+                f = data[rp + 2 :].split(None, 20)
+                start = int(f[_F_START])
+                if start < floor:
+                    continue
+                st = f[_F_STATE]
+                pid = int(name)
+                procs[pid] = new(
+                    Identity,
+                    (
+                        pid,
+                        start,
+                        boot,
+                        int(f[_F_PPID]),
+                        int(f[_F_PGRP]),
+                        int(f[_F_SID]),
+                        uid,
+                        states.get(st) or st.decode("ascii", "replace"),
+                        data[data.index(b"(") + 1 : rp].decode("utf-8", "backslashreplace"),
+                    ),
+                )
+    finally:
+        close(pfd)
+    return Capture(procs, complete, reason, clock() - t0, born_after)
+
+
+def _capture_psutil(time_cap: float, mem_cap: int, born_after: int | None) -> Capture:
+    ps = _psutil()
+    clock = time.monotonic
+    t0 = clock()
+    deadline = t0 + time_cap
+    max_entries = mem_cap // _ENTRY_BYTES
+    boot = boot_id()
+    procs: dict[int, Identity] = {}
+    complete, reason = True, ""
+    attrs = _PS_ATTRS if hasattr(os, "getuid") else _PS_ATTRS[:3] + _PS_ATTRS[4:]
+    n = 0
+    for p in ps.process_iter(attrs):
+        if clock() > deadline:
+            complete = False
+            reason = f"time cap {time_cap:g} s reached after {n} processes"
+            break
+        n += 1
+        if len(procs) >= max_entries:
+            complete = False
+            reason = f"memory cap {mem_cap / 2**20:g} MiB reached after {len(procs)} processes"
+            break
+        info = p.info
+        if info.get("create_time") is None:
+            continue  # access denied or gone: no identity without a start time
+        ident = _from_psutil_info(info, boot)
+        if born_after is not None and ident[1] < born_after:
+            continue
+        procs[ident[0]] = ident
+    return Capture(procs, complete, reason, clock() - t0, born_after)
+
+
+def capture(
+    *, time_cap: float = 1.0, mem_cap: int = 32 * 2**20, born_after: int | None = None
+) -> Capture:
+    """One bounded capture of the process table.
+
+    Records pid, ppid, pgid, sid, uid, start, state and comm of every process
+    (with ``born_after``: of every process with ``start >= born_after``).
+    Stops early, with ``complete=False`` and a ``reason``, when ``time_cap``
+    seconds have passed or the estimated memory reaches ``mem_cap`` bytes.
+    Processes that exit while being read are skipped.
+
+    Linux reads ``/proc`` directly (several times cheaper than psutil). The
+    ``uid`` recorded there is the owner of ``/proc/PID`` -- the effective uid,
+    or 0 for a non-dumpable process -- not the real uid :func:`read` gives;
+    :func:`send_signal` re-reads the real uid itself. Elsewhere psutil.
+    """
+    if _LINUX:
+        return _capture_linux(time_cap, mem_cap, born_after)
+    return _capture_psutil(time_cap, mem_cap, born_after)
+
+
+# --------------------------------------------------------------------------
+# Signalling
+
+
+def _refuse(ident: Identity, why: str) -> SignalRefused:
+    return SignalRefused(f"refusing to signal pid {ident[0]!r} ({why})")
+
+
+def send_signal(ident: Identity, sig: int, *, member: bool = False) -> bool:
+    """Send ``sig`` to the process ``ident`` names, if it is still that process.
+
+    THE one way tether signals any process that is not its own direct
+    ``Popen`` child. Raises :class:`~tether.errors.SignalRefused`, before any
+    signal-related system call, for PID <= 1 (which would mean a process
+    group or every process), this process, and any of its ancestors; and,
+    unless ``member=True`` (the caller vouches the process is a member of its
+    job), for a process whose real uid is not ours. Also raised when the
+    kernel denies permission (EPERM).
+
+    Returns False, sending nothing, when the identity no longer matches: the
+    process is gone, or its pid now names another process (different start
+    or boot). Returns True when the signal was sent (a zombie that still
+    matches counts: the signal is harmless to it).
+
+    Linux >= 5.3 is race-free: a pidfd is opened first, which pins whichever
+    process holds the pid at that instant; the identity is checked after; the
+    signal goes through the pidfd, so it cannot reach a process that took the
+    pid over in between. (If the check passes, the process holding the pid is
+    the one named, and it held it at the open too: a process that took the pid
+    over after the open would have a start tick at or after the open, which a
+    recorded identity cannot have unless the old process died, was reaped and
+    its pid was reused all within that one 10 ms tick.)
+    """
+    pid = ident[0]
+    if type(pid) is not int:
+        raise _refuse(ident, "not an integer pid")
+    if pid <= 1:
+        raise _refuse(ident, "PID <= 1 means init, a process group or every process")
+    if pid == os.getpid():
+        raise _refuse(ident, "that is this process")
+    if _is_ancestor(pid):
+        raise _refuse(ident, "that is an ancestor of this process")
+    if ident[2] != boot_id():
+        return False  # recorded in another boot: the pid now names someone else
+
+    fd = -1
+    if _LINUX:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except AttributeError:
+            fd = -1  # Python without os.pidfd_open: fall back to kill below
+        except OSError as e:
+            import errno
+
+            if e.errno == errno.EINVAL:
+                return False  # a thread id, not a process
+            # ENOSYS (kernel < 5.3), EMFILE...: fall back to os.kill after the
+            # identity check; the window between check and kill is then a few
+            # microseconds, and reuse within it needs a full pid wrap-around.
+            fd = -1
+    try:
+        # A vouched-for member needs no uid, and with a pidfd open a thread id
+        # was already rejected (EINVAL): /proc/PID/stat alone is enough then.
+        cur = _stat_linux(pid) if (member and fd >= 0) else read(pid)
+        if cur is None or cur[1] != ident[1]:
+            return False
+        if not member and _has_uid() and cur[6] != os.getuid():
+            raise _refuse(
+                ident,
+                f"it belongs to uid {cur[6]}, not to this process's uid {os.getuid()}, "
+                "and the caller did not say it is a job member",
+            )
+        try:
+            if fd >= 0:
+                import signal
+
+                signal.pidfd_send_signal(fd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return False  # exited after the check
+        except PermissionError as e:
+            raise _refuse(ident, "the kernel denied permission (EPERM)") from e
+        return True
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _has_uid() -> bool:
+    return hasattr(os, "getuid")  # Windows has no uids; psutil reports none there
