@@ -50,7 +50,7 @@ OWNER = ("import sys, time; sys.path.insert(0, sys.argv[1]); from tether import 
 
 def marked(born: int, mark: bytes) -> list[identity.Identity]:
     out = []
-    for ident in identity.capture(born_after=born).procs.values():
+    for ident in identity.capture(born_after=born, time_cap=30.0, mem_cap=256 * 2**20).procs.values():
         if ident.state in ("Z", "X"):
             continue
         try:

@@ -25,7 +25,7 @@ def marked(born: int, mark: str) -> list[identity.Identity]:
     """Live processes born after ``born`` whose environment carries ``mark``."""
     needle = f"TETHER_TEST_MARK={mark}".encode()
     out = []
-    cap = identity.capture(born_after=born)
+    cap = identity.capture(born_after=born, time_cap=30.0, mem_cap=256 * 2**20)
     for ident in cap.procs.values():
         if ident.pid <= 2 or ident.pid == os.getpid():
             continue
