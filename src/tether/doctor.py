@@ -37,6 +37,14 @@ def describe(name: str):
     return cls(JobOptions(name="doctor", job_id="doctor"), os.getpid(), 0).guarantee()
 
 
+def _kernel() -> str:
+    if sys.platform == "win32":
+        # platform.release() goes through WMI, which crashes under Wine 8.
+        v = sys.getwindowsversion()
+        return f"Windows {v.major}.{v.minor}.{v.build}"
+    return platform.release()
+
+
 def report() -> dict[str, Any]:
     from .errors import JobRefused
     from .platform import choose, probe_all
@@ -44,7 +52,7 @@ def report() -> dict[str, Any]:
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "platform": sys.platform,
-        "kernel": platform.release(),
+        "kernel": _kernel(),
         "python": platform.python_version(),
         "uid": os.geteuid() if hasattr(os, "geteuid") else None,
         "mechanisms": [],

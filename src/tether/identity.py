@@ -365,11 +365,25 @@ def _from_psutil_info(info: dict, boot: str) -> Identity:
 _PS_ATTRS = ["pid", "ppid", "create_time", "uids", "status", "name"]
 
 
+def _ps_attrs() -> list[str]:
+    # "name" is read apart (_ps_name): psutil's Process.name() raises a bare
+    # OSError (WinError 87) under Wine, which as_dict/process_iter pass on.
+    return [a for a in _PS_ATTRS if a != "name" and (a != "uids" or hasattr(os, "getuid"))]
+
+
+def _ps_name(p) -> str:  # p: a psutil.Process
+    try:
+        return p.name() or ""
+    except Exception:  # the name is a label, never a reason to drop the identity
+        return ""
+
+
 def _read_psutil(pid: int) -> Identity | None:
     ps = _psutil()
     try:
         p = ps.Process(pid)
-        info = p.as_dict(_PS_ATTRS if hasattr(os, "getuid") else _PS_ATTRS[:3] + _PS_ATTRS[4:])
+        info = p.as_dict(_ps_attrs())
+        info["name"] = _ps_name(p)
     except (ps.Error, OSError):
         return None
     if info.get("create_time") is None:
@@ -724,7 +738,7 @@ def _capture_psutil(time_cap: float, mem_cap: int, born_after: int | None) -> Ca
     boot = boot_id()
     procs: dict[int, Identity] = {}
     complete, reason = True, ""
-    attrs = _PS_ATTRS if hasattr(os, "getuid") else _PS_ATTRS[:3] + _PS_ATTRS[4:]
+    attrs = _ps_attrs()
     n = 0
     for p in ps.process_iter(attrs):
         if clock() > deadline:
@@ -739,6 +753,7 @@ def _capture_psutil(time_cap: float, mem_cap: int, born_after: int | None) -> Ca
         info = p.info
         if info.get("create_time") is None:
             continue  # access denied or gone: no identity without a start time
+        info["name"] = _ps_name(p)
         ident = _from_psutil_info(info, boot)
         if born_after is not None and ident[1] < born_after:
             continue

@@ -255,8 +255,9 @@ class Job:
         before = self.members()
         if not before:
             return []
-        if grace > 0:
-            self._backend.signal_all(signal.SIGTERM)
+        # Nothing signalled (on Windows only CREATE_NEW_PROCESS_GROUP groups can
+        # be asked politely): nothing to wait for.
+        if grace > 0 and self._backend.signal_all(signal.SIGTERM):
             deadline = time.monotonic() + grace
             delay = 0.001
             while time.monotonic() < deadline:

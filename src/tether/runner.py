@@ -19,8 +19,11 @@ import sys
 import threading
 
 SI_KERNEL = 0x80
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_KEYBOARD = (signal.SIGINT, signal.SIGQUIT)
+# Windows has neither SIGHUP nor SIGQUIT: keep the ones this platform has.
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_KEYBOARD = tuple(getattr(signal, n) for n in ("SIGINT", "SIGQUIT") if hasattr(signal, n))
+_WINDOWS = sys.platform == "win32"
+ERROR_BAD_EXE_FORMAT = 193
 
 
 def _fail(msg: str) -> int:
@@ -54,7 +57,7 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
         return _fail(f"cannot create the job: {exc}")
     if verbose:
         print(f"tether: {job.guarantee}", file=sys.stderr)
-    tty = _foreground_tty()
+    tty = None if _WINDOWS else _foreground_tty()
     try:
         try:
             proc = job.popen(cmd)
@@ -68,7 +71,7 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             return 126
         except OSError as exc:
             job.close()
-            if exc.errno == errno.ENOEXEC:
+            if exc.errno == errno.ENOEXEC or getattr(exc, "winerror", None) == ERROR_BAD_EXE_FORMAT:
                 print(f"tether: {cmd[0]}: cannot execute: {exc.strerror}", file=sys.stderr)
                 return 126
             return _fail(f"cannot start {cmd[0]}: {exc}")
@@ -88,7 +91,10 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
                     handed_fg = True
             except OSError:
                 pass
-        status = _supervise(job, proc, die_with_stdin, grace)
+        if _WINDOWS:
+            status = _supervise_windows(job, proc, die_with_stdin, grace)
+        else:
+            status = _supervise(job, proc, die_with_stdin, grace)
         if handed_fg:
             try:
                 old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
@@ -167,3 +173,63 @@ def _watch_stdin(state: dict, wake) -> None:
                 state["stdin_hup"] = True
                 wake()
                 return
+
+
+def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
+    """Windows: follow the command's exit; its exit code is tether's.
+
+    Ctrl+C and Ctrl+Break reach every process attached to the console, the
+    command included: tether ignores them and lets the command decide, as on
+    POSIX. If tether itself is killed (Task Manager, TerminateProcess), the
+    kernel ends the job: kill-on-close needs no code of ours to run.
+    """
+    import subprocess
+
+    keyboard = [s for s in (signal.SIGINT, getattr(signal, "SIGBREAK", None)) if s is not None]
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in keyboard}
+    try:
+        stdin_handle = _stdin_pipe_handle() if die_with_stdin else None
+        while stdin_handle is not None:
+            try:
+                return _exit_status_windows(proc.wait(0.1))
+            except subprocess.TimeoutExpired:
+                pass
+            if _pipe_writer_gone(stdin_handle):
+                job.terminate(grace)
+                job.close()  # whatever terminate could not reach (it works from members())
+                return 129  # as for SIGHUP on POSIX
+        return _exit_status_windows(proc.wait())
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _exit_status_windows(rc: int) -> int:
+    """Windows exit codes are 32-bit DWORDs (0xC000013A after Ctrl+C): pass the same
+    bits to ExitProcess, which SystemExit only takes as a signed 32-bit int."""
+    return rc - (1 << 32) if rc >= (1 << 31) else rc
+
+
+def _stdin_pipe_handle():
+    """The handle of stdin if it is a pipe (whose writer we can watch), else None."""
+    try:
+        import _winapi
+        import msvcrt
+
+        handle = msvcrt.get_osfhandle(0)
+        _winapi.PeekNamedPipe(handle, 0)
+        return handle
+    except (OSError, ValueError, ImportError):
+        return None
+
+
+def _pipe_writer_gone(handle) -> bool:
+    import _winapi
+
+    try:
+        _winapi.PeekNamedPipe(handle, 0)  # looks without reading: the command owns stdin
+    except BrokenPipeError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -462,6 +462,15 @@ class WindowsJob(JobBackend):
 
     def _remember_group(self, proc: subprocess.Popen) -> None:
         api = self._require_api()
+        # Forget the groups whose first process has ended, so that a long-lived
+        # job does not collect handles.
+        live = []
+        for pid, handle in self._groups:
+            if api.WaitForSingleObject(handle, 0) == w.WAIT_TIMEOUT:
+                live.append((pid, handle))
+            else:
+                api.CloseHandle(handle)
+        self._groups = live
         me = api.GetCurrentProcess()
         dup = w.HANDLE()
         try:

