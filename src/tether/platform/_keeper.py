@@ -310,7 +310,7 @@ def _resolve(executable: bytes, cwd: str, path: list[bytes]) -> bytes:
     denied = None
     for d in path:
         cand = os.path.join(d, executable)
-        full = cand if os.path.isabs(cand) else os.path.join(os.fsencode(cwd), cand)
+        full = cand  # relative PATH entries: we are already in the child's cwd
         try:
             st = os.stat(full)
         except OSError:
@@ -368,7 +368,11 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
     old_umask = None
     try:
         try:
-            os.chdir(cwd)
+            if cwd is None:
+                os.fchdir(fds[msg["cwd_fd"]])
+                cwd = "."
+            else:
+                os.chdir(cwd)
         except OSError as exc:
             raise type(exc)(exc.errno, exc.strerror, cwd) from None
         path = [os.fsencode(p) for p in msg["path"]]

@@ -25,13 +25,28 @@ def encode(msg: dict) -> bytes:
     return marshal.dumps(msg)
 
 
+INLINE_MAX = 64 * 1024  # bigger payloads (a huge environment) travel in a memfd
+
+
 def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
     data = marshal.dumps(msg)
-    if fds:
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        sock.sendmsg([data], anc)
-    else:
-        sock.sendall(data)
+    extra = -1
+    if len(data) > INLINE_MAX and hasattr(os, "memfd_create"):
+        # A datagram cannot exceed the socket buffer (~208 KiB); ARG_MAX can.
+        extra = os.memfd_create("tether-msg", os.MFD_CLOEXEC)
+        os.write(extra, data) if len(data) < (1 << 30) else None
+        os.lseek(extra, 0, os.SEEK_SET)
+        data = marshal.dumps({"_memfd": len(data)})
+        fds = [*fds, extra]
+    try:
+        if fds:
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+            sock.sendmsg([data], anc)
+        else:
+            sock.sendall(data)
+    finally:
+        if extra != -1:
+            os.close(extra)
 
 
 def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
@@ -48,4 +63,19 @@ def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
         for fd in fds:
             os.close(fd)
         return None, []
-    return marshal.loads(data), fds
+    msg = marshal.loads(data)
+    if isinstance(msg, dict) and "_memfd" in msg and fds:
+        mfd = fds.pop()
+        try:
+            size = msg["_memfd"]
+            chunks = []
+            while size > 0:
+                chunk = os.read(mfd, min(size, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size -= len(chunk)
+            msg = marshal.loads(b"".join(chunks))
+        finally:
+            os.close(mfd)
+    return msg, fds

@@ -356,7 +356,7 @@ class JobPopen(subprocess.Popen):
             "argv": [os.fsencode(a) for a in args],
             "executable": os.fsencode(executable),
             "env": env_b,
-            "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else os.getcwd(),
+            "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
             "path": [os.fsdecode(p) for p in os.get_exec_path(env)],
             "fdmap": fdmap,
             "pgroup": process_group if process_group is not None else -1,
@@ -364,13 +364,22 @@ class JobPopen(subprocess.Popen):
             "owner_pgid": os.getpgrp(),
             "umask": umask,
             "ignored": ignored,
-            "sigmask": list(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "sigmask": [int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
             "ctty": self._tether_ctty,
         }
         backend = self._tether_backend
+        cwd_fd = -1
+        if cwd is None:
+            # The child starts where we are, even if that directory was deleted:
+            # pass the directory itself, not its name.
+            cwd_fd = os.open(".", getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
+            msg["cwd_fd"] = len(sources)
+            sources = [*sources, cwd_fd]
         try:
             reply, fds = backend.request(msg, sources)
         finally:
+            if cwd_fd != -1:
+                os.close(cwd_fd)
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
         if not reply.get("ok"):
             for fd in fds:
@@ -389,6 +398,11 @@ class JobPopen(subprocess.Popen):
             self.pid = reply["pid"]
         backend.mech.note_spawn(self.pid)
         self._child_created = True
+
+    @property
+    def pidfd(self) -> int | None:
+        """A pidfd of the child (Linux), for polling alongside other fds; None once reaped."""
+        return self._pidfd
 
     # -- exit status through the keeper --------------------------------------------
     def _exited(self, timeout: float | None) -> bool:

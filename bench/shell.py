@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Start-up of ``tether-shell -c true`` vs ``sh -c true`` and ``bash -c true``, same run.
+
+tether-shell is measured as users get it: the console script of a fresh venv
+(``pip install -e`` of this repo, created under /tmp on first use). Rounds
+interleave every command in a shuffled order so machine noise hits all alike;
+we report medians, p90 and the difference to ``sh -c true``, plus the CPU
+time of each command's whole process tree (steadier than wall time when the
+machine is shared).
+Target (issue 4, item 6): tether-shell median at most 15 ms above sh's.
+
+Also measured, to show where the time goes:
+  * ``python -c pass`` of the same venv: the interpreter's own floor;
+  * tether-shell with the audit log off, and with each available mechanism;
+  * ``-X importtime`` of ``tether.shell`` + ``tether.job`` (what a command loads);
+  * an in-process phase breakdown (import, Job(), popen, wait, terminate+close);
+  * a measurement-only prototype of a lean one-command path (rows "lean
+    prototype"): the floor a lean path in the core could reach.
+
+usage: python3 bench/shell.py [--n 200] [--quick] [--venv DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "results", "shell.json")
+TARGET_MS = 15.0
+
+
+def ensure_venv(venv: str) -> str:
+    """A venv with this repo installed (editable); returns its tether-shell path."""
+    ts = os.path.join(venv, "bin", "tether-shell")
+    if os.access(ts, os.X_OK):
+        return ts
+    print(f"creating {venv} and installing {REPO} into it ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "-e", REPO]
+    if subprocess.run(pip).returncode != 0:
+        # an offline machine: build with the venv's own setuptools
+        subprocess.run(pip + ["--no-build-isolation"], check=True)
+    return ts
+
+
+def spawn_ms(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall ms of spawn-to-reaped, and CPU ms (user+sys) of the whole tree.
+
+    wait4's usage covers the child and every descendant it (or they) waited
+    for - here the wrapper, its keeper and the shell. CPU time is much less
+    sensitive than wall time to other load on the machine.
+    """
+    t = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, env)
+    _, status, ru = os.wait4(pid, 0)
+    dt = (time.perf_counter() - t) * 1000
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv} failed with status {status}")
+    return dt, (ru.ru_utime + ru.ru_stime) * 1000
+
+
+PHASES = r"""
+import time, os, sys
+t0 = time.perf_counter()
+from tether.job import Job
+t1 = time.perf_counter()
+job = Job(name="bench", grace=0.5, mechanism=sys.argv[1])
+t2 = time.perf_counter()
+p = job.popen([sys.argv[2], "-c", "true"], close_fds=False)
+t3 = time.perf_counter()
+p.wait()
+t4 = time.perf_counter()
+job.terminate(0.5)
+job.close()
+t5 = time.perf_counter()
+print(*(round((b - a) * 1000, 3) for a, b in ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))))
+"""
+
+
+# A measurement-only prototype of a lean one-command path (NOT tether's code):
+# the wrapper forks a keeper; the keeper joins a cgroup (or becomes a subreaper),
+# posix_spawns the shell, waits, ends leftovers, reports the status by pipe.
+# It imports only os, sys, select and _signal (ctypes in the keeper for prctl).
+# Its time is the floor a lean path in the core could reach with this design.
+LEAN_PROTOTYPE = r"""
+import os, sys
+def cgroup_base():
+    mount = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] == "cgroup2":
+                mount = left.split(" ")[4]
+    with open("/proc/self/cgroup") as f:
+        own = [ln[3:].strip() for ln in f if ln.startswith("0::")][0]
+    return mount + own.rstrip("/")
+def write(path, data):
+    fd = os.open(path, os.O_WRONLY); os.write(fd, data); os.close(fd)
+def main():
+    import select, _signal
+    mech, shell, cmd = os.environ["LEAN_MECH"], os.environ["LEAN_SHELL"], sys.argv[2]
+    owner = os.getpid()
+    ofd = os.pidfd_open(owner)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.setpgid(0, 0)
+        for s in (1, 2, 3, 15, 20, 21, 22):
+            _signal.signal(s, _signal.SIG_IGN)
+        if mech == "subreaper":
+            import ctypes
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+        else:
+            base = cgroup_base()
+            job = f"{base}/lean-{owner}"
+            os.mkdir(job)
+            write(job + "/cgroup.procs", b"0")
+        child = os.posix_spawn(shell, [shell, "-c", cmd], os.environ, setpgroup=os.getpgid(owner),
+                               setsigdef=[1, 2, 3, 15, 20, 21, 22])
+        if mech != "subreaper":
+            write(base + "/cgroup.procs", b"0")
+        cfd = os.pidfd_open(child)
+        p = select.poll(); p.register(cfd, select.POLLIN); p.register(ofd, select.POLLIN)
+        status = 9
+        ev = dict(p.poll())
+        if cfd in ev:
+            _, status = os.waitpid(child, 0)
+        if mech == "subreaper":
+            me = os.getpid()
+            while True:
+                kids = []
+                for tid in os.listdir(f"/proc/{me}/task"):
+                    with open(f"/proc/{me}/task/{tid}/children") as f:
+                        kids += [int(x) for x in f.read().split()]
+                for k in kids:
+                    try: os.kill(k, 9)
+                    except OSError: pass
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+        else:
+            write(job + "/cgroup.kill", b"1")
+            while b"populated 0" not in open(job + "/cgroup.events", "rb").read():
+                pass
+            os.rmdir(job)
+        os.write(w, str(status).encode())
+        os._exit(0)
+    os.close(w)
+    data = os.read(r, 64)
+    os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(int(data or b"9")) & 0xFF)
+main()
+"""
+
+
+def importtime(py: str, env: dict[str, str], runs: int = 7) -> list[dict]:
+    """Median self/cumulative µs per module for `import tether.shell, tether.job`."""
+    per: dict[str, list[tuple[int, int]]] = {}
+    for _ in range(runs):
+        r = subprocess.run([py, "-X", "importtime", "-c", "import tether.shell, tether.job"],
+                           env=env, capture_output=True, text=True, check=True)
+        for line in r.stderr.splitlines():
+            if not line.startswith("import time:") or "self [us]" in line:
+                continue
+            _, self_us, cum, name = (x.strip() for x in line.replace("import time:", "|").split("|"))
+            per.setdefault(name.strip(), []).append((int(self_us), int(cum)))
+    rows = [{"module": m, "self_us": statistics.median(s for s, _ in v),
+             "cumulative_us": statistics.median(c for _, c in v)} for m, v in per.items()]
+    rows.sort(key=lambda r: -r["cumulative_us"])
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--venv", default=os.path.join(tempfile.gettempdir(), "tether-bench-shell-venv"))
+    ap.add_argument("--no-prototype", dest="prototype", action="store_false",
+                    help="skip the lean-path prototype rows (a design floor, not tether)")
+    a = ap.parse_args()
+    n = 40 if a.quick else a.n
+    ts = ensure_venv(a.venv)
+    py = os.path.join(a.venv, "bin", "python")
+    state = tempfile.mkdtemp(prefix="tether-bench-shell-state-")
+    # As users run it: no TETHER_ settings, and .pyc files written and used
+    # (PYTHONDONTWRITEBYTECODE would recompile the package on every command).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TETHER_") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    subprocess.run([py, "-m", "compileall", "-q", os.path.join(REPO, "src", "tether")], env=env,
+                   check=True)
+    env["XDG_STATE_HOME"] = state
+    sh, bash = shutil.which("sh"), shutil.which("bash")
+
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    from tether.platform import choose, probe
+
+    auto = choose("auto")
+    cases: dict[str, tuple[list[str], dict[str, str]]] = {
+        "sh -c true": ([sh, "-c", "true"], env),
+        "bash -c true": ([bash, "-c", "true"], env),
+        "python -c pass": ([py, "-c", "pass"], env),
+        "tether-shell -c true": ([ts, "-c", "true"], env),
+        "tether-shell (log off)": ([ts, "-c", "true"], {**env, "TETHER_SHELL_LOG": "off"}),
+    }
+    for m in ("cgroup", "subreaper", "pgroup"):
+        if m != auto and probe(m).available:
+            cases[f"tether-shell ({m})"] = ([ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": m})
+    real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    if a.prototype:
+        proto = os.path.join(state, "lean-prototype")
+        with open(proto, "w") as f:
+            f.write(f"#!{py}\n" + LEAN_PROTOTYPE)
+        os.chmod(proto, 0o755)
+        for m in ("cgroup", "subreaper"):
+            if probe(m).available:
+                cases[f"lean prototype ({m})"] = ([proto, "-c", "true"],
+                                                  {**env, "LEAN_MECH": m, "LEAN_SHELL": real_shell})
+
+    for argv, e in cases.values():  # warm the page cache and .pyc files
+        for _ in range(3):
+            spawn_ms(argv, e)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for _ in range(n):
+        random.shuffle(names)
+        for name in names:
+            argv, e = cases[name]
+            wall, used = spawn_ms(argv, e)
+            times[name].append(wall)
+            cpu[name].append(used)
+
+    phases = []
+    for _ in range(max(10, n // 5)):
+        r = subprocess.run([py, "-c", PHASES, auto, real_shell], env=env, capture_output=True,
+                           text=True, check=True)
+        phases.append([float(x) for x in r.stdout.split()])
+    phase_names = ["import tether.job", "Job()", "popen", "wait", "terminate+close"]
+    phase_ms = {p: round(statistics.median(row[i] for row in phases), 3)
+                for i, p in enumerate(phase_names)}
+    imports = importtime(py, env)
+
+    base = statistics.median(times["sh -c true"])
+    floor_cpu = statistics.median(cpu["python -c pass"])
+    rows = {}
+    for name in cases:
+        t = sorted(times[name])
+        med = statistics.median(t)
+        c = statistics.median(cpu[name])
+        rows[name] = {"median_ms": round(med, 3), "p90_ms": round(t[int(len(t) * 0.9)], 3),
+                      "min_ms": round(t[0], 3), "minus_sh_ms": round(med - base, 3),
+                      "ratio_to_sh": round(med / base, 2), "cpu_median_ms": round(c, 3),
+                      "cpu_over_python_floor": round(c / floor_cpu, 2)}
+    over = rows["tether-shell -c true"]["minus_sh_ms"]
+    out = {"bench": "shell", "n": n, "python": platform.python_version(), "kernel": platform.release(),
+           "uid": os.geteuid(), "auto": auto, "real_shell": real_shell, "load_avg": os.getloadavg(),
+           "cpus": os.cpu_count(), "target_minus_sh_ms": TARGET_MS, "meets_target": over <= TARGET_MS,
+           "commands": rows, "phases_ms": phase_ms,
+           "imports_top": ([r for r in imports if r["module"].startswith("tether")]
+                           + [r for r in imports[:20] if not r["module"].startswith("tether")])}
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+
+    print(f"start-up, {n} interleaved rounds (auto = {auto}, real shell = {real_shell}, "
+          f"load {out['load_avg'][0]:.1f} on {out['cpus']} cpus)")
+    print(f"  {'command':<28} {'median':>8} {'p90':>8} {'min':>8} {'-sh':>8} {'x sh':>6}"
+          f" {'cpu':>7} {'cpu/py':>6}")
+    for name, r in rows.items():
+        print(f"  {name:<28} {r['median_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['min_ms']:>8.2f} "
+              f"{r['minus_sh_ms']:>+8.2f} {r['ratio_to_sh']:>6.2f} {r['cpu_median_ms']:>7.2f}"
+              f" {r['cpu_over_python_floor']:>6.2f}")
+    print("  (ms; cpu = user+sys of the whole tree; cpu/py = cpu over `python -c pass`'s)")
+    print("  in-process phases (median ms): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
+    tops = [r for r in imports if r["module"] in ("tether.shell", "tether.job", "tether._shellargs",
+                                                   "tether.platform.posix", "socket", "subprocess",
+                                                   "tether.identity", "dataclasses", "typing")]
+    print("  imports (cumulative ms): "
+          + ", ".join(f"{r['module']} {r['cumulative_us'] / 1000:.1f}" for r in tops))
+    verdict = "meets" if over <= TARGET_MS else "MISSES"
+    print(f"tether-shell - sh = {over:+.2f} ms at the median: {verdict} the {TARGET_MS:.0f} ms target")
+    print(f"wrote {os.path.relpath(RESULTS, REPO)}")
+    shutil.rmtree(state, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

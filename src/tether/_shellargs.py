@@ -1,0 +1,518 @@
+"""Pure pieces of ``tether-shell``: argument parsing and finding the real shell.
+
+Kept apart from ``tether.shell`` so they can be tested (and property-tested)
+as plain functions on any platform, and so the wrapper's hot path imports
+nothing heavy: only ``os`` and ``sys``, which the interpreter has loaded anyway.
+
+SHELL mode (what ``$SHELL -c CMD`` callers pass)::
+
+    -c CMD [ARG0 [ARG...]]        -lc CMD    -l -c CMD    -lc -c CMD    -c -l CMD
+    --login, -, -- accepted as bash does; ARG0 ARG... become $0 $1 ... as with sh -c
+
+COMSPEC mode (what ``%COMSPEC% /c CMD`` callers pass, Windows only)::
+
+    /c CMD      /d /s /c CMD      (flags case-insensitive; /d and /s in any order)
+
+Anything else - an unknown flag, a missing command, a script operand - is a
+``UsageError`` (exit 2, one line); one mode never falls through to the other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections.abc/typing cost milliseconds of start-up: hints only
+    from collections.abc import Callable, Mapping, Sequence
+
+SHELL = "shell"
+COMSPEC = "comspec"
+
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 127
+
+# Login shells that only refuse logins; never use one as the real shell.
+_NOT_SHELLS = frozenset({"nologin", "false", "true", "sync", "halt", "shutdown"})
+# Bytes that mark a file as (a launcher or copy of) tether-shell.
+_MARKERS = (b"tether.shell", b"tether-shell", b"tether shell")
+_PROBE = 4096
+
+
+class UsageError(Exception):
+    """A bad invocation: exit 2 with ``str(self)`` as the one-line message."""
+
+    code = EXIT_USAGE
+
+
+class ShellNotFound(Exception):
+    """No real shell could be found: exit 127 with the message."""
+
+    code = EXIT_NOT_FOUND
+
+
+class Parsed:
+    """One parsed invocation.
+
+    ``mode``: ``"shell"`` or ``"comspec"``. ``login``: ``-l``/``--login`` was
+    given. ``command``: CMD. ``args``: what follows CMD (``$0 $1 ...``; in
+    COMSPEC mode the words after ``/c`` are joined into ``command`` instead).
+    ``flags``: the COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``.
+    """
+
+    __slots__ = ("mode", "login", "command", "args", "flags")
+
+    def __init__(self, mode: str, command: str, args: Sequence[str] = (), login: bool = False,
+                 flags: Sequence[str] = ()) -> None:
+        self.mode = mode
+        self.command = command
+        self.args = tuple(args)
+        self.login = login
+        self.flags = tuple(flags)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Parsed):
+            return NotImplemented
+        return all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
+
+    def __repr__(self) -> str:
+        return (f"Parsed(mode={self.mode!r}, command={self.command!r}, args={self.args!r}, "
+                f"login={self.login!r}, flags={self.flags!r})")
+
+
+def is_comspec_flag(arg: str) -> bool:
+    """``/c``-like: a slash and one letter (or ``?``), as cmd.exe's switches are."""
+    return len(arg) == 2 and arg[0] == "/" and (arg[1].isalpha() or arg[1] == "?")
+
+
+def parse(argv: Sequence[str]) -> Parsed:
+    """Parse the arguments after the program name; raise ``UsageError``."""
+    if not argv:
+        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+    if is_comspec_flag(argv[0]):
+        return _parse_comspec(argv)
+    return _parse_shell(argv)
+
+
+def _parse_shell(argv: Sequence[str]) -> Parsed:
+    login = False
+    saw_c = False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--", "-"):
+            i += 1
+            break
+        if arg == "--login":
+            login = True
+        elif arg.startswith("--"):
+            raise UsageError(f"unrecognised option {arg!r} (supported: -c CMD, -l, --login)")
+        elif arg.startswith("-"):
+            for ch in arg[1:]:
+                if ch == "c":
+                    saw_c = True
+                elif ch == "l":
+                    login = True
+                else:
+                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} "
+                                     "(supported: -c CMD, -l, --login)")
+        else:
+            break
+        i += 1
+    if not saw_c:
+        if i < len(argv):
+            raise UsageError("missing -c: tether-shell runs a command string (-c CMD), "
+                             "not a script or an interactive shell")
+        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+    if i >= len(argv):
+        raise UsageError("-c requires a command")
+    return Parsed(SHELL, argv[i], argv[i + 1:], login=login)
+
+
+def _parse_comspec(argv: Sequence[str]) -> Parsed:
+    flags: list[str] = []
+    for i, arg in enumerate(argv):
+        low = arg.lower()
+        if low in ("/d", "/s"):
+            flags.append(arg)
+            continue
+        if low == "/c":
+            flags.append(arg)
+            rest = argv[i + 1:]
+            if not rest:
+                raise UsageError(f"{arg} requires a command")
+            return Parsed(COMSPEC, " ".join(rest), (), flags=flags)
+        if arg.startswith("/") or arg.startswith("-"):
+            raise UsageError(f"unrecognised flag {arg!r} (supported: /c CMD, /d /s /c CMD)")
+        raise UsageError("missing /c: COMSPEC mode runs a command (/c CMD or /d /s /c CMD)")
+    raise UsageError("missing /c CMD (supported: /c CMD, /d /s /c CMD)")
+
+
+# -- Windows command lines ------------------------------------------------------
+
+def split_windows(cmdline: str) -> list[tuple[str, int, int]]:
+    """Split a Windows command line the way the C runtime does, keeping spans.
+
+    Returns ``(word, start, end)`` for each argument; ``cmdline[start:end]``
+    is the raw text of the argument. The program name (first word) follows
+    its own rule: up to the next quote if it starts with one, else up to
+    white space, with no backslash processing. The rest follow
+    CommandLineToArgvW: ``2n`` backslashes before a quote give ``n`` and
+    toggle quoting, ``2n+1`` give ``n`` and a literal quote, ``""`` inside
+    quotes is a literal quote.
+    """
+    out: list[tuple[str, int, int]] = []
+    n = len(cmdline)
+    i = 0
+    ws = " \t"
+    # program name
+    while i < n and cmdline[i] in ws:
+        i += 1
+    if i >= n:
+        return out
+    start = i
+    if cmdline[i] == '"':
+        j = cmdline.find('"', i + 1)
+        if j < 0:
+            out.append((cmdline[i + 1:], start, n))
+            return out
+        out.append((cmdline[i + 1:j], start, j + 1))
+        i = j + 1
+    else:
+        while i < n and cmdline[i] not in ws:
+            i += 1
+        out.append((cmdline[start:i], start, i))
+    while True:
+        while i < n and cmdline[i] in ws:
+            i += 1
+        if i >= n:
+            return out
+        start = i
+        word: list[str] = []
+        quoted = False
+        while i < n:
+            c = cmdline[i]
+            if c == "\\":
+                j = i
+                while j < n and cmdline[j] == "\\":
+                    j += 1
+                count = j - i
+                if j < n and cmdline[j] == '"':
+                    word.append("\\" * (count // 2))
+                    if count % 2:
+                        word.append('"')
+                        i = j + 1
+                    else:
+                        i = j  # the quote toggles below
+                else:
+                    word.append("\\" * count)
+                    i = j
+                continue
+            if c == '"':
+                if quoted and i + 1 < n and cmdline[i + 1] == '"':
+                    word.append('"')
+                    i += 2
+                    continue
+                quoted = not quoted
+                i += 1
+                continue
+            if c in ws and not quoted:
+                break
+            word.append(c)
+            i += 1
+        out.append(("".join(word), start, i))
+
+
+def comspec_tail(cmdline: str, user_args: Sequence[str]) -> str | None:
+    """The raw text of a COMSPEC invocation, from its first flag to the end.
+
+    ``cmdline`` is the process's whole command line (``GetCommandLineW``),
+    which may start with a launcher's prefix (``python.exe script ...``);
+    ``user_args`` is ``sys.argv[1:]``. The flags ``/d /s /c`` are found at
+    the first position where the split words equal ``user_args``' flags;
+    from there on the text is returned verbatim, so cmd.exe gets exactly the
+    quoting the caller wrote (``/s`` quote stripping depends on it).
+    Returns None when the flags cannot be found (caller falls back to a
+    re-quoted command).
+    """
+    nflags = 0
+    for a in user_args:
+        nflags += 1
+        if a.lower() == "/c":
+            break
+    else:
+        return None
+    want = [a.lower() for a in user_args[:nflags]]
+    words = split_windows(cmdline)
+    for k in range(1, len(words) - nflags):
+        if [w[0].lower() for w in words[k:k + nflags]] == want:
+            return cmdline[words[k][1]:].rstrip()
+    return None
+
+
+# -- finding the real shell -----------------------------------------------------
+
+def _is_exe_file(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o100000 and os.access(path, os.X_OK)
+
+
+def which(name: str, path_env: str | None) -> str | None:
+    """execvp-style search of ``name`` in a PATH string (no shutil: start-up cost)."""
+    for d in (path_env or "").split(os.pathsep):
+        if not d or not os.path.isabs(d):
+            continue  # a relative PATH entry would depend on the command's cwd
+        cand = os.path.join(d, name)
+        if _is_exe_file(cand):
+            return cand
+    return None
+
+
+def _file_marks(path: str) -> bytes:
+    """The first and last few KiB of a file (launchers put their script at one end)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_PROBE)
+            size = os.fstat(f.fileno()).st_size
+            if size > 2 * _PROBE:
+                f.seek(size - _PROBE)
+                return head + f.read(_PROBE)
+            return head + f.read()
+    except OSError:
+        return b""
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class SelfCheck:
+    """Is a path tether-shell itself - the same file, a symlink, a hard link or a copy?
+
+    ``self_paths``: paths this process was started through (the console
+    script, ``sys.argv[0]``). A candidate is "self" when it resolves to the
+    same file, is byte-identical to it, or is a launcher/script that names
+    tether's shell module (``tether.shell`` / ``tether-shell``): a copy of the
+    console script from another environment, or a wrapper that execs it.
+    """
+
+    def __init__(self, self_paths: Sequence[str]) -> None:
+        self.paths = [p for p in self_paths if p and os.path.isfile(p)]
+        self._real = {os.path.realpath(p) for p in self.paths}
+        self._bytes: dict[str, bytes] = {}
+
+    def __call__(self, cand: str) -> bool:
+        if os.path.basename(cand).lower() in ("tether-shell", "tether-shell.exe"):
+            return True
+        if os.path.realpath(cand) in self._real:
+            return True
+        for p in self.paths:
+            if same_file(cand, p):
+                return True
+        marks = _file_marks(cand)
+        if any(m in marks for m in _MARKERS):
+            return True
+        try:
+            size = os.path.getsize(cand)
+        except OSError:
+            return False
+        for p in self.paths:
+            try:
+                if os.path.getsize(p) != size:
+                    continue
+                if p not in self._bytes:
+                    with open(p, "rb") as f:
+                        self._bytes[p] = f.read()
+                with open(cand, "rb") as f:
+                    if f.read() == self._bytes[p]:
+                        return True
+            except OSError:
+                continue
+        return False
+
+
+def check_tether_shell(value: str, is_self: Callable[[str], bool], windows: bool = False) -> str:
+    """Validate ``$TETHER_SHELL``: absolute, existing, executable, not tether-shell."""
+    if not (os.path.isabs(value) if not windows else _win_isabs(value)):
+        raise UsageError(f"TETHER_SHELL must be an absolute path, not {value!r}")
+    if not os.path.exists(value):
+        raise UsageError(f"TETHER_SHELL={value} does not exist")
+    if not windows and not _is_exe_file(value):
+        raise UsageError(f"TETHER_SHELL={value} is not an executable file")
+    if windows and not os.path.isfile(value):
+        raise UsageError(f"TETHER_SHELL={value} is not a file")
+    if is_self(value):
+        raise UsageError(f"TETHER_SHELL={value} is tether-shell itself; "
+                         "point it at a real shell such as /bin/bash")
+    return value
+
+
+def _win_isabs(p: str) -> bool:
+    # ntpath.isabs without importing ntpath on POSIX: drive + separator, or UNC.
+    return (len(p) >= 3 and p[1] == ":" and p[2] in "\\/") or p.startswith(("\\\\", "//"))
+
+
+def login_shell() -> str | None:
+    """The user's login shell from the password database (not ``$SHELL``: that is us)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_shell or None
+    except (ImportError, KeyError, OSError):
+        return None
+
+
+def find_posix_shell(env: Mapping[str, str], is_self: Callable[[str], bool],
+                     login: str | None = None, fallback: str = "/bin/sh") -> str:
+    """The documented POSIX search: login shell (if not tether-shell), bash on PATH, /bin/sh."""
+    cands: list[str | None] = [
+        login,
+        which("bash", env.get("PATH", os.defpath)),
+        fallback,
+    ]
+    for c in cands:
+        if not c or not os.path.isabs(c):
+            continue
+        if os.path.basename(c) in _NOT_SHELLS or not _is_exe_file(c):
+            continue
+        if is_self(c):
+            continue
+        return c
+    raise ShellNotFound("no shell found (tried the login shell, bash on PATH, /bin/sh); "
+                        "set TETHER_SHELL to an absolute path")
+
+
+def pwsh_major(path: str) -> int | None:
+    """PowerShell's major version from its install, without running it (too slow).
+
+    ``pwsh.deps.json`` next to the binary names the app as ``"pwsh/7.4.1"``;
+    else an install folder named ``7``, ``7-preview`` or ``7.4.1`` tells.
+    None when neither does.
+    """
+    d = os.path.dirname(path)
+    deps = os.path.join(d, "pwsh.deps.json")
+    try:
+        with open(deps, "rb") as f:
+            data = f.read(1 << 16)
+        k = data.find(b'"pwsh/')
+        if k >= 0:
+            digits = data[k + 6:k + 12].split(b".")[0]
+            if digits.isdigit():
+                return int(digits)
+    except OSError:
+        pass
+    base = os.path.basename(d.rstrip("\\/").replace("\\", "/").split("/")[-1])
+    head = base.split("-")[0].split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def find_windows_shell(env: Mapping[str, str], is_self: Callable[[str], bool],
+                       pathsep: str = ";", sep: str = "\\") -> str:
+    """The documented Windows SHELL-mode search: pwsh >= 7 on PATH, then
+    ``%ProgramFiles%\\PowerShell\\7\\pwsh.exe``.
+
+    ``pathsep``/``sep`` are Windows' own; tests on POSIX pass ``:`` and ``/``
+    to run the same search over real files.
+    """
+    path = _env_get(env, "PATH") or ""
+    for d in path.split(pathsep):
+        d = d.strip().strip('"')
+        if not d:
+            continue
+        cand = _win_join(d, "pwsh.exe", sep=sep)
+        if os.path.isfile(cand) and not is_self(cand):
+            major = pwsh_major(cand)
+            if major is None or major >= 7:
+                return cand
+    pf = _env_get(env, "ProgramFiles")
+    if pf:
+        cand = _win_join(pf, "PowerShell", "7", "pwsh.exe", sep=sep)
+        if os.path.isfile(cand) and not is_self(cand):
+            return cand
+    raise ShellNotFound("no PowerShell 7 found (pwsh.exe on PATH or in "
+                        "%ProgramFiles%\\PowerShell\\7); set TETHER_SHELL to a shell's full path")
+
+
+def comspec_path(env: Mapping[str, str]) -> str:
+    """``%SystemRoot%\\System32\\cmd.exe`` - never ``%COMSPEC%``, which is us."""
+    root = _env_get(env, "SystemRoot") or _env_get(env, "windir") or "C:\\Windows"
+    return _win_join(root, "System32", "cmd.exe")
+
+
+def _env_get(env: Mapping[str, str], name: str) -> str | None:
+    # Windows environment names are case-insensitive.
+    if name in env:
+        return env[name]
+    low = name.lower()
+    for k, v in env.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _win_join(*parts: str, sep: str = "\\") -> str:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.rstrip("\\/") + sep + p
+    return out
+
+
+def shell_flavour(path: str) -> str:
+    """``posix``, ``pwsh`` or ``cmd``: how to pass ``-c CMD`` to this shell."""
+    base = path.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if base.endswith(".exe"):
+        base = base[:-4]
+    if base in ("pwsh", "powershell"):
+        return "pwsh"
+    if base == "cmd":
+        return "cmd"
+    return "posix"
+
+
+def shell_argv(shell: str, parsed: Parsed, windows: bool = False) -> list[str]:
+    """The real shell's argv for a SHELL-mode invocation.
+
+    POSIX shells get ``[shell, -l, -c, CMD, ARG0, ...]`` (``-l`` only when
+    asked): argv[0] is the real shell's path, as when a caller runs it
+    directly. PowerShell gets ``-Command CMD`` (its ``-Login`` is
+    Linux/macOS-only, so dropped on Windows); cmd.exe gets ``/d /c CMD``.
+    """
+    flavour = shell_flavour(shell)
+    if flavour == "pwsh":
+        argv = [shell, "-NoLogo"]
+        if parsed.login and not windows:
+            argv.insert(1, "-Login")  # must be the first parameter
+        return argv + ["-Command", parsed.command, *parsed.args]
+    if flavour == "cmd":
+        return [shell, "/d", "/c", parsed.command, *parsed.args]
+    argv = [shell]
+    if parsed.login:
+        argv.append("-l")
+    return argv + ["-c", parsed.command, *parsed.args]
+
+
+def resolve(parsed: Parsed, env: Mapping[str, str], is_self: Callable[[str], bool],
+            windows: bool | None = None, login: str | None = None) -> str:
+    """The program to run for ``parsed``: ``TETHER_SHELL``, else the documented search.
+
+    COMSPEC mode always runs ``%SystemRoot%\\System32\\cmd.exe``.
+    """
+    if windows is None:
+        windows = sys.platform == "win32"
+    if parsed.mode == COMSPEC:
+        if not windows:
+            raise UsageError("COMSPEC mode (/c CMD) is only available on Windows; "
+                             "use -c CMD here")
+        return comspec_path(env)
+    value = _env_get(env, "TETHER_SHELL") if windows else env.get("TETHER_SHELL")
+    if value:
+        return check_tether_shell(value, is_self, windows)
+    if windows:
+        return find_windows_shell(env, is_self)
+    return find_posix_shell(env, is_self, login if login is not None else login_shell())

@@ -1,0 +1,585 @@
+"""``tether-shell``: a SHELL / COMSPEC drop-in that runs every command in its own job.
+
+Agent CLIs run each command as ``$SHELL -c CMD`` (or ``%COMSPEC% /c CMD``).
+With ``SHELL=/path/to/tether-shell`` each command runs in the real shell,
+inside a tether job: when the command returns, whatever it left behind
+(``sleep 60 &``, ``nohup ... &``, a double-forked daemon) is ended within a
+short grace; when the wrapper is killed - alone or with its whole process
+group, even by SIGKILL - the job's keeper ends the command's whole tree.
+
+Transparent: the command sees the same PIDs, user, ``/proc``, environment,
+file descriptors, terminal and process group as under the real shell (the
+job mechanism is ``auto``, which never picks a PID namespace: cgroup or
+subreaper on Linux, a Job Object on Windows; on macOS/BSD the process-group
+mechanism, under which the command leads its own process group). The exit
+status comes back; a command killed by signal N kills the wrapper with N.
+
+Environment (all optional)::
+
+    TETHER_SHELL            absolute path of the real shell (else: login shell,
+                            bash on PATH, /bin/sh; Windows: pwsh >= 7)
+    TETHER_SHELL_GRACE      seconds leftovers get between SIGTERM and SIGKILL (0.5)
+    TETHER_SHELL_MECHANISM  auto (default), cgroup, subreaper or pgroup
+    TETHER_SHELL_LOG        "off" (or 0) turns the per-day audit log off
+    TETHER_SHELL_LOG_DAYS   days of logs kept (14)
+    TETHER_SHELL_LOG_MAX_BYTES  cap of one day's log file (4 MiB)
+
+Exit statuses: the command's; 2 bad invocation or bad ``TETHER_SHELL``
+(one line on stderr, nothing run); 125 tether could not create the job; 126
+the shell could not be executed; 127 no shell found.
+
+Start-up is measured by ``bench/shell.py``: this module imports only
+``os``/``sys`` at module level; the job machinery (``tether.job``) is loaded
+when a command really runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
+
+DEFAULT_GRACE = 0.5
+DEFAULT_LOG_DAYS = 14
+DEFAULT_LOG_MAX_BYTES = 4 * 2**20
+EXIT_USAGE = 2
+EXIT_INTERNAL = 125
+EXIT_NOEXEC = 126
+EXIT_NOT_FOUND = 127
+_PROG = "tether-shell"
+_MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
+_STOP_SIGNALS = ("SIGTERM", "SIGHUP")  # end the job now, then die by the same signal
+_DEFER_SIGNALS = ("SIGINT", "SIGQUIT")  # the command gets them from the terminal itself
+
+
+def _say(msg: str) -> None:
+    # One line, straight to fd 2: no buffered sys.stderr to flush before os._exit.
+    try:
+        os.write(2, f"{_PROG}: {msg}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+# -- the per-day audit log ---------------------------------------------------------
+
+def log_dir(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """Where the log lives: ``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``,
+    else ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``) - the same
+    state directory as tether's spawn-audit log."""
+    env = os.environ if env is None else env
+    d = env.get("TETHER_STATE_DIR")
+    if d:
+        return os.path.expanduser(d)
+    if sys.platform == "win32":
+        base = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+        return os.path.join(base, "tether")
+    xdg = env.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: ignore a relative value
+        return os.path.join(xdg, "tether")
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "tether")
+
+
+def _json_value(v: object) -> str:
+    # The log holds only numbers, booleans and fixed identifiers we choose
+    # (never user text), so a tiny encoder does; json costs ~1 ms to import.
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return repr(round(v, 3))
+    if isinstance(v, dict):
+        return "{" + ",".join(f'"{k}":{_json_value(x)}' for k, x in v.items()) + "}"
+    s = "".join(c if (c.isascii() and (c.isalnum() or c in "-_.:")) else "_" for c in str(v))
+    return f'"{s[:64]}"'
+
+
+class ShellLog:
+    """One JSON Lines file per UTC day: ``shell-YYYY-MM-DD.jsonl`` in :func:`log_dir`.
+
+    Record fields: ``v`` (schema 1), ``ts`` (epoch seconds), ``event``
+    (``start``/``exit``/``error``), ``wrapper`` (this pid), ``parent`` (its
+    caller's pid), ``child`` (the shell's pid or null), ``mode``
+    (``shell``/``comspec``), ``mechanism``, ``detail`` (``argc`` and
+    ``login`` at start; ``code`` or ``signal``, ``leftovers`` and ``ms`` at
+    exit; ``error`` - a fixed code such as ``ENOENT`` - for errors). Never
+    command text, arguments or environment values.
+
+    Each record is one ``os.write`` on an ``O_APPEND`` descriptor (lines of
+    concurrent wrappers never interleave on a local file system). Files older
+    than ``keep_days`` are deleted when a day's file is created; a day's file
+    stops growing at ``max_bytes`` (one ``capped`` record marks it). A
+    directory that cannot be created, is a symlink, belongs to someone else
+    or is writable by others turns logging off; the command runs anyway.
+    """
+
+    def __init__(self, directory: str, keep_days: int = DEFAULT_LOG_DAYS,
+                 max_bytes: int = DEFAULT_LOG_MAX_BYTES) -> None:
+        self.directory = directory
+        self.keep_days = keep_days
+        self.max_bytes = max_bytes
+        self.fd: int | None = None
+        self.path: str | None = None
+        self.size = 0
+        self.off = False
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> ShellLog | None:
+        env = os.environ if env is None else env
+        if env.get("TETHER_SHELL_LOG", "").lower() in ("0", "off", "no", "false"):
+            return None
+        try:
+            directory = log_dir(env)
+        except (KeyError, RuntimeError):  # no home directory at all
+            return None
+        return cls(directory, _int_env(env, "TETHER_SHELL_LOG_DAYS", DEFAULT_LOG_DAYS),
+                   _int_env(env, "TETHER_SHELL_LOG_MAX_BYTES", DEFAULT_LOG_MAX_BYTES))
+
+    def _open(self) -> bool:
+        if self.fd is not None:
+            return True
+        if self.off:
+            return False
+        try:
+            try:
+                st = os.lstat(self.directory)
+            except FileNotFoundError:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                st = os.lstat(self.directory)
+            if not _safe_dir(st):
+                self.off = True
+                return False
+            import time
+
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            self.path = os.path.join(self.directory, f"shell-{day}.jsonl")
+            flags = (os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+            try:
+                self.fd = os.open(self.path, flags)
+            except FileNotFoundError:
+                try:
+                    self.fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                    self.prune(day)  # the first wrapper of a day cleans up old days
+                except FileExistsError:
+                    self.fd = os.open(self.path, flags)
+            self.size = os.fstat(self.fd).st_size
+        except OSError:
+            self.off = True
+            return False
+        return True
+
+    def prune(self, today: str | None = None) -> list[str]:
+        """Delete ``shell-*.jsonl`` files older than ``keep_days``; return their names."""
+        import time
+
+        if today is None:
+            today = time.strftime("%Y-%m-%d", time.gmtime())
+        try:
+            y, m, d = (int(x) for x in today.split("-"))
+            # days since epoch, from the calendar date (no datetime import)
+            t0 = time.mktime((y, m, d, 12, 0, 0, 0, 0, 0))
+        except (ValueError, OverflowError):
+            return []
+        removed = []
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        for name in names:
+            if not (name.startswith("shell-") and name.endswith(".jsonl") and len(name) == 22):
+                continue
+            try:
+                y, m, d = (int(x) for x in name[6:16].split("-"))
+                t = time.mktime((y, m, d, 12, 0, 0, 0, 0, 0))
+            except (ValueError, OverflowError):
+                continue
+            if (t0 - t) / 86400 >= self.keep_days - 0.5:
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                    removed.append(name)
+                except OSError:
+                    pass
+        return removed
+
+    def write(self, event: str, *, child: int | None, mode: str | None,
+              mechanism: str | None, detail: dict[str, object]) -> bool:
+        if not self._open():
+            return False
+        import time
+
+        rec = {"v": 1, "ts": time.time(), "event": event, "wrapper": os.getpid(),
+               "parent": os.getppid(), "child": child, "mode": mode, "mechanism": mechanism,
+               "detail": detail}
+        line = (_json_value(rec) + "\n").encode()
+        # Room is kept for the one "capped" marker, so the file never passes the cap.
+        if self.size + len(line) > self.max_bytes - _CAP_RESERVE:
+            if self.size > self.max_bytes - _CAP_RESERVE:
+                return False
+            line = (_json_value({"v": 1, "ts": time.time(), "event": "error",
+                                 "wrapper": os.getpid(), "detail": {"error": "capped"}})
+                    + "\n").encode()
+            self.size = self.max_bytes  # nothing more today
+        try:
+            os.write(self.fd, line)
+        except OSError:
+            self.off = True
+            return False
+        self.size += len(line)
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
+_CAP_RESERVE = 128  # > the length of the "capped" record
+
+
+def _safe_dir(st: os.stat_result) -> bool:
+    if (st.st_mode & 0o170000) != 0o040000:  # a directory, not a symlink to one
+        return False
+    if sys.platform == "win32":
+        return True
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _int_env(env, name: str, default: int) -> int:
+    try:
+        v = int(env.get(name, ""))
+        return v if v > 0 else default
+    except ValueError:
+        return default
+
+
+def _float_env(env, name: str, default: float) -> float:
+    try:
+        v = float(env.get(name, ""))
+        return v if v >= 0 else default
+    except ValueError:
+        return default
+
+
+def _errcode(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        import errno
+
+        return errno.errorcode.get(exc.errno, f"E{exc.errno}")
+    return type(exc).__name__
+
+
+# -- running one command -------------------------------------------------------------
+
+def _self_paths() -> list[str]:
+    paths = []
+    a0 = sys.argv[0] if sys.argv else ""
+    if a0 and a0 not in ("-c", "-m"):
+        paths.append(os.path.abspath(a0))
+        if sys.platform == "win32":  # pip's launcher strips ".exe" from argv[0]
+            paths.append(os.path.abspath(a0) + ".exe")
+    return paths
+
+
+def _windows_command(parsed, argv: list[str], comspec: str) -> str:
+    """COMSPEC mode on Windows: cmd.exe gets the caller's raw flags and command text."""
+    import ctypes
+
+    get = ctypes.windll.kernel32.GetCommandLineW
+    get.restype = ctypes.c_wchar_p
+    cmdline = get() or ""
+    from ._shellargs import comspec_tail
+
+    tail = comspec_tail(cmdline, argv)
+    if tail is None:
+        tail = " ".join(parsed.flags) + " " + parsed.command
+    return f'"{comspec}" {tail}'
+
+
+def cli(argv: list[str]) -> int:
+    """Run ``tether-shell ARGS``; return the exit status (``tether shell ARGS`` calls this).
+
+    A command killed by signal N makes this process die by N, as a shell's
+    caller expects; if that does not end it, 128+N is returned.
+    """
+    from . import _shellargs as sa
+
+    env = os.environ
+    log = ShellLog.from_env(env)
+    windows = sys.platform == "win32"
+    mode = None
+    try:
+        parsed = sa.parse(argv)
+        mode = parsed.mode
+        shell = sa.resolve(parsed, env, sa.SelfCheck(_self_paths()), windows)
+        mech = env.get("TETHER_SHELL_MECHANISM") or "auto"
+        if mech not in _MECHANISMS:
+            raise sa.UsageError(f"TETHER_SHELL_MECHANISM must be one of {', '.join(_MECHANISMS)} "
+                                f"(the shell wrapper is always transparent), not {mech!r}")
+    except (sa.UsageError, sa.ShellNotFound) as exc:
+        _say(str(exc))
+        if log is not None:
+            log.write("error", child=None, mode=mode, mechanism=None,
+                      detail={"error": "usage" if exc.code == EXIT_USAGE else "no-shell",
+                              "argc": len(argv)})
+        return exc.code
+    if parsed.mode == sa.COMSPEC:
+        args: object = _windows_command(parsed, argv, shell)
+    else:
+        args = sa.shell_argv(shell, parsed, windows)
+    grace = _float_env(env, "TETHER_SHELL_GRACE", DEFAULT_GRACE)
+    return _run(args, shell, parsed, len(argv), mech, grace, log)
+
+
+def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
+         log: ShellLog | None) -> int:
+    import time
+
+    t0 = time.monotonic()
+    try:
+        os.getcwd()
+    except OSError as exc:
+        # The job's keeper starts the shell in our working directory, by path.
+        _say(f"the current directory is gone ({exc.strerror}); nothing was run")
+        if log is not None:
+            log.write("error", child=None, mode=parsed.mode, mechanism=None,
+                      detail={"error": "cwd-" + _errcode(exc)})
+        return EXIT_NOEXEC
+    # Handlers first, so no signal is lost while the job is set up. A Python
+    # handler is not SIG_IGN, so the command still starts with SIG_DFL for them.
+    sigs = _Signals()
+    try:
+        return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0)
+    finally:
+        sigs.restore()
+
+
+def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
+    import time
+
+    try:
+        from .job import Job
+
+        job = Job(name="tether-shell", mechanism=mech, grace=grace)
+    except Exception as exc:  # noqa: BLE001 - JobRefused, fork EAGAIN...: one line, exit 125
+        _say(f"cannot create a job, nothing was run: {exc}")
+        if log is not None:
+            log.write("error", child=None, mode=parsed.mode, mechanism=mech,
+                      detail={"error": _errcode(exc)})
+        return EXIT_INTERNAL
+    p = None
+    stop = None
+    leftovers: list = []
+    try:
+        early = sigs.first(any_kind=True)
+        if early is not None:
+            # Interrupted before the command existed: run nothing, die as a shell would.
+            job.close()
+            return _die_by(early)
+        try:
+            # close_fds=False: the command inherits every inheritable fd, as under sh.
+            p = job.popen(args, executable=shell, close_fds=False)
+        except OSError as exc:
+            code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
+            _say(f"{shell}: {exc.strerror or exc}")
+            if log is not None:
+                log.write("error", child=None, mode=parsed.mode, mechanism=job.mechanism,
+                          detail={"error": _errcode(exc)})
+            return code
+        except Exception as exc:  # noqa: BLE001 - a refused spawn (JobRefused): nothing ran
+            _say(f"cannot start the shell in a job: {exc}")
+            if log is not None:
+                log.write("error", child=None, mode=parsed.mode, mechanism=job.mechanism,
+                          detail={"error": _errcode(exc)})
+            return EXIT_INTERNAL
+        if log is not None:
+            log.write("start", child=p.pid, mode=parsed.mode, mechanism=job.mechanism,
+                      detail={"argc": argc, "login": parsed.login})
+        stop = _wait(p, sigs)
+        if stop is not None:
+            # The caller asked us to stop: end the whole job now (grace, then SIGKILL).
+            job.terminate(grace)
+            try:
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - status unknown: report the stop signal
+                pass
+        leftovers = job.terminate(grace)
+    finally:
+        job.close()
+    rc = p.returncode
+    if log is not None:
+        detail: dict[str, object] = {}
+        if rc is None:
+            detail["error"] = "no-status"
+        elif rc < 0:
+            detail["signal"] = -rc
+        else:
+            detail["code"] = rc
+        detail["leftovers"] = len(leftovers)
+        detail["ms"] = round((time.monotonic() - t0) * 1000, 1)
+        if stop is not None:
+            detail["stopped_by"] = stop
+        log.write("exit", child=p.pid, mode=parsed.mode, mechanism=job.mechanism, detail=detail)
+        log.close()
+    if stop is not None:
+        return _die_by(stop)
+    if rc is None:
+        return EXIT_INTERNAL
+    if rc < 0:
+        return _die_by(-rc)
+    return rc
+
+
+class _Signals:
+    """Record SIGTERM/SIGHUP (stop the job) and SIGINT/SIGQUIT (deferred), wake a poll.
+
+    Signals our caller set to SIG_IGN (``nohup``, a background job) stay ignored.
+    """
+
+    def __init__(self) -> None:
+        import signal
+
+        self.got: list[int] = []
+        self.stops: set[int] = set()
+        self.old: dict[int, object] = {}
+        self.rfd = self.wfd = -1
+        self.old_wakeup = -1
+        for name in _STOP_SIGNALS + _DEFER_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                prev = signal.getsignal(sig)
+                if prev == signal.SIG_IGN:
+                    continue
+                signal.signal(sig, self._on_signal)
+            except (OSError, ValueError):
+                continue
+            self.old[int(sig)] = prev
+            if name in _STOP_SIGNALS:
+                self.stops.add(int(sig))
+        if hasattr(os, "pipe2"):
+            self.rfd, self.wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                self.old_wakeup = signal.set_wakeup_fd(self.wfd, warn_on_full_buffer=False)
+            except (ValueError, OSError):  # not the main thread
+                os.close(self.rfd)
+                os.close(self.wfd)
+                self.rfd = self.wfd = -1
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.got.append(signum)
+
+    def first(self, any_kind: bool = False) -> int | None:
+        for s in self.got:
+            if any_kind or s in self.stops:
+                return s
+        return None
+
+    def drain(self) -> None:
+        try:
+            os.read(self.rfd, 512)
+        except OSError:
+            pass
+
+    def restore(self) -> None:
+        import signal
+
+        if self.wfd >= 0:
+            try:
+                signal.set_wakeup_fd(self.old_wakeup)
+            except (ValueError, OSError):
+                pass
+            os.close(self.rfd)
+            os.close(self.wfd)
+            self.rfd = self.wfd = -1
+        for sig, prev in self.old.items():
+            try:
+                signal.signal(sig, prev)
+            except (OSError, ValueError, TypeError):
+                pass
+        self.old.clear()
+
+
+def _wait(p, sigs: _Signals) -> int | None:
+    """Wait for the shell; return None, or the stop signal (SIGTERM/SIGHUP) we received.
+
+    SIGINT and SIGQUIT are recorded but not acted on, like a shell waiting for
+    a foreground command: the command is in our process group, so a terminal's
+    Ctrl+C (or the caller's killpg) reaches it directly.
+    """
+    # The job's Popen holds a pidfd of the shell (JobPopen._pidfd; see the report
+    # for a public accessor): poll it together with the signal wake-up pipe.
+    pidfd = getattr(p, "_pidfd", None)
+    if pidfd is None or sigs.rfd < 0:
+        import subprocess
+
+        while True:
+            stop = sigs.first()
+            if stop is not None:
+                return stop
+            try:
+                p.wait(timeout=0.1)
+                return None
+            except subprocess.TimeoutExpired:
+                continue
+    import select
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(sigs.rfd, select.POLLIN)
+    while p.poll() is None:
+        stop = sigs.first()
+        if stop is not None:
+            return stop
+        poller.poll()
+        sigs.drain()
+    return None
+
+
+def _die_by(sig: int) -> int:
+    """End this process by ``sig``, as the shell's caller would have seen; else 128+sig."""
+    import signal
+
+    if sig in {int(getattr(signal, n)) for n in _CORE_SIGNALS if hasattr(signal, n)}:
+        try:
+            import resource  # no core file of the wrapper for the command's crash
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        except (ImportError, OSError, ValueError):
+            pass
+    try:
+        signal.signal(sig, signal.SIG_DFL)  # refused for SIGKILL, which needs nothing
+    except (OSError, ValueError):
+        pass
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        signal.raise_signal(sig)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 128 + sig
+
+
+_CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGSEGV",
+                 "SIGXCPU", "SIGXFSZ", "SIGSYS")
+
+
+def main() -> int:
+    """Console script ``tether-shell``."""
+    code = cli(sys.argv[1:])
+    # Skip interpreter teardown: nothing is buffered (messages go straight to
+    # fd 2) and the job is closed; this saves milliseconds on every command.
+    os._exit(code)
+    return code  # pragma: no cover - unreachable
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Property-based tests of tether-shell's argument parser and Windows command-line
+handling, plus the shell search run over real files (Windows layouts included,
+with the path separators passed in: the search logic is the same)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tether import _shellargs as sa
+
+# -- SHELL mode -----------------------------------------------------------------------
+
+OPTS = st.sampled_from(["-c", "-l", "-lc", "-cl", "-lcl", "-cc", "--login", "-ll"])
+TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=30)
+
+
+@given(st.lists(TEXT, max_size=8))
+def test_parse_never_raises_anything_but_usage_error(argv):
+    try:
+        p = sa.parse(argv)
+    except sa.UsageError as exc:
+        msg = str(exc)
+        assert msg and "\n" not in msg
+        return
+    if p.mode == sa.SHELL:
+        assert p.command in argv
+        head = argv[: argv.index("--") if "--" in argv else len(argv)]
+        assert any(a.startswith("-") and not a.startswith("--") and "c" in a for a in head)
+        assert list(p.args) == argv[len(argv) - len(p.args):]
+    else:
+        assert sa.is_comspec_flag(argv[0])
+        assert p.flags[-1].lower() == "/c"
+
+
+@given(st.lists(OPTS, min_size=1, max_size=5), st.booleans(), TEXT, st.lists(TEXT, max_size=5))
+def test_valid_shell_forms_parse_to_command_and_dollar_args(opts, dashdash, cmd, rest):
+    assume(any("c" in o and not o.startswith("--") for o in opts))
+    argv = list(opts)
+    if dashdash or cmd.startswith("-"):
+        argv.append("--")
+    argv += [cmd, *rest]
+    p = sa.parse(argv)
+    assert p.mode == sa.SHELL
+    assert p.command == cmd and p.args == tuple(rest)
+    assert p.login == any(o == "--login" or (not o.startswith("--") and "l" in o) for o in opts)
+
+
+@given(st.lists(OPTS, max_size=3), st.sampled_from("abdefhiknopqrstuvwxyzABCLZ0123456789"),
+       st.lists(TEXT, max_size=3))
+def test_unknown_option_letter_is_refused(before, letter, rest):
+    with pytest.raises(sa.UsageError, match="unrecognised"):
+        sa.parse([*before, f"-{letter}", "-c", "true", *rest])
+
+
+@given(st.lists(st.sampled_from(["-l", "--login"]), max_size=3), st.lists(TEXT, max_size=3))
+def test_without_c_is_refused(opts, operands):
+    assume(not operands or not operands[0].startswith("-"))
+    assume(not (operands and sa.is_comspec_flag(operands[0]) and not opts))
+    with pytest.raises(sa.UsageError):
+        sa.parse([*opts, *operands])
+
+
+# -- COMSPEC mode -----------------------------------------------------------------------
+
+@given(st.lists(st.sampled_from(["/d", "/s", "/D", "/S"]), max_size=3), st.sampled_from(["/c", "/C"]),
+       st.lists(TEXT, min_size=1, max_size=4))
+def test_comspec_forms(flags, c, words):
+    p = sa.parse([*flags, c, *words])
+    assert p.mode == sa.COMSPEC and p.flags == (*flags, c)
+    assert p.command == " ".join(words) and p.args == ()
+
+
+@given(st.lists(st.sampled_from(["/d", "/s"]), max_size=2),
+       st.sampled_from(["/k", "/q", "/e", "/x", "/?", "-c", "-l", "/C:", "foo"]), st.lists(TEXT, max_size=3))
+def test_comspec_never_falls_through(flags, bad, rest):
+    assume(flags or sa.is_comspec_flag(bad))
+    with pytest.raises(sa.UsageError):
+        sa.parse([*flags, bad, *rest])
+
+
+# -- Windows command lines ---------------------------------------------------------------
+
+WIN_TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=20)
+
+
+@given(st.lists(WIN_TEXT, max_size=6))
+def test_split_windows_inverts_list2cmdline(args):
+    # list2cmdline implements the MS C runtime rules; split_windows must undo it.
+    line = '"C:\\Program Files\\x\\prog.exe" ' + subprocess.list2cmdline(args)
+    words = sa.split_windows(line)
+    assert words[0][0] == "C:\\Program Files\\x\\prog.exe"
+    assert [w for w, _, _ in words[1:]] == args
+    for _w, start, end in words:
+        assert 0 <= start < end <= len(line)
+
+
+@given(st.sampled_from([["C:\\Python\\python.exe"], ["python.exe", "C:\\venv\\Scripts\\tether-shell.exe"],
+                        ["C:\\x y\\tether-shell.exe"]]),
+       st.lists(st.sampled_from(["/d", "/s", "/D"]), max_size=2), st.sampled_from(["/c", "/C"]),
+       st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), min_size=1,
+               max_size=40))
+def test_comspec_tail_is_the_raw_text_after_the_prefix(prefix, flags, c, raw):
+    assume(raw.strip(" \t"))
+    own = " ".join([*flags, c]) + " " + raw.lstrip(" \t")
+    line = subprocess.list2cmdline(prefix) + " " + own
+    words = sa.split_windows(line)
+    user_args = [w for w, _, _ in words[len(prefix):]]
+    assert sa.comspec_tail(line, user_args) == own.rstrip()
+
+
+def test_comspec_tail_examples():
+    line = '"C:\\Py\\python.exe" "C:\\v\\tether-shell.exe" /d /s /c "echo "a b" > "c d.txt""'
+    args = [w for w, _, _ in sa.split_windows(line)][2:]
+    assert args[:3] == ["/d", "/s", "/c"]
+    assert sa.comspec_tail(line, args) == '/d /s /c "echo "a b" > "c d.txt""'
+    assert sa.comspec_tail("prog /c", ["/c"]) is None  # nothing after /c: fall back
+    assert sa.comspec_tail("prog -c x", ["-c", "x"]) is None
+
+
+# -- the real argument path, through real processes ----------------------------------------
+
+ARG_TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=12)
+
+
+@pytest.fixture(scope="module")
+def ts(tmp_path_factory) -> str:
+    """The installed console script, or an equivalent launcher (see test_shell.ts)."""
+    cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
+    if os.access(cand, os.X_OK):
+        return cand
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    path = tmp_path_factory.mktemp("bin") / "tether-shell"
+    path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {src!r})\n"
+                    "from tether.shell import main\nsys.exit(main())\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX wrapper")
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ARG_TEXT, min_size=1, max_size=4))
+def test_dollar_args_round_trip_through_tether_shell(procs, ts, args):
+    env = procs.env()
+    env["TETHER_SHELL_LOG"] = "off"
+    env.pop("TETHER_SHELL", None)
+    p = procs.popen([ts, "-c", 'printf "%s\\0" "$0" "$@"', *args], env=env, stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL)
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == 0
+    assert out.split(b"\0")[:-1] == [os.fsencode(a) for a in args]
+
+
+# -- the shell search over real files --------------------------------------------------------
+
+def exe(path, text="#!/bin/sh\nexit 0\n"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return str(path)
+
+
+def never_self(_path):
+    return False
+
+
+def test_windows_search_pwsh7_on_path(tmp_path):
+    old = exe(tmp_path / "ps6" / "pwsh.exe")
+    (tmp_path / "ps6" / "pwsh.deps.json").write_text('{"targets": {"x": {"pwsh/6.2.7": {}}}}')
+    new = exe(tmp_path / "ps7" / "pwsh.exe")
+    (tmp_path / "ps7" / "pwsh.deps.json").write_text('{"targets": {"x": {"pwsh/7.4.1": {}}}}')
+    env = {"Path": f"{tmp_path / 'nothing'}:{tmp_path / 'ps6'}:{tmp_path / 'ps7'}"}
+    assert sa.find_windows_shell(env, never_self, pathsep=":", sep="/") == new
+    assert sa.pwsh_major(old) == 6 and sa.pwsh_major(new) == 7
+
+
+def test_windows_search_program_files_fallback_and_not_found(tmp_path):
+    pf = tmp_path / "Program Files"
+    env = {"PATH": str(tmp_path / "empty"), "ProgramFiles": str(pf)}
+    with pytest.raises(sa.ShellNotFound, match="PowerShell 7"):
+        sa.find_windows_shell(env, never_self, pathsep=":", sep="/")
+    want = exe(pf / "PowerShell" / "7" / "pwsh.exe")
+    assert sa.find_windows_shell(env, never_self, pathsep=":", sep="/") == want
+
+
+def test_windows_search_skips_a_pwsh_that_is_tether_shell(tmp_path):
+    fake = exe(tmp_path / "a" / "pwsh.exe", "#!/x/python\nfrom tether.shell import main\n")
+    real = exe(tmp_path / "b" / "pwsh.exe")
+    check = sa.SelfCheck([])
+    assert check(fake) and not check(real)
+    env = {"PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}"}
+    assert sa.find_windows_shell(env, check, pathsep=":", sep="/") == real
+
+
+def test_comspec_path_and_resolution():
+    env = {"SYSTEMROOT": "D:\\Win"}
+    assert sa.comspec_path(env) == "D:\\Win\\System32\\cmd.exe"
+    assert sa.comspec_path({}) == "C:\\Windows\\System32\\cmd.exe"
+    p = sa.parse(["/d", "/s", "/c", "echo hi"])
+    assert sa.resolve(p, env, never_self, windows=True) == "D:\\Win\\System32\\cmd.exe"
+    with pytest.raises(sa.UsageError, match="only available on Windows"):
+        sa.resolve(p, env, never_self, windows=False)
+
+
+def test_windows_tether_shell_must_be_absolute():
+    p = sa.parse(["-c", "x"])
+    for bad in ("bash.exe", "bin\\bash.exe", "C:bash.exe"):
+        with pytest.raises(sa.UsageError, match="absolute"):
+            sa.resolve(p, {"tether_shell": bad}, never_self, windows=True)
+    with pytest.raises(sa.UsageError, match="does not exist"):
+        sa.resolve(p, {"TETHER_SHELL": "C:\\no\\such\\bash.exe"}, never_self, windows=True)
+
+
+@pytest.mark.parametrize("shell,login,windows,want", [
+    ("/bin/bash", True, False, ["/bin/bash", "-l", "-c", "CMD", "a0"]),
+    ("/bin/sh", False, False, ["/bin/sh", "-c", "CMD", "a0"]),
+    ("C:\\PS\\7\\pwsh.exe", True, True, ["C:\\PS\\7\\pwsh.exe", "-NoLogo", "-Command", "CMD", "a0"]),
+    ("/usr/bin/pwsh", True, False, ["/usr/bin/pwsh", "-Login", "-NoLogo", "-Command", "CMD", "a0"]),
+    ("C:\\Windows\\System32\\CMD.EXE", False, True,
+     ["C:\\Windows\\System32\\CMD.EXE", "/d", "/c", "CMD", "a0"]),
+])
+def test_shell_argv_per_flavour(shell, login, windows, want):
+    p = sa.Parsed(sa.SHELL, "CMD", ["a0"], login=login)
+    assert sa.shell_argv(shell, p, windows) == want
