@@ -80,7 +80,16 @@ if sys.platform == "win32":
             self.handles.append(handle)
             # The pid could only have been reused if the process had ended;
             # with the handle open, its command line settles who it is.
-            cmdline = psutil.Process(pid).cmdline()
+            # Under Wine a process's command line can read as the bare image path
+            # for a moment after it starts: look again briefly before deciding.
+            import time
+
+            deadline = time.monotonic() + 2.0
+            while True:
+                cmdline = psutil.Process(pid).cmdline()
+                if any(token in part for part in cmdline) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert any(token in part for part in cmdline), f"pid {pid} is not ours: {cmdline}"
             return handle
 
