@@ -13,7 +13,7 @@ import marshal
 import os
 import socket
 
-MAX_MSG = 1 << 20  # env + argv of one spawn stay well below this
+MAX_MSG = 1 << 20  # largest message that may travel inline (see INLINE_MAX)
 MAX_FDS = 250  # SCM_RIGHTS limit is 253 per message
 
 
@@ -26,6 +26,9 @@ def encode(msg: dict) -> bytes:
 
 
 INLINE_MAX = 64 * 1024  # bigger payloads (a huge environment) travel in a memfd
+# recvmsg allocates its whole buffer for every message: a 1 MiB buffer costs an
+# mmap/munmap pair per request, so size it for the largest inline message.
+RECV_SIZE = INLINE_MAX + 4096
 
 
 def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -52,7 +55,7 @@ def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) 
 def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
     """One message, or (None, []) at end of file. Received fds are close-on-exec."""
     fds_size = socket.CMSG_SPACE(MAX_FDS * 4)
-    data, anc, flags, _ = sock.recvmsg(MAX_MSG, fds_size, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    data, anc, flags, _ = sock.recvmsg(RECV_SIZE, fds_size, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
     fds: list[int] = []
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
