@@ -81,7 +81,7 @@ a loss.
 
 Reading. :func:`iter_records` / :func:`read_records` stream every rotated
 copy oldest first, then the live file, in bounded memory (256 KiB blocks plus
-at most ``max_line`` of carry). They skip and count empty-JSON garbage,
+at most ``max_line`` of carry). They skip and count lines that are not JSON,
 non-object lines, lines longer than ``max_line`` (never held whole in memory)
 and a last line without its newline (torn by a crash or still being written).
 A torn fragment glued to the start of a good record is cut off and the record
@@ -96,12 +96,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tether.errors import TetherError
+
+if TYPE_CHECKING:  # annotations only: typing and dataclasses cost start-up time
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from typing import Any
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -722,18 +724,37 @@ def _why(e: OSError, state_dir: Path) -> str:
 # reading
 
 
-@dataclass
 class ReadStats:
     """Counts filled by :func:`read_records`."""
 
-    files: int = 0  # log files read
-    lines: int = 0  # non-empty lines seen (records + skipped)
-    records: int = 0  # objects yielded
-    corrupt: int = 0  # not JSON, or JSON but not an object
-    truncated: int = 0  # last line of a file without its newline
-    too_long: int = 0  # longer than max_line, skipped unread
-    newer: int = 0  # yielded records with v > SCHEMA_VERSION
-    refused_files: int = 0  # not a regular file, or not ours
+    __slots__ = (
+        "files",  # log files read
+        "lines",  # non-empty lines seen (records + skipped)
+        "records",  # objects yielded
+        "corrupt",  # not JSON, or JSON but not an object
+        "truncated",  # last line of a file without its newline
+        "too_long",  # longer than max_line, skipped unread
+        "newer",  # yielded records with v > SCHEMA_VERSION
+        "refused_files",  # not a regular file, or not ours
+    )
+
+    def __init__(self, **counts: int) -> None:
+        for name in self.__slots__:
+            setattr(self, name, counts.pop(name, 0))
+        if counts:
+            raise TypeError(f"unknown ReadStats fields: {sorted(counts)}")
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReadStats):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+        return f"ReadStats({inner})"
 
 
 def _rotated(names: list[str], filename: str) -> list[tuple[int, str]]:
