@@ -40,14 +40,14 @@ OWNER = r'''
 import json, os, sys
 from tether import Job
 mech, sd = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
-if os.environ.get("NAME_KEEPER") == "1":
-    # The keeper names itself "tether-keeper" (proposed for _keeper.py; until
-    # it lands, set here the same way: the keeper is a fork of this process).
+if os.environ.get("NAME_KEEPER") == "0":
+    # Keepers name themselves "tether-keeper"; the control un-names this one
+    # (as a keeper of an older tether would be) to show the name is the trace.
     from tether.platform import _keeper
     _run = _keeper.Keeper.run
     def run(self):
         with open("/proc/self/comm", "w") as f:
-            f.write("tether-keeper")
+            f.write("python3")
         return _run(self)
     _keeper.Keeper.run = run
 job = Job(name="ps-test", mechanism=mech, state_dir=sd)

@@ -14,13 +14,16 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from . import identity
 from .errors import JobClosed
 from .identity import Identity
 from .platform import base as _base
 from .platform import choose, open_job
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time: hints only
+    from typing import Any
 
 _counter = itertools.count(1)
 _run_lock = threading.Lock()

@@ -136,7 +136,9 @@ class ReapReport:
     def to_dict(self) -> dict[str, Any]:
         """Stable JSON shape; see docs/reaper.md."""
         stats = self.log_stats
-        if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        if hasattr(stats, "as_dict"):
+            stats = stats.as_dict()
+        elif dataclasses.is_dataclass(stats) and not isinstance(stats, type):
             stats = dataclasses.asdict(stats)
         return {
             "version": 1,

@@ -23,14 +23,20 @@ Environment (all optional)::
     TETHER_SHELL_LOG        "off" (or 0) turns the per-day audit log off
     TETHER_SHELL_LOG_DAYS   days of logs kept (14)
     TETHER_SHELL_LOG_MAX_BYTES  cap of one day's log file (4 MiB)
+    TETHER_STATE_DIR        state directory; also turns tether's spawn-audit log on
+                            (the generic Job path)
 
 Exit statuses: the command's; 2 bad invocation or bad ``TETHER_SHELL``
 (one line on stderr, nothing run); 125 tether could not create the job; 126
 the shell could not be executed; 127 no shell found.
 
-Start-up is measured by ``bench/shell.py``: this module imports only
-``os``/``sys`` at module level; the job machinery (``tether.job``) is loaded
-when a command really runs.
+Start-up is measured by ``bench/shell.py``. On Linux each command takes the
+one-command path, ``tether.platform.oneshot`` (a keeper forked from here;
+imports only ``os``, ``sys``, ``select``, ``_signal``). The generic
+``tether.job.Job`` is used for ``TETHER_SHELL_MECHANISM=pgroup``, when
+``TETHER_STATE_DIR`` asks for the library's spawn-audit log, where the
+one-command path is unavailable (no pidfd, a multi-threaded caller of
+``cli``), on other POSIX systems and on Windows.
 """
 
 from __future__ import annotations
@@ -283,9 +289,13 @@ def _self_paths() -> list[str]:
     paths = []
     a0 = sys.argv[0] if sys.argv else ""
     if a0 and a0 not in ("-c", "-m"):
-        paths.append(os.path.abspath(a0))
+        try:
+            full = os.path.abspath(a0)
+        except OSError:  # a relative argv[0] in a deleted working directory
+            return paths
+        paths.append(full)
         if sys.platform == "win32":  # pip's launcher strips ".exe" from argv[0]
-            paths.append(os.path.abspath(a0) + ".exe")
+            paths.append(full + ".exe")
     return paths
 
 
@@ -344,15 +354,18 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
     import time
 
     t0 = time.monotonic()
-    try:
-        os.getcwd()
-    except OSError as exc:
-        # The job's keeper starts the shell in our working directory, by path.
-        _say(f"the current directory is gone ({exc.strerror}); nothing was run")
-        if log is not None:
-            log.write("error", child=None, mode=parsed.mode, mechanism=None,
-                      detail={"error": "cwd-" + _errcode(exc)})
-        return EXIT_NOEXEC
+    # The one-command path (POSIX/Linux): a keeper forked from here, no socket,
+    # no subprocess/threading/dataclasses - see tether.platform.oneshot. The
+    # spawn-audit log ($TETHER_STATE_DIR, read by the reaper) is written by the
+    # generic Job only, so asking for it takes the generic path.
+    if (sys.platform.startswith("linux") and mech in ("auto", "cgroup", "subreaper")
+            and not os.environ.get("TETHER_STATE_DIR")):
+        oneshot = _load_oneshot()
+        if oneshot.available():
+            try:
+                return _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0)
+            except oneshot.Unavailable:
+                pass  # e.g. a multi-threaded caller of cli(): nothing ran yet
     # Handlers first, so no signal is lost while the job is set up. A Python
     # handler is not SIG_IGN, so the command still starts with SIG_DFL for them.
     sigs = _Signals()
@@ -360,6 +373,86 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
         return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0)
     finally:
         sigs.restore()
+
+
+def _load_oneshot():
+    """Import ``tether.platform.oneshot`` without running ``tether/platform/__init__.py``.
+
+    That ``__init__`` imports ``platform.base`` (dataclasses -> inspect, ~5 ms,
+    a third of the start-up budget). When the package is not loaded yet, a bare
+    stand-in is put in ``sys.modules`` just for this import and taken out again,
+    so a later ``import tether.platform`` runs the real ``__init__`` (the
+    submodules stay importable). Remove once ``platform/__init__`` is lazy.
+    """
+    name = __package__ + ".platform"
+    if name in sys.modules:
+        from .platform import oneshot
+
+        return oneshot
+    stub = type(sys)(name)
+    stub.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform")]
+    stub.__package__ = name
+    sys.modules[name] = stub
+    try:
+        from .platform import oneshot
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+    return oneshot
+
+
+def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> int:
+    import time
+
+    from .errors import JobRefused
+
+    def started(pid: int, mechanism: str) -> None:
+        if log is not None:
+            log.write("start", child=pid, mode=parsed.mode, mechanism=mechanism,
+                      detail={"argc": argc, "login": parsed.login})
+
+    try:
+        res = oneshot.run(args, executable=shell, mechanism=mech, grace=grace, on_start=started)
+    except JobRefused as exc:
+        _say(f"cannot create a job, nothing was run: {exc}")
+        if log is not None:
+            log.write("error", child=None, mode=parsed.mode, mechanism=mech,
+                      detail={"error": "job-refused"})
+        return EXIT_INTERNAL
+    except OSError as exc:  # the shell could not be executed
+        code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
+        _say(f"{shell}: {exc.strerror or exc}")
+        if log is not None:
+            log.write("error", child=None, mode=parsed.mode, mechanism=mech,
+                      detail={"error": _errcode(exc)})
+        return code
+    if res.child is None and res.stopped_by is not None:
+        return _die_by(res.stopped_by)  # interrupted before the command existed: nothing ran
+    st = res.status
+    rc = None if st is None else os.waitstatus_to_exitcode(st)
+    if log is not None:
+        detail: dict[str, object] = {}
+        if rc is None:
+            detail["error"] = res.error or "no-status"
+        elif rc < 0:
+            detail["signal"] = -rc
+        else:
+            detail["code"] = rc
+        detail["leftovers"] = res.leftovers
+        detail["ms"] = round((time.monotonic() - t0) * 1000, 1)
+        if res.stopped_by is not None:
+            detail["stopped_by"] = res.stopped_by
+        log.write("exit", child=res.child, mode=parsed.mode, mechanism=res.mechanism,
+                  detail=detail)
+        log.close()
+    if res.stopped_by is not None:
+        return _die_by(res.stopped_by)
+    if rc is None:
+        _say("the job's keeper was lost; the command's status is unknown")
+        return EXIT_INTERNAL
+    if rc < 0:
+        return _die_by(-rc)
+    return rc
 
 
 def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:

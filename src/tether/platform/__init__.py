@@ -10,19 +10,25 @@ from __future__ import annotations
 import sys
 
 from ..errors import JobRefused
-from .base import (
-    AUTO,
-    CGROUP,
-    JOBOBJECT,
-    MECHANISM_NAMES,
-    PGROUP,
-    PIDNS,
-    STRICT,
-    SUBREAPER,
-    Availability,
-    JobBackend,
-    JobOptions,
-)
+
+# Names only: importing .base (dataclasses -> inspect, ~5 ms) here would make
+# every submodule, including tether-shell's one-command path, pay for it.
+AUTO, STRICT = "auto", "strict"
+CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT = "cgroup", "subreaper", "pgroup", "pidns", "jobobject"
+MECHANISM_NAMES = (AUTO, STRICT, CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .base import Availability, JobBackend, JobOptions
+
+
+def __getattr__(name: str):
+    # `from tether.platform import Availability` keeps working, loaded on use.
+    if name in ("Availability", "JobBackend", "JobOptions"):
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 IS_WINDOWS = sys.platform == "win32"
 IS_LINUX = sys.platform.startswith("linux")
@@ -38,6 +44,7 @@ _cache: dict[str, Availability] = {}
 def probe(name: str) -> Availability:
     if name in _cache:
         return _cache[name]
+    from .base import Availability
     if name == JOBOBJECT:
         if not IS_WINDOWS:
             av = Availability(JOBOBJECT, False, "not Windows")

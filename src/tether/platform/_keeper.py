@@ -27,9 +27,15 @@ import select
 import signal
 import socket
 import sys
-import time
 
 from . import _proto
+from ._linux_kill import (  # noqa: F401 - re-exported: they lived here first
+    descendants,
+    kill_descendants_loop,
+    name_process,
+    read_children,
+)
+from ._linux_kill import kill_pid as _kill_pid  # noqa: F401
 
 # Signals a keeper must survive: the caller may kill the owner's process
 # group or hang up the terminal; only the owner's death ends a job.
@@ -71,15 +77,6 @@ def close_other_fds(keep: set[int]) -> None:
                 os.close(fd)
             except OSError:
                 pass
-
-
-def name_process(name: bytes) -> None:
-    """Set our comm (`tether ps` finds keepers and wardens by it)."""
-    try:
-        with open("/proc/self/comm", "wb") as f:
-            f.write(name)
-    except OSError:
-        pass
 
 
 def detach_signals() -> None:
@@ -406,84 +403,17 @@ def _dup_above(fd: int, base: int) -> int:
 
 # -- ending processes ----------------------------------------------------------
 
-def read_children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        out.extend(int(x) for x in data.split())
-    return out
-
-
-def descendants(root: int) -> list[int]:
-    seen: list[int] = []
-    stack = read_children(root)
-    visited = set()
-    while stack:
-        pid = stack.pop()
-        if pid in visited or pid <= 1:
-            continue
-        visited.add(pid)
-        seen.append(pid)
-        stack.extend(read_children(pid))
-    return seen
-
-
-def _kill_pid(pid: int, sig: int) -> None:
-    # These pids come from our own children lists a moment ago; the pidfd pins
-    # the process so a pid recycled in between cannot be hit after the open.
-    if HAVE_PIDFD:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            return
-        try:
-            signal.pidfd_send_signal(fd, sig)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    else:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
 def kill_descendants(keeper: Keeper, timeout: float, sig: int = signal.SIGKILL) -> bool:
     """Kill every descendant of this process, in rounds, until waitpid says ECHILD.
 
-    Works because the keeper is a subreaper (or a PID namespace's init):
-    an orphan anywhere below is re-parented to it and shows up in the next
-    scan. The children lists are not atomic, so scan again after each round
-    of reaping - but not after each single reap, which is quadratic.
+    Works because the keeper is a subreaper (or a PID namespace's init); the
+    loop itself lives in ``_linux_kill`` (shared with the one-command path).
+    Exit statuses of the keeper's own children are reported to the owner.
     """
-    me = os.getpid()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = descendants(me)
-        for pid in pids:
-            _kill_pid(pid, sig)
-        # Reap what is ready; then block briefly for the rest.
-        reaped_any = False
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return True
-            if pid == 0:
-                break
-            reaped_any = True
-            if pid in keeper.children:
-                keeper.children.discard(pid)
-                keeper._report_exit(pid, status)
-        if not pids and not reaped_any:
-            time.sleep(0.0005)
-    return False
+
+    def on_reap(pid: int, status: int) -> None:
+        if pid in keeper.children:
+            keeper.children.discard(pid)
+            keeper._report_exit(pid, status)
+
+    return kill_descendants_loop(timeout, sig, on_reap)

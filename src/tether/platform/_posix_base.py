@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from .base import Guarantee, JobOptions
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time: hints only
+    from typing import Any
 
 
 class KeeperMechanism:

@@ -26,9 +26,12 @@ Rules for implementers:
 from __future__ import annotations
 
 import abc
-import subprocess
 from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hints only: subprocess and typing cost start-up time
+    import subprocess
+    from typing import Any
 
 # Mechanism names, identical in the API, the CLI and `tether doctor`.
 AUTO = "auto"

@@ -22,35 +22,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 
+from ._linux_kill import (  # noqa: F401 - re-exported: they lived here first
+    RUN_PREFIX,
+    _procs,
+    _write,
+    cgroup2_mount,
+    kill_cgroup,
+    own_cgroup,
+    populated,
+    remove_tree,
+)
 from ._posix_base import KeeperMechanism
 from .base import CGROUP, Availability, Guarantee
-
-RUN_PREFIX = "tether-"
-
-
-def cgroup2_mount() -> str | None:
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split(" ")[4].replace("\\040", " ")
-    except OSError:
-        return None
-    return None
-
-
-def own_cgroup(pid: int | str = "self") -> str | None:
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        return None
-    return None
 
 
 def base_dir() -> tuple[str | None, str]:
@@ -89,81 +73,6 @@ def probe() -> Availability:
     note = "cgroup.kill" if has_kill else "no cgroup.kill (Linux < 5.14): freeze and kill each member"
     return Availability(CGROUP, True, f"writable cgroup v2 at {base}; {note}",
                         {"base": base, "cgroup_kill": has_kill})
-
-
-def _write(path: str, data: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data.encode())
-    finally:
-        os.close(fd)
-
-
-def _procs(path: str) -> list[int]:
-    out: list[int] = []
-    for dirpath, _dirs, _files in os.walk(path):
-        try:
-            with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
-                out.extend(int(x) for x in f.read().split())
-        except OSError:
-            continue
-    return out
-
-
-def populated(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "cgroup.events"), "rb") as f:
-            for line in f:
-                if line.startswith(b"populated "):
-                    return line.split()[1] != b"0"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    return bool(_procs(path))
-
-
-def kill_cgroup(path: str, timeout: float, reap=None) -> bool:
-    """End every process in ``path`` and below; True once it is empty."""
-    deadline = time.monotonic() + timeout
-    kill_file = os.path.join(path, "cgroup.kill")
-    while True:
-        if os.path.exists(kill_file):
-            with contextlib.suppress(OSError):
-                _write(kill_file, "1")
-        else:  # Linux < 5.14: freeze so nobody forks between read and kill
-            freeze = os.path.join(path, "cgroup.freeze")
-            with contextlib.suppress(OSError):
-                _write(freeze, "1")
-            for pid in _procs(path):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)  # members of our own cgroup, read a moment ago
-            with contextlib.suppress(OSError):
-                _write(freeze, "0")
-        if reap is not None:
-            reap()
-        if not populated(path):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0005)
-
-
-def remove_tree(path: str) -> bool:
-    """rmdir the cgroup and its children, deepest first."""
-    ok = True
-    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda t: -t[0].count("/")):
-        for _ in range(20):
-            try:
-                os.rmdir(dirpath)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.002)
-        else:
-            ok = False
-    return ok
 
 
 class CgroupMechanism(KeeperMechanism):

@@ -16,19 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ._linux_kill import PR_SET_CHILD_SUBREAPER, set_subreaper  # noqa: F401 - re-exported
 from ._posix_base import KeeperMechanism
 from .base import SUBREAPER, Availability, Guarantee
-
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def set_subreaper() -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
 def probe() -> Availability:

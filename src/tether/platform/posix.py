@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 from .. import identity
 from ..errors import JobClosed, JobRefused
@@ -26,6 +25,10 @@ from . import _proto
 from ._keeper import HAVE_PIDFD, fork_keeper, open_pidfd
 from ._posix_base import KeeperMechanism
 from .base import CGROUP, PGROUP, PIDNS, SUBREAPER, Guarantee, JobBackend, JobOptions
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time: hints only
+    from typing import Any
 
 _START_TIMEOUT = 10.0
 
@@ -152,7 +155,7 @@ class KeeperJob(JobBackend):
         """Read pushed exit statuses without blocking (caller holds the lock)."""
         while True:
             try:
-                data = self._sock.recv(_proto.MAX_MSG, socket.MSG_DONTWAIT)
+                data = self._sock.recv(_proto.RECV_SIZE, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
