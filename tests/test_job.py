@@ -188,7 +188,11 @@ def test_transparent_auto_keeps_pids_visible():
         assert job.guarantee.transparent
         p = job.popen(["sh", "-c", "sleep 5 & echo $!"], stdout=subprocess.PIPE)
         pid = int(p.stdout.readline())
+        deadline = time.monotonic() + 5
         ident = identity.read(pid)
+        while ident is not None and ident.comm != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)  # $! is known before the forked shell has exec'd sleep
+            ident = identity.read(pid)
         assert ident is not None and ident.comm == "sleep"  # the outside knows this pid
         p.stdout.close()
 
