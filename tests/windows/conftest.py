@@ -86,7 +86,10 @@ if sys.platform == "win32":
 
             deadline = time.monotonic() + 2.0
             while True:
-                cmdline = psutil.Process(pid).cmdline()
+                try:
+                    cmdline = psutil.Process(pid).cmdline()
+                except psutil.NoSuchProcess:
+                    return handle  # already gone (ended by the job): nothing to check or end
                 if any(token in part for part in cmdline) or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
