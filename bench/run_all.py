@@ -12,7 +12,7 @@ The figures are drawn from the copies of each result that run_all.json keeps
 (taken the moment each bench finished), so a bench run by hand later does not
 change them; ``--plot-only`` redraws from those copies.
 
-``--quick`` runs each benchmark's small variant (CI-like, a few minutes):
+``--quick`` runs each benchmark's small variant (CI-like, about 15 minutes on 2 CPUs):
 ``--quick`` where a script has it, otherwise the smaller arguments below.
 
 usage: python3 bench/run_all.py [--quick] [--only a,b] [--skip a,b] [--install]

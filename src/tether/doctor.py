@@ -77,7 +77,10 @@ def report() -> dict[str, Any]:
 def doctor(as_json: bool = False) -> int:
     data = report()
     if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
+        try:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        except BrokenPipeError:  # `tether doctor --json | head`
+            sys.stdout = None
         return 0
     w = sys.stdout.write
     w(f"tether doctor — {data['platform']} {data['kernel']}, Python {data['python']}, uid {data['uid']}\n\n")
