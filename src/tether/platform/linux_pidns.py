@@ -23,9 +23,7 @@ its init exits - so the intermediate only forks once and exits.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 
 from ._posix_base import KeeperMechanism
 from .base import PIDNS, Availability, Guarantee
@@ -161,28 +159,20 @@ class PidnsMechanism(KeeperMechanism):
         return descendants(keeper_pid)
 
     def kill_all(self, keeper, timeout: float) -> None:
-        # kill(-1) from a namespace's init reaches exactly the namespace (the
-        # kernel only iterates over tasks visible in the caller's namespace),
-        # and never init itself. Guarded: only ever as PID 1 of our namespace.
-        if os.getpid() != 1:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        # Inside the namespace the shared /proc shows outer pids, so the keeper
+        # cannot name its members; the owner kills them by identity from
+        # outside (posix.KeeperJob.kill_all) and the keeper only reaps here.
+        # Ending the whole namespace is the keeper's own exit.
+        while True:
             try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    return
-                if pid == 0:
-                    break
-                if pid in keeper.children:
-                    keeper.children.discard(pid)
-                    keeper._report_exit(pid, status)
-            time.sleep(0.0003)
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in keeper.children:
+                keeper.children.discard(pid)
+                keeper._report_exit(pid, status)
 
     def guarantee(self) -> Guarantee:
         visible = ["the job's processes see their own PIDs: `echo $!` prints a PID the outside "

@@ -225,12 +225,31 @@ class KeeperJob(JobBackend):
                 continue
         return sent
 
+    def _kill_members_from_outside(self, timeout: float) -> None:
+        """SIGKILL every member by identity, in rounds, until none is left (pidns)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [i for i in map(identity.read, self.member_pids())
+                    if i is not None and i.state not in ("Z", "X")]
+            if not live:
+                return
+            for ident in live:
+                try:
+                    identity.send_signal(ident, signal.SIGKILL, member=True)
+                except Exception:  # noqa: BLE001 - a refusal must not stop the rest
+                    continue
+            time.sleep(0.001)
+
     def kill_all(self, timeout: float = 3.0) -> None:
+        if self.mechanism == PIDNS:
+            self._kill_members_from_outside(timeout)
         reply, fds = self.request({"op": "kill_all", "timeout": timeout})
         for fd in fds:
             os.close(fd)
 
     def close(self, timeout: float = 3.0) -> None:
+        if self.mechanism == PIDNS and not self._closed:
+            self._kill_members_from_outside(timeout)
         with self._lock:
             if self._closed:
                 return
