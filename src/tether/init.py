@@ -18,12 +18,12 @@ What tini and dumb-init do, plus the kill-all-on-exit they lack:
   (a background worker, a daemonized helper) get no SIGTERM at all: the
   kernel SIGKILLs the namespace when PID 1 exits, mid-write.
 
-As PID 1 of a PID namespace, "every process left" is ``kill(-1)``, which from
-a namespace's init reaches exactly that namespace; tether sends it only when
-``getpid() == 1``. Run as any other PID (``tether init`` outside a
-container, or under a foreign init), it makes itself a child subreaper
-(Linux) so orphans re-parent to it, and ends its own descendants one by one,
-each identity-checked; it never sends ``kill(-1)`` there.
+"Every process left" is always this init's own descendants, each ended by
+identity (never ``kill(-1)``). As PID 1 every orphan of the namespace is
+re-parented to it, so its descendants are the whole namespace; elsewhere it
+makes itself a child subreaper (Linux) so orphans re-parent to it. As PID 1
+with the host's /proc mounted (its pids would not be ours), it signals
+nothing and its exit lets the kernel end the namespace.
 
 Start-up cost matters for a container's PID 1: this module imports only
 ``os`` and ``sys`` and the built-in ``_signal`` (not ``signal``, which pulls
@@ -281,17 +281,10 @@ class _Init:
 
     def _signal_rest(self, sig: int) -> int:
         """Send ``sig`` to every process left; returns how many were targeted."""
-        if self.pid1:
-            # Only as PID 1: here kill(-1) reaches exactly our PID namespace
-            # (never init itself). Anywhere else it would reach every process
-            # this user may signal on the machine.
-            if os.getpid() != 1:
-                return 0
-            try:
-                os.kill(-1, sig)
-            except ProcessLookupError:
-                return 0
-            return 1
+        if self.pid1 and os.readlink("/proc/self") != "1":
+            # PID 1 with the host's /proc: its pids are not ours to name, so
+            # signal nothing; our exit makes the kernel end the namespace.
+            return 0
         from tether import identity
 
         n = 0
