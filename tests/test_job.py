@@ -264,3 +264,24 @@ def test_audit_records_when_state_dir_given(tmp_path):
     spawn = next(r for r in recs if r["event"] == "spawn")
     assert spawn["pid"] == p.pid and spawn["session"] == "s1" and "@" in spawn["start"]
     assert "argv" not in spawn
+
+
+@pytest.mark.parametrize("mech", MECHS)
+def test_audited_spawn_identity_is_read_before_reaping(tmp_path, mech):
+    # A short command can be reaped by the keeper before the owner looks at
+    # /proc: the spawn record must still carry its start-time token. Several
+    # `true`s make the race likely; every record must carry the identity.
+    from tether import audit
+
+    with Job(mechanism=mech, state_dir=tmp_path) as job:
+        ps = [job.popen(["true"]) for _ in range(8)]
+        for p in ps:
+            p.wait(timeout=10)
+    spawns = [r for r in audit.iter_records(tmp_path) if r["event"] == "spawn"]
+    assert sorted(r["pid"] for r in spawns) == sorted(p.pid for p in ps)
+    for p in ps:
+        ident = p.tether_identity
+        assert ident is not None and ident.pid == p.pid
+    by_pid = {r["pid"]: r for r in spawns}
+    for p in ps:
+        assert by_pid[p.pid]["start"] == p.tether_identity.token()

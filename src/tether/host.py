@@ -388,7 +388,7 @@ class Session:
         """``subprocess.Popen`` inside the session's job. ``label`` names the
         process in stop reports (default: its command line)."""
         p = self.job.popen(args, **kwargs)
-        ident = identity.read(p.pid)
+        ident = getattr(p, "tether_identity", None) or identity.read(p.pid)
         if ident is not None:  # None: it is already gone
             self._labels[p.pid] = (ident, label or _argv_label(args))
             self.tasks.not_a_task(ident)  # the agent itself is no task's process

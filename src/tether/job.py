@@ -95,6 +95,7 @@ class Job:
         )
         self._audit = _open_audit(state_dir)
         self._backend = open_job(self.mechanism, opts)
+        self._backend.record_identity = self._audit is not None
         if parent is not None:
             parent._children.append(self)
         self._children: list[Job] = []
@@ -124,10 +125,12 @@ class Job:
                 fields.setdefault("keeper", {"pid": kp, "start": ki.token()})
         self._audit.write(event, **fields)
 
-    def _log_spawn(self, pid: int, argv: Sequence[Any] | None = None) -> None:
+    def _log_spawn(self, pid: int, argv: Sequence[Any] | None = None,
+                   ident: identity.Identity | None = None) -> None:
         if self._audit is None:
             return
-        ident = identity.read(pid)
+        if ident is None or ident.pid != pid:
+            ident = identity.read(pid)
         fields: dict[str, Any] = {"pid": pid, "in_job": True}
         if ident is not None:
             fields.update(start=ident.token(), boot=ident.boot, pgid=ident.pgid, sid=ident.sid,
@@ -168,7 +171,7 @@ class Job:
             argv = None
             if record_argv:
                 argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-            self._log_spawn(p.pid, argv)
+            self._log_spawn(p.pid, argv, getattr(p, "tether_identity", None))
         return p
 
     def run(

@@ -293,7 +293,18 @@ class Keeper:
         self.children.add(pid)
         self.spawned.add(pid)
         pidfd = open_pidfd(pid)
-        _proto.send(self.ctl, {"ok": True, "pid": pid}, [pidfd] if pidfd is not None else [])
+        reply: dict = {"ok": True, "pid": pid}
+        if msg.get("ident"):
+            # Read here, before this keeper can reap the child: by the time the
+            # owner reads, a short command may be gone. The pidfd's fdinfo names
+            # the pid as our /proc mount sees it (the outer pid under pidns).
+            from .. import identity
+
+            proc_pid = (identity.pidfd_pid(pidfd) if pidfd is not None else None) or pid
+            ident = identity.read(proc_pid)
+            if ident is not None:
+                reply["ident"] = tuple(ident)
+        _proto.send(self.ctl, reply, [pidfd] if pidfd is not None else [])
         if pidfd is not None:
             os.close(pidfd)
 

@@ -129,6 +129,9 @@ class JobBackend(abc.ABC):
 
     mechanism: str
     options: JobOptions
+    #: Set by an auditing Job: each child's identity is read at spawn, before
+    #: anything can reap it, and kept as ``popen(...).tether_identity``.
+    record_identity: bool = False
 
     @property
     @abc.abstractmethod

@@ -314,6 +314,7 @@ class JobPopen(subprocess.Popen):
             kwargs["start_new_session"] = True
         self._pidfd: int | None = None
         self._inner_pid = 0
+        self.tether_identity: identity.Identity | None = None
         super().__init__(args, **kwargs)
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
@@ -388,6 +389,7 @@ class JobPopen(subprocess.Popen):
             "ignored": ignored,
             "sigmask": [int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
             "ctty": self._tether_ctty,
+            "ident": self._tether_backend.record_identity,
         }
         backend = self._tether_backend
         cwd_fd = -1
@@ -410,11 +412,15 @@ class JobPopen(subprocess.Popen):
                 raise OSError(reply["errno"], reply["strerror"], reply.get("filename"))
             raise JobRefused(f"spawn refused by the job's keeper: {reply.get('strerror')}")
         self._inner_pid = reply["pid"]
+        ident = reply.get("ident")
+        self.tether_identity = identity.Identity(*ident) if ident else None
         if fds:
             self._pidfd = fds[0]
             for fd in fds[1:]:
                 os.close(fd)
             outer = identity.pidfd_pid(self._pidfd) if backend.mechanism == PIDNS else None
+            if outer is None and self.tether_identity is not None:
+                outer = self.tether_identity.pid  # already reaped; the keeper saw it first
             self.pid = outer if outer and outer > 0 else reply["pid"]
         else:
             self.pid = reply["pid"]
