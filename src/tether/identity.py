@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from operator import itemgetter  # loaded at interpreter start-up already
 
 from tether.errors import SignalRefused
 
@@ -80,6 +81,16 @@ class Identity(tuple):
 
     __slots__ = ()
     _fields = ("pid", "start", "boot", "ppid", "pgid", "sid", "uid", "state", "comm")
+    # Declared for type checkers; the accessors are set below, one per field.
+    pid: int
+    start: int
+    boot: str
+    ppid: int
+    pgid: int
+    sid: int
+    uid: int
+    state: str
+    comm: str
 
     def __new__(
         cls,
@@ -97,42 +108,6 @@ class Identity(tuple):
 
     def __getnewargs__(self) -> tuple:
         return tuple(self)
-
-    @property
-    def pid(self) -> int:
-        return self[0]
-
-    @property
-    def start(self) -> int:
-        return self[1]
-
-    @property
-    def boot(self) -> str:
-        return self[2]
-
-    @property
-    def ppid(self) -> int:
-        return self[3]
-
-    @property
-    def pgid(self) -> int:
-        return self[4]
-
-    @property
-    def sid(self) -> int:
-        return self[5]
-
-    @property
-    def uid(self) -> int:
-        return self[6]
-
-    @property
-    def state(self) -> str:
-        return self[7]
-
-    @property
-    def comm(self) -> str:
-        return self[8]
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
@@ -156,7 +131,7 @@ class Identity(tuple):
 
     def to_dict(self) -> dict:
         """A JSON-ready dict with every field."""
-        return dict(zip(self._fields, self, strict=True))
+        return self._asdict()
 
     @classmethod
     def from_dict(cls, d: dict) -> Identity:
@@ -173,6 +148,11 @@ class Identity(tuple):
             str(d.get("state", "")),
             str(d.get("comm", "")),
         )
+
+
+for _i, _name in enumerate(Identity._fields):
+    setattr(Identity, _name, property(itemgetter(_i), doc=f"Field {_i}: ``{_name}``."))
+del _i, _name
 
 
 # --------------------------------------------------------------------------
