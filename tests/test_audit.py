@@ -756,3 +756,15 @@ def test_vanished_dir_is_a_loss_then_recreated(state: Path) -> None:
     assert [r.get("error") or r["seq"] for r in got] == ["audit-gap", 3]
     assert got[0]["lost"] == 2
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+
+
+def test_parse_start_and_pid_take_only_usable_values():
+    assert audit.parse_start("123@b00t") == (123, "b00t")
+    assert audit.parse_start("123", "b00t") == (123, "b00t")
+    assert audit.parse_start(123, "b00t") == (123, "b00t")
+    for bad in (None, "", "@b", "x@b", "-1@b", "12", True, 1.5, ["1@b"]):
+        assert audit.parse_start(bad) is None, bad
+    assert audit.parse_start(True, "b") is None and audit.parse_start(-3, "b") is None
+    assert audit.parse_pid(7) == 7
+    for bad in (0, -1, True, "7", 7.0, None):
+        assert audit.parse_pid(bad) is None, bad

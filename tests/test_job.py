@@ -266,6 +266,20 @@ def test_audit_records_when_state_dir_given(tmp_path):
     assert "argv" not in spawn
 
 
+def test_audit_argv_only_when_opted_in(tmp_path):
+    import pathlib
+
+    from tether import audit
+
+    with Job(state_dir=tmp_path) as job:
+        job.popen([pathlib.Path("/bin/echo"), "a b", b"\xff"], record_argv=True,
+                  stdout=subprocess.DEVNULL).wait(timeout=10)
+        job.popen(["true", "secret"]).wait(timeout=10)
+    spawns = [r for r in audit.iter_records(tmp_path) if r["event"] == "spawn"]
+    assert spawns[0]["argv"] == ["/bin/echo", "a b", "\udcff"]
+    assert "argv" not in spawns[1]
+
+
 @pytest.mark.parametrize("mech", MECHS)
 def test_audited_spawn_identity_is_read_before_reaping(tmp_path, mech):
     # A short command can be reaped by the keeper before the owner looks at

@@ -310,6 +310,33 @@ def spawn_fields(
 
 
 # --------------------------------------------------------------------------
+# fields of records read back (they may be corrupt or from another schema)
+
+
+def parse_start(tok: Any, boot: Any = None) -> tuple[int, str] | None:
+    """A record's ``start`` as ``(ticks, bootid)``, or None if unusable.
+
+    ``"ticks@bootid"`` is the written form; a bare tick count (string or
+    int) takes the record's separate ``boot`` field.
+    """
+    if isinstance(tok, int) and not isinstance(tok, bool):
+        return (tok, boot) if isinstance(boot, str) and tok >= 0 else None
+    if not isinstance(tok, str):
+        return None
+    ticks, sep, b = tok.partition("@")
+    if not sep:
+        b = boot if isinstance(boot, str) else None
+    if not b or not ticks.isdigit():
+        return None
+    return int(ticks), b
+
+
+def parse_pid(v: Any) -> int | None:
+    """A record's pid if it is a usable one (a positive int), else None."""
+    return v if type(v) is int and v > 0 else None
+
+
+# --------------------------------------------------------------------------
 # writing
 
 _WRITERS: weakref.WeakSet[AuditWriter] = weakref.WeakSet()

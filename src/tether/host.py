@@ -1027,12 +1027,10 @@ class Host:
         """
         p = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=stdin, stdout=stdout,
                              stderr=stderr, start_new_session=True, close_fds=True)
-        ident = identity.read(p.pid)
-        fields: dict[str, Any] = {"pid": p.pid, "detached": True, "in_job": False}
-        if ident is not None:
-            fields.update(start=ident.token(), boot=ident.boot, pgid=ident.pgid, sid=ident.sid,
-                          uid=ident.uid)
-        self._write("spawn", **fields)
+        from .audit import spawn_fields
+
+        self._write("spawn", **spawn_fields(pid=p.pid, identity=identity.read(p.pid),
+                                            detached=True, in_job=False))
         self.detached.append(p)
         return p
 

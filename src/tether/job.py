@@ -129,15 +129,13 @@ class Job:
                    ident: identity.Identity | None = None) -> None:
         if self._audit is None:
             return
+        from .audit import spawn_fields
+
         if ident is None or ident.pid != pid:
             ident = identity.read(pid)
-        fields: dict[str, Any] = {"pid": pid, "in_job": True}
-        if ident is not None:
-            fields.update(start=ident.token(), boot=ident.boot, pgid=ident.pgid, sid=ident.sid,
-                          uid=ident.uid)
         if argv is not None:
-            fields["argv"] = [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in argv]
-        self._log("spawn", **fields)
+            argv = [a if isinstance(a, (str, bytes)) else str(a) for a in argv]
+        self._log("spawn", **spawn_fields(pid=pid, identity=ident, in_job=True, record_argv=argv))
 
     # -- state ------------------------------------------------------------------
     @property

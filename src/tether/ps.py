@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import identity
+from .audit import parse_pid, parse_start
 from .identity import Identity
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
@@ -133,24 +134,6 @@ class PsJob:
 # Gathering
 
 
-def _token(tok: Any, boot: Any = None) -> tuple[int, str] | None:
-    """``"ticks@bootid"`` -> (ticks, bootid); a bare tick count takes ``boot``."""
-    if isinstance(tok, int) and isinstance(boot, str):
-        return tok, boot
-    if not isinstance(tok, str):
-        return None
-    ticks, sep, b = tok.partition("@")
-    if not sep:
-        b = boot if isinstance(boot, str) else None
-    if b is None or not ticks.isdigit():
-        return None
-    return int(ticks), b
-
-
-def _pid(v: Any) -> int | None:
-    return v if type(v) is int and v > 0 else None
-
-
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 
@@ -204,8 +187,8 @@ def _absorb(book: _Book, rec: dict[str, Any], boot: str) -> None:
     owner = rec.get("owner")
     oid = None
     if isinstance(owner, dict):
-        opid = _pid(owner.get("pid"))
-        ot = _token(owner.get("start"))
+        opid = parse_pid(owner.get("pid"))
+        ot = parse_start(owner.get("start"))
         if opid is not None and ot is not None:
             oid = Identity(opid, ot[0], ot[1])
     if oid is not None and oid.boot != boot:
@@ -227,10 +210,10 @@ def _absorb(book: _Book, rec: dict[str, Any], boot: str) -> None:
         book.by_cgroup[os.path.normpath(cg)] = j
     keeper = rec.get("keeper")
     if isinstance(keeper, dict):
-        kp, kt = _pid(keeper.get("pid")), _token(keeper.get("start"))
+        kp, kt = parse_pid(keeper.get("pid")), parse_start(keeper.get("start"))
         if kp is not None and kt is not None and kt[1] == boot:
             j.keeper = Identity(kp, kt[0], kt[1])
-    elif _pid(rec.get("keeper_pid")) is not None and j.keeper is None:
+    elif parse_pid(rec.get("keeper_pid")) is not None and j.keeper is None:
         kid = identity.read(rec["keeper_pid"])
         if kid is not None:
             j.keeper = kid  # checked below against the owner
@@ -243,8 +226,8 @@ def _absorb(book: _Book, rec: dict[str, Any], boot: str) -> None:
     if event == "job-close":
         j.closed = True
         return
-    pid = _pid(rec.get("pid"))
-    tok = _token(rec.get("start"), rec.get("boot"))
+    pid = parse_pid(rec.get("pid"))
+    tok = parse_start(rec.get("start"), rec.get("boot"))
     if pid is None or tok is None or tok[1] != boot:
         return
     key = (pid, tok[0])

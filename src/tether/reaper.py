@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from . import identity
+from .audit import parse_pid, parse_start
 from .errors import SignalRefused
 from .identity import Identity
 
@@ -240,22 +241,6 @@ class _Run:
         return self.jobs.get(job, {}).get("session") if job is not None else None
 
 
-def _token(tok: Any, boot: Any = None) -> tuple[int, str] | None:
-    """``"ticks@bootid"`` -> (ticks, bootid); a bare tick count takes ``boot``."""
-    if not isinstance(tok, str):
-        return None
-    ticks, sep, b = tok.partition("@")
-    if not sep:
-        b = boot if isinstance(boot, str) else None
-    if b is None or not ticks.isdigit():
-        return None
-    return int(ticks), b
-
-
-def _pid(v: Any) -> int | None:
-    return v if type(v) is int and v > 0 else None
-
-
 def _opt_str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -292,8 +277,8 @@ def _owner_of(owner: Any, cache: dict[tuple[Any, Any], Identity | None]) -> Iden
         pass
     except TypeError:
         return None  # unhashable values: not an identity
-    opid = _pid(raw[0])
-    ot = _token(raw[1])
+    opid = parse_pid(raw[0])
+    ot = parse_start(raw[1])
     ident = Identity(opid, ot[0], ot[1]) if opid is not None and ot is not None else None
     if len(cache) < 65536:
         cache[raw] = ident
@@ -328,10 +313,10 @@ def _absorb(rec: dict[str, Any], runs: dict[str, _Run], boot: str,
     if cg and type(cg) is str and cg not in run.cgroups:
         run.cgroups.add(cg)
     if event == "spawn" or event == "exit":
-        pid = _pid(rec.get("pid"))
+        pid = parse_pid(rec.get("pid"))
         if pid is None:
             return
-        tok = _token(rec.get("start"), rec.get("boot"))
+        tok = parse_start(rec.get("start"), rec.get("boot"))
         if tok is None:
             key = (pid, -1)  # no start, no identity: remembered only to be reported
         elif tok[1] != boot:
