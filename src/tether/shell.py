@@ -58,6 +58,16 @@ _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
 _STOP_SIGNALS = ("SIGTERM", "SIGHUP")  # end the job now, then die by the same signal
 _DEFER_SIGNALS = ("SIGINT", "SIGQUIT")  # the command gets them from the terminal itself
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._sigwatch import SignalWatch
+
+
+def _signal_numbers(names: tuple[str, ...]) -> list[int]:
+    import _signal
+
+    return [getattr(_signal, n) for n in names if hasattr(_signal, n)]  # Windows: no SIGHUP
+
 
 def _say(msg: str) -> None:
     # One line, straight to fd 2: no buffered sys.stderr to flush before os._exit.
@@ -368,7 +378,9 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
                 pass  # e.g. a multi-threaded caller of cli(): nothing ran yet
     # Handlers first, so no signal is lost while the job is set up. A Python
     # handler is not SIG_IGN, so the command still starts with SIG_DFL for them.
-    sigs = _Signals()
+    from ._sigwatch import SignalWatch
+
+    sigs = SignalWatch(_signal_numbers(_STOP_SIGNALS), _signal_numbers(_DEFER_SIGNALS))
     try:
         return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0)
     finally:
@@ -531,87 +543,16 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
     return rc
 
 
-class _Signals:
-    """Record SIGTERM/SIGHUP (stop the job) and SIGINT/SIGQUIT (deferred), wake a poll.
-
-    Signals our caller set to SIG_IGN (``nohup``, a background job) stay ignored.
-    """
-
-    def __init__(self) -> None:
-        import signal
-
-        self.got: list[int] = []
-        self.stops: set[int] = set()
-        self.old: dict[int, object] = {}
-        self.rfd = self.wfd = -1
-        self.old_wakeup = -1
-        for name in _STOP_SIGNALS + _DEFER_SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is None:
-                continue
-            try:
-                prev = signal.getsignal(sig)
-                if prev == signal.SIG_IGN:
-                    continue
-                signal.signal(sig, self._on_signal)
-            except (OSError, ValueError):
-                continue
-            self.old[int(sig)] = prev
-            if name in _STOP_SIGNALS:
-                self.stops.add(int(sig))
-        if hasattr(os, "pipe2"):
-            self.rfd, self.wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                self.old_wakeup = signal.set_wakeup_fd(self.wfd, warn_on_full_buffer=False)
-            except (ValueError, OSError):  # not the main thread
-                os.close(self.rfd)
-                os.close(self.wfd)
-                self.rfd = self.wfd = -1
-
-    def _on_signal(self, signum, _frame) -> None:
-        self.got.append(signum)
-
-    def first(self, any_kind: bool = False) -> int | None:
-        for s in self.got:
-            if any_kind or s in self.stops:
-                return s
-        return None
-
-    def drain(self) -> None:
-        try:
-            os.read(self.rfd, 512)
-        except OSError:
-            pass
-
-    def restore(self) -> None:
-        import signal
-
-        if self.wfd >= 0:
-            try:
-                signal.set_wakeup_fd(self.old_wakeup)
-            except (ValueError, OSError):
-                pass
-            os.close(self.rfd)
-            os.close(self.wfd)
-            self.rfd = self.wfd = -1
-        for sig, prev in self.old.items():
-            try:
-                signal.signal(sig, prev)
-            except (OSError, ValueError, TypeError):
-                pass
-        self.old.clear()
-
-
-def _wait(p, sigs: _Signals) -> int | None:
+def _wait(p, sigs: SignalWatch) -> int | None:
     """Wait for the shell; return None, or the stop signal (SIGTERM/SIGHUP) we received.
 
     SIGINT and SIGQUIT are recorded but not acted on, like a shell waiting for
     a foreground command: the command is in our process group, so a terminal's
     Ctrl+C (or the caller's killpg) reaches it directly.
     """
-    # The job's Popen holds a pidfd of the shell (JobPopen._pidfd; see the report
-    # for a public accessor): poll it together with the signal wake-up pipe.
-    pidfd = getattr(p, "_pidfd", None)
+    # The job's Popen holds a pidfd of the shell: poll it together with the
+    # signal wake-up pipe (no pidfd on other platforms: poll with a timeout).
+    pidfd = getattr(p, "pidfd", None)
     if pidfd is None or sigs.rfd < 0:
         import subprocess
 

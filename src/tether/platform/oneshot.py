@@ -45,6 +45,7 @@ import os
 import select
 import sys
 
+from .._sigwatch import SignalWatch
 from ..errors import JobRefused
 from . import _linux_kill as lk
 
@@ -102,52 +103,6 @@ def available() -> bool:
 
 # -- the owner's side --------------------------------------------------------------
 
-class _Signals:
-    """Record stop/deferred signals and wake a poll; leave SIG_IGN ones alone."""
-
-    def __init__(self, stops, defers) -> None:
-        self.got: list[int] = []
-        self.stops = set()
-        self.old: dict[int, object] = {}
-        self.rfd, self.wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            self.old_wakeup = _signal.set_wakeup_fd(self.wfd, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread: signals cannot be waited for here
-            os.close(self.rfd)
-            os.close(self.wfd)
-            raise Unavailable("not called from the main thread") from None
-        for sig in (*stops, *defers):
-            prev = _signal.getsignal(sig)
-            if prev == _signal.SIG_IGN:  # nohup, a background job: stays ignored
-                continue
-            _signal.signal(sig, self._on_signal)
-            self.old[sig] = prev
-            if sig in stops:
-                self.stops.add(sig)
-
-    def _on_signal(self, signum, _frame) -> None:
-        self.got.append(signum)
-
-    def first(self, any_kind: bool = False) -> int | None:
-        for s in self.got:
-            if any_kind or s in self.stops:
-                return s
-        return None
-
-    def restore(self) -> None:
-        for sig, prev in self.old.items():
-            try:
-                _signal.signal(sig, prev)
-            except (OSError, ValueError, TypeError):
-                pass
-        self.old.clear()
-        if self.wfd >= 0:
-            _signal.set_wakeup_fd(self.old_wakeup)
-            os.close(self.rfd)
-            os.close(self.wfd)
-            self.rfd = self.wfd = -1
-
-
 def _status_fields() -> tuple[int, int]:
     """(threads, ignored-signal mask) of this process, from one /proc read."""
     threads, ign = 0, 0
@@ -186,14 +141,17 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
         raise Unavailable(f"mechanism {mechanism!r} is not served by the one-command path")
     if not available():
         raise Unavailable("needs Linux with pidfd_open and posix_spawn")
-    sigs = _Signals(stop_signals, defer_signals)  # first: no signal is lost while we set up
+    try:  # first: no signal is lost while we set up
+        sigs = SignalWatch(stop_signals, defer_signals, need_wakeup=True)
+    except ValueError as e:
+        raise Unavailable(str(e)) from None
     try:
         return _run(argv, executable, mechanism, float(grace), on_start, sigs)
     finally:
         sigs.restore()
 
 
-def _run(argv, executable, mechanism, grace, on_start, sigs: _Signals) -> Result:
+def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Result:
     res = Result()
     try:
         threads, ign = _status_fields()
