@@ -21,6 +21,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 
 
+def wait_until(pred, timeout: float = 5.0, interval: float = 0.01):
+    """Poll ``pred`` until it returns something truthy and return that; fail
+    the test with AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def poll_until(pred, timeout: float = 3.0, interval: float = 0.01) -> bool:
+    """Poll ``pred`` until it is truthy or ``timeout`` passes; say which (for
+    tests that assert with a message of their own)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
 def marked(born: int, mark: str) -> list[identity.Identity]:
     """Live processes born after ``born`` whose environment carries ``mark``."""
     needle = f"TETHER_TEST_MARK={mark}".encode()

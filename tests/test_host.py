@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from procutil import poll_until as wait_until
 
 from tether import Host, audit, identity
 from tether.errors import JobClosed, JobRefused
@@ -102,14 +103,6 @@ def read_line(p: subprocess.Popen, timeout: float = 30) -> str:
         raise RuntimeError(f"host child died before reporting (status {p.wait()})")
     return line
 
-
-def wait_until(pred, timeout: float = 3.0, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
 
 
 def idents(dicts) -> list[Identity]:

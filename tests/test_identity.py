@@ -10,6 +10,7 @@ make no signal system call at all.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -20,11 +21,14 @@ import sys
 import threading
 import time
 
+import procutil
 import pytest
 
 from tether import identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
+
+wait_until = functools.partial(procutil.wait_until, timeout=3.0, interval=0.005)
 
 psutil = pytest.importorskip("psutil")
 
@@ -35,17 +39,6 @@ SLEEP = shutil.which("sleep") or "/bin/sleep"
 # be reached on a crowded box under load, and the caps have their own test.
 CAP = 30.0
 
-
-def wait_until(pred, timeout: float = 3.0, interval: float = 0.005):
-    """Poll ``pred`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def _end_tree(p: subprocess.Popen, born: int, session: bool) -> None:

@@ -26,6 +26,7 @@ outside a namespace is recorded and ended by identity.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -35,11 +36,14 @@ import subprocess
 import sys
 import time
 
+import procutil
 import pytest
 
 from tether import identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
+
+wait_until = functools.partial(procutil.wait_until, timeout=10.0)
 
 pytestmark = [
     pytest.mark.mechanism,  # also run as an unprivileged user in CI
@@ -76,16 +80,6 @@ def ns() -> list[str]:
         pytest.skip("cannot make a PID namespace here (unshare missing or refused)")
     return list(_PREFIX)  # type: ignore[arg-type]
 
-
-def wait_until(pred, timeout: float = 10.0, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 class Lines:

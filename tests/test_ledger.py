@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procutil import poll_until as wait_until
 
 from tether import Job, identity, ledger
 from tether.ledger import STREAM_MAPPING, Ledger, StreamAdapter
@@ -32,14 +33,6 @@ LINUX = sys.platform.startswith("linux")
 def lines() -> list[str]:
     return SAMPLE.read_text().splitlines()
 
-
-def wait_until(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
 
 
 def started_line(task_id: str, description: str) -> str:

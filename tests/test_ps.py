@@ -14,6 +14,7 @@ owner and surviving members: ps tells live from over, and shows leftovers.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pty
@@ -23,12 +24,15 @@ import subprocess
 import sys
 import time
 
+import procutil
 import pytest
 
 from tether import identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 from tether.platform import probe
+
+wait_until = functools.partial(procutil.wait_until, timeout=10.0, interval=0.02)
 
 pytestmark = [
     pytest.mark.mechanism,  # also run as an unprivileged user in CI
@@ -61,16 +65,6 @@ print("closed", flush=True)
 
 MECHS = ["cgroup", "subreaper", "pgroup", "pidns"]
 
-
-def wait_until(pred, timeout: float = 10.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def readline(f, timeout: float = 20.0) -> str:

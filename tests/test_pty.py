@@ -20,6 +20,7 @@ import threading
 import time
 
 import pytest
+from procutil import wait_until
 
 from tether import identity
 from tether.errors import SignalRefused
@@ -87,16 +88,6 @@ def _proc_marked_sleeps(mark: str, born: int) -> list[tuple[int, int]]:
         out.append((pid, st[5]))
     return sorted(out)
 
-
-def wait_until(pred, timeout: float = 5.0, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 # ------------------------------------------------------------------ fixtures

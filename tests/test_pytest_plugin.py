@@ -229,16 +229,6 @@ def _prctl_subreaper() -> int:
     return v.value
 
 
-def wait_until(pred, timeout: float = 5.0, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
-
 
 class LeakLog:
     """Reads what the inner session recorded; ends every recorded process at

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procutil import poll_until as wait_until
 
 from tether import audit, identity, reaper
 from tether.identity import Identity
@@ -110,14 +111,6 @@ def ids(info: dict) -> list[Identity]:
         out.append(info["escapee"])
     return [Identity.from_dict(d) for d in out]
 
-
-def wait_until(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 @pytest.fixture
