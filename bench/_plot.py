@@ -53,6 +53,15 @@ def _load(results: str, name: str) -> dict[str, Any] | None:
         return None
 
 
+
+def _save(plt, fig, out: str, name: str) -> str:
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _plain_log(axis: Any) -> None:
     """Log axis with plain numbers (10, 20, 50) instead of 2x10^1."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -125,11 +134,7 @@ def kill_alternatives(results: str, out: str) -> str | None:
                   f"{d['params']['deadline_s']:g} s")
     ax.set_title(f"Same adversarial tree ({d['params']['sleeps'] + 6} processes) under each "
                  f"alternative — {_load_note(d)}", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "kill_alternatives.png")
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out, "kill_alternatives.png")
 
 
 def kill_mechanisms(results: str, out: str) -> str | None:
@@ -146,9 +151,8 @@ def kill_mechanisms(results: str, out: str) -> str | None:
                 kinds.append(k)
     if not sizes or not kinds:
         return None
-    fig, axes = plt.subplots(1, len(sizes), figsize=(2.6 * len(sizes) + 1.5, 3.8))
-    if len(sizes) == 1:
-        axes = [axes]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(2.6 * len(sizes) + 1.5, 3.8), squeeze=False)
+    axes = list(axes[0])
     for ax, s in zip(axes, sizes, strict=True):
         data, leaks = [], []
         for x, k in enumerate(kinds, start=1):
@@ -176,11 +180,7 @@ def kill_mechanisms(results: str, out: str) -> str | None:
     fig.suptitle("Kill latency per mechanism and tree size (bench/kill_latency.py); grey: the "
                  "kernel's own PID-namespace teardown\n(unshare --pid --fork --kill-child, SIGKILLed "
                  f"itself) — {_load_note(d)}", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "kill_mechanisms.png")
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out, "kill_mechanisms.png")
 
 
 def spawn_overhead(results: str, out: str) -> str | None:
@@ -201,9 +201,8 @@ def spawn_overhead(results: str, out: str) -> str | None:
     if not panels:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6))
-    if len(panels) == 1:
-        axes = [axes]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
+    axes = list(axes[0])
     for ax, (title, rows, note) in zip(axes, panels, strict=True):
         names = [r[0] for r in rows]
         vals = [r[1] for r in rows]
@@ -216,11 +215,7 @@ def spawn_overhead(results: str, out: str) -> str | None:
         ax.set_xlabel("median spawn+wait of /bin/true ÷ plain Popen, same run")
         ax.set_title(f"{title}\n{note}", fontsize=9)
         ax.set_xlim(0, max(vals) * 1.2)
-    fig.tight_layout()
-    path = os.path.join(out, "spawn_overhead.png")
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out, "spawn_overhead.png")
 
 
 def capture_time(results: str, out: str) -> str | None:
@@ -235,9 +230,8 @@ def capture_time(results: str, out: str) -> str | None:
     panels = [("median_ms", "min_ms", "max_ms", "wall clock")]
     if has_cpu:
         panels.append(("cpu_median_ms", "cpu_min_ms", "cpu_median_ms", "CPU time of the reader"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.6))
-    if len(panels) == 1:
-        axes = [axes]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 3.6), squeeze=False)
+    axes = list(axes[0])
     for ax, (med, lo_k, hi_k, what) in zip(axes, panels, strict=True):
         for key, label, color, ls in (("tether", "tether identity.capture()", TETHER_COLOR, "-"),
                                       ("psutil", "psutil.process_iter()", ALT_COLOR, "-"),
@@ -258,11 +252,7 @@ def capture_time(results: str, out: str) -> str | None:
         ax.set_ylabel(f"one full capture (ms, {what})")
         ax.legend(fontsize=7)
     fig.suptitle(f"Process-table capture — {_load_note(d)}", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "capture.png")
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out, "capture.png")
 
 
 FIGURES_FNS: list[Callable[[str, str], str | None]] = [
