@@ -18,7 +18,11 @@ SCENARIOS = {
     "daemon": "(setsid sh -c 'exec sleep 300' &) ; exit 0",
     "nohup": "nohup setsid sleep 300 >/dev/null 2>&1 & exit 0",
     "ignorer": "trap '' TERM HUP; while :; do sleep 1; done",
-    "hopper": "H='echo $$ >> \"$HOPLOG\"; setsid sh -c \"$H\" & exit 0'; export H; setsid sh -c \"$H\" & sleep 0.3; exit 0",
+    # Hops until "$HOPLOG.stop" exists (the test's cleanup makes it) or 30000
+    # hops: it can never outlive the suite, even if every kill misses it.
+    "hopper": ("H='[ -e \"$HOPLOG.stop\" ] && exit 0; HOPS=$((${HOPS:-0}+1)); "
+               "[ $HOPS -gt 30000 ] && exit 0; export HOPS; echo $$ >> \"$HOPLOG\"; "
+               "setsid sh -c \"$H\" & exit 0'; export H; setsid sh -c \"$H\" & sleep 0.3; exit 0"),
     "many": "i=0; while [ $i -lt ${N:-200} ]; do sleep 300 & i=$((i+1)); done; wait",
 }
 

@@ -127,6 +127,9 @@ class Procs:
         return p
 
     def cleanup(self) -> None:
+        # A pid-hopper (tests/_owner.py) stops at its next hop once this exists.
+        with open(self.hoplog + ".stop", "w"):
+            pass
         for p in self.popens:
             if p.poll() is None:
                 p.kill()
@@ -158,7 +161,7 @@ class Procs:
                         last = f.read().split()[-1:]
                 except OSError:
                     last = []
-                for pid in range(int(last[0]) - 2, int(last[0]) + 64) if last else ():
+                for pid in _pids_after(int(last[0])) if last else ():
                     ident = identity.read(pid)
                     if ident is None or ident.start < self.born:
                         continue
@@ -171,10 +174,12 @@ class Procs:
             elif time.monotonic() - hop_quiet > 0.3:
                 break
             time.sleep(0.001)
-        try:
-            os.unlink(self.hoplog)
-        except OSError:
-            pass
+        if time.monotonic() - hop_quiet > 0.3:  # else the stop file stays: it still ends the hopper
+            for path in (self.hoplog, self.hoplog + ".stop"):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         for p in self.popens:
             try:
                 p.wait(timeout=5)
@@ -184,6 +189,17 @@ class Procs:
                 if s is not None:
                     s.close()
 
+
+
+def _pids_after(pid: int, n: int = 64) -> list[int]:
+    """The pids the kernel hands out next after ``pid``, wrapping at pid_max
+    (to 300, the first pid it reuses)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError):
+        pid_max = 1 << 22
+    return [q if q < pid_max else q - pid_max + 300 for q in range(pid - 2, pid + n)]
 
 
 def available(name: str) -> bool:
