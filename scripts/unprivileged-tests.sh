@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 if [ "$(id -u)" != 0 ]; then
   echo "already unprivileged: running the mechanism tests directly"
-  exec python3 -m pytest -q -p no:cacheprovider -m mechanism
+  exec python3 -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism
 fi
 USER_NAME=tether-ci-$$
 WORK=$(mktemp -d /tmp/tether-unpriv.XXXXXX)
@@ -27,4 +27,4 @@ chmod -R a+rX "$WORK"
 cd "$WORK"
 runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" PATH="$WORK/venv/bin:/usr/bin:/bin" \
   LANG=C.UTF-8 TMPDIR=/tmp \
-  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -m mechanism tests
+  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism tests
