@@ -10,8 +10,17 @@ conftest of its own).
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from procutil import Procs
+
+# pytest-xdist workers start with SIGINT ignored, and an ignored signal is
+# inherited across exec: every process a test started would ignore Ctrl+C.
+# tether keeps what its caller ignores (on purpose), so tests about SIGINT
+# need the runner to be an ordinary program: Python's default handler here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
