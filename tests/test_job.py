@@ -299,3 +299,26 @@ def test_audited_spawn_identity_is_read_before_reaping(tmp_path, mech):
     by_pid = {r["pid"]: r for r in spawns}
     for p in ps:
         assert by_pid[p.pid]["start"] == p.tether_identity.token()
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs):
+    def cgroup_of(pid):
+        with open(f"/proc/{pid}/cgroup") as f:
+            return next(line[3:].strip() for line in f if line.startswith("0::"))
+
+    with Job(mechanism="cgroup") as job:
+        path = job.trace()["cgroup_path"]
+        keeper = job.trace()["keeper_pid"]
+        assert path.endswith(cgroup_of(keeper))  # no move per spawn: it stays inside
+        p = job.popen(["sleep", "30"], env=procs.env())
+        assert path.endswith(cgroup_of(p.pid))
+        assert job.member_pids() == [p.pid]  # the keeper is not a member
+        job.terminate(0.5)
+        assert p.wait(timeout=5) is not None
+        # The job stays open after terminate(): the next child is a member too.
+        q = job.popen(["sleep", "30"], env=procs.env())
+        assert path.endswith(cgroup_of(q.pid))
+        assert path.endswith(cgroup_of(keeper))
+    assert q.wait(timeout=5) is not None
+    assert not os.path.exists(path)

@@ -357,8 +357,6 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
         # session leader without a terminal acquires the first one it opens:
         # re-open the child's stdin terminal by path onto fd 0.
         file_actions.append((os.POSIX_SPAWN_OPEN, 0, os.ttyname(lifted[targets[0]]), os.O_RDWR, 0))
-    for fd in lifted:
-        os.set_inheritable(fd, False)
     kwargs: dict = {}
     pgroup = msg.get("pgroup", -1)
     if msg.get("setsid"):
@@ -369,7 +367,9 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
         kwargs["setpgroup"] = pgroup
     kwargs.update(mech.spawn_attrs(msg))
     ignored = set(msg.get("ignored", ()))
-    kwargs["setsigdef"] = [s for s in _ALL_SIGNALS if s not in ignored]
+    # Only what this keeper ignores needs resetting: a handled signal is reset
+    # by posix_spawn and execve anyway (one sigaction fewer per signal).
+    kwargs["setsigdef"] = [s for s in _own_ignored() if s not in ignored]
     kwargs["setsigmask"] = msg.get("sigmask", ())
     if file_actions:
         kwargs["file_actions"] = file_actions
@@ -404,6 +404,24 @@ def spawn(mech, msg: dict, fds: list[int]) -> int:
             pass
         for fd in lifted:
             os.close(fd)
+
+
+_OWN_IGNORED: tuple[int, tuple[int, ...]] = (0, ())
+
+
+def _own_ignored() -> tuple[int, ...]:
+    """Signals this process ignores (read once per keeper: it never changes them
+    after its set-up)."""
+    global _OWN_IGNORED
+    if _OWN_IGNORED[0] != os.getpid():
+        try:
+            with open("/proc/self/status", "rb") as f:
+                mask = next(int(line.split()[1], 16) for line in f if line.startswith(b"SigIgn:"))
+            sigs = tuple(n for n in _ALL_SIGNALS if mask & (1 << (n - 1)))
+        except (OSError, ValueError, StopIteration):
+            sigs = _ALL_SIGNALS  # unknown: reset every one, as before
+        _OWN_IGNORED = (os.getpid(), sigs)
+    return _OWN_IGNORED[1]
 
 
 def _dup_above(fd: int, base: int) -> int:
