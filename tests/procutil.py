@@ -127,6 +127,9 @@ class Procs:
         return p
 
     def cleanup(self) -> None:
+        if getattr(self, "_cleaned", False):  # a test may clean up early; the fixture again
+            return
+        self._cleaned = True
         # A pid-hopper (tests/_owner.py) stops at its next hop once this exists.
         with open(self.hoplog + ".stop", "w"):
             pass

@@ -322,3 +322,83 @@ def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs
         assert path.endswith(cgroup_of(keeper))
     assert q.wait(timeout=5) is not None
     assert not os.path.exists(path)
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+def test_nested_cgroup_job_keeper_is_no_member_and_survives_outer_terminate(procs):
+    with Job(mechanism="cgroup") as outer, Job(mechanism="cgroup", parent=outer) as inner:
+        p = inner.popen(["sleep", "30"], env=procs.env())
+        inner_keeper = inner.trace()["keeper_pid"]
+        assert outer.member_pids() == [p.pid]  # the inner keeper lives inside, but is not a member
+        ended = outer.terminate(0.2)
+        assert [i.pid for i in ended] == [p.pid]
+        assert identity.read(inner_keeper) is not None  # stepped aside, not ended
+        q = inner.popen(["sleep", "30"], env=procs.env())  # the inner job is still open
+        assert outer.member_pids() == [q.pid] and inner.member_pids() == [q.pid]
+    assert q.wait(timeout=5) is not None
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+def test_owner_death_ends_cgroup_job_from_inside_and_next_job_removes_the_empty_dirs(procs):
+    from procutil import run_owner
+
+    from tether.platform.linux_cgroup import base_dir
+
+    owner, info = run_owner(procs, "cgroup", "background")
+    me = identity.read(owner.pid)
+    run_dir = os.path.join(base_dir()[0], f"tether-{owner.pid}-{me.start}")
+    assert os.path.isdir(run_dir) and procs.wait_count(1)
+    owner.kill()
+    owner.wait(timeout=5)
+    assert not procs.wait_all_dead(3.0)  # the job ended with its owner
+    keeper = identity.Identity(info["keeper"], 0, "")
+    deadline = time.monotonic() + 5
+    while identity.read(keeper.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the keeper ended itself with its cgroup.kill
+    assert identity.read(keeper.pid) is None
+    # Nobody was left to remove the (now empty) directories: the next job's open
+    # does (here, or in another xdist worker: either way it is gone).
+    with Job(mechanism="cgroup"):
+        assert not os.path.exists(run_dir)
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+def test_stale_run_dirs_removed_only_when_empty_and_owner_gone(procs):
+    from tether.platform.linux_cgroup import base_dir, remove_stale_run_dirs
+
+    base = base_dir()[0]
+    gone = subprocess.Popen(["true"])
+    gone_ident = identity.read(gone.pid)
+    gone.wait(timeout=5)
+    me = identity.read(os.getpid())
+    dead = os.path.join(base, f"tether-{gone.pid}-{gone_ident.start}")
+    alive = os.path.join(base, f"tether-{os.getpid()}-{me.start}-test")  # not a run-dir name
+    mine = os.path.join(base, f"tether-{os.getpid()}-{me.start}")
+    busy = os.path.join(base, f"tether-{gone.pid}-{gone_ident.start + 1}")
+    made = []
+    try:
+        for d in (dead, alive, busy, os.path.join(busy, "j1")):
+            os.mkdir(d)
+            made.append(d)
+        if not os.path.isdir(mine):
+            os.mkdir(mine)
+            made.append(mine)
+        p = procs.popen(["sleep", "30"])
+        with open(os.path.join(busy, "j1", "cgroup.procs"), "w") as f:
+            f.write(str(p.pid))
+        remove_stale_run_dirs(base)
+        assert not os.path.exists(dead)  # empty, owner gone
+        assert os.path.isdir(alive) and os.path.isdir(mine)  # not a run dir / owner alive
+        assert os.path.isdir(busy)  # a process is in it: tether reap's work, not ours
+        assert p.poll() is None
+    finally:
+        procs.cleanup()
+        for d in reversed(made):
+            for _ in range(100):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)  # the killed sleep is still leaving the cgroup

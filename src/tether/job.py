@@ -224,16 +224,33 @@ class Job:
         return await create(popen, limit)
 
     # -- members and ending ----------------------------------------------------
+    def _nested(self) -> list[Job]:
+        out = []
+        for child in self._children:
+            if not child._closed:
+                out.append(child)
+                out.extend(child._nested())
+        return out
+
+    def _pids(self) -> list[int]:
+        # A nested job's keeper may live inside this job's cgroup: tether's own,
+        # not a member.
+        pids = self._backend.member_pids()
+        if self._children:
+            helpers = {h for c in self._nested() for h in c._backend.helper_pids()}
+            pids = [p for p in pids if p not in helpers]
+        return pids
+
     def member_pids(self) -> list[int]:
         """PIDs of the job's members (cheaper than ``members()``; may include zombies)."""
-        return [] if self._closed else self._backend.member_pids()
+        return [] if self._closed else self._pids()
 
     def members(self) -> list[Identity]:
         """Identities of every live process in the job, escapees included."""
         if self._closed:
             return []
         out = []
-        for pid in self._backend.member_pids():
+        for pid in self._pids():
             ident = identity.read(pid)
             if ident is not None and ident.state not in ("Z", "X"):
                 out.append(ident)
@@ -241,7 +258,7 @@ class Job:
 
     def _live_pids(self) -> list[int]:
         out = []
-        for pid in self._backend.member_pids():
+        for pid in self._pids():
             ident = identity.read(pid)
             if ident is not None and ident.state not in ("Z", "X"):
                 out.append(pid)
@@ -261,6 +278,7 @@ class Job:
             return []
         # Nothing signalled (on Windows only CREATE_NEW_PROCESS_GROUP groups can
         # be asked politely): nothing to wait for.
+        nested = self._nested()
         if grace > 0 and self._backend.signal_all(signal.SIGTERM):
             deadline = time.monotonic() + grace
             delay = 0.001
@@ -269,6 +287,11 @@ class Job:
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
+        for child in nested:  # they stay open: their keepers must not die with the rest
+            try:
+                child._backend.step_aside()
+            except Exception:  # noqa: BLE001 - a gone keeper: that job ends with ours
+                pass
         self._backend.kill_all()
         return [i for i in before if not identity.is_alive(i)]
 

@@ -202,11 +202,7 @@ class Keeper:
                     continue
             self.mech.cleanup(self)
             return 0
-        try:
-            self.mech.kill_all(self, timeout=5.0)
-        finally:
-            self.reap()
-            self.mech.cleanup(self)
+        self.mech.end_for_dead_owner(self)
         return 0
 
     # -- children ----------------------------------------------------------
@@ -267,6 +263,9 @@ class Keeper:
                 self.mech.cleanup(self)
                 _proto.send(self.ctl, {"ok": True, "status": dict(self.status)})
                 return True
+            elif op == "step_aside":
+                self.mech.step_aside()
+                _proto.send(self.ctl, {"ok": True})
             elif op == "ping":
                 _proto.send(self.ctl, {"ok": True, "keeper": os.getpid()})
             else:

@@ -20,6 +20,7 @@ class KeeperMechanism:
     """
 
     name = "?"
+    keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
     exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
     kernel_enforced = False
     transparent = True
@@ -62,6 +63,17 @@ class KeeperMechanism:
 
     def kill_all(self, keeper, timeout: float) -> None:
         raise NotImplementedError
+
+    def step_aside(self) -> None:
+        """Keeper side of ``JobBackend.step_aside``."""
+
+    def end_for_dead_owner(self, keeper) -> None:
+        """The owner is gone: end every member at once, no grace."""
+        try:
+            self.kill_all(keeper, timeout=5.0)
+        finally:
+            keeper.reap()
+            self.cleanup(keeper)
 
     def cleanup(self, keeper) -> None:
         pass

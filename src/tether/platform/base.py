@@ -164,6 +164,17 @@ class JobBackend(abc.ABC):
     def close(self) -> None:
         """End every member and release the job. Idempotent."""
 
+    def helper_pids(self) -> list[int]:
+        """Processes of tether's own that live inside this job's kernel object
+        (a cgroup job's keeper): not members, and a job this one is nested in
+        must not count them or end them."""
+        return []
+
+    def step_aside(self) -> None:  # noqa: B027 - an optional hook: nothing to move by default
+        """Move ``helper_pids`` out of the job's kernel object, because a job
+        this one is nested in is about to end everything in it; they step back
+        in when this job next starts a process."""
+
     def trace(self) -> dict[str, Any]:
         """Mechanism traces for the audit log and `tether ps` (cgroup path, keeper pid...)."""
         return {}

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+import time
 
 from ._linux_kill import (  # noqa: F401 - re-exported: they lived here first
     RUN_PREFIX,
@@ -75,6 +77,37 @@ def probe() -> Availability:
                         {"base": base, "cgroup_kill": has_kill})
 
 
+_RUN_DIR = re.compile(re.escape(RUN_PREFIX) + r"(\d+)-(\d+)$")
+
+
+def remove_stale_run_dirs(base: str) -> list[str]:
+    """Remove the empty run directories under ``base`` whose owner (pid and
+    start ticks, in the name) is no longer running: what a keeper that ended
+    its job from inside, after its owner died, could not remove itself.
+    A directory with any process in it is never touched (that is
+    ``tether reap``'s work, with proof from the audit log)."""
+    from .. import identity
+
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        m = _RUN_DIR.match(name)
+        if m is None:
+            continue
+        owner = identity.read(int(m.group(1)))
+        if owner is not None and owner.start == int(m.group(2)):
+            continue  # its owner is alive
+        path = os.path.join(base, name)
+        if populated(path):
+            continue
+        if remove_tree(path):
+            removed.append(path)
+    return removed
+
+
 class CgroupMechanism(KeeperMechanism):
     name = CGROUP
     kernel_enforced = False
@@ -93,6 +126,7 @@ class CgroupMechanism(KeeperMechanism):
             base, why = base_dir()
             if base is None:
                 raise OSError(why)
+            remove_stale_run_dirs(base)
             run_dir = os.path.join(base, f"{RUN_PREFIX}{self.owner_pid}-{self.owner_start}")
             with contextlib.suppress(FileExistsError):
                 os.mkdir(run_dir)
@@ -115,6 +149,7 @@ class CgroupMechanism(KeeperMechanism):
     # on every spaced-out spawn (an agent's commands); now a job pays it
     # twice: at open, and before cgroup.kill (which would end the keeper too).
     _inside = False
+    keeper_inside = True
 
     def _home_procs(self) -> str:
         return os.path.join(self.params["mount"], self.params["home_cgroup"].lstrip("/"),
@@ -135,6 +170,9 @@ class CgroupMechanism(KeeperMechanism):
             _write(self._home_procs(), "0")
             self._inside = False
 
+    def step_aside(self) -> None:
+        self._leave()
+
     def spawn_context(self):
         if not self._inside:
             self._enter()  # again after a terminate() that left the job open
@@ -149,7 +187,20 @@ class CgroupMechanism(KeeperMechanism):
         self._leave()
         kill_cgroup(self.path, timeout, reap=keeper.reap)
 
+    def end_for_dead_owner(self, keeper) -> None:
+        # Nobody waits for a report: one cgroup.kill from inside ends every
+        # member and this keeper at once, without the slow move out first
+        # (5.7 ms median here). The empty directories it leaves are removed by
+        # the next job opened under the same cgroup, or by `tether reap`.
+        if self._inside and os.path.exists(os.path.join(self.path, "cgroup.kill")):
+            with contextlib.suppress(OSError):
+                _write(os.path.join(self.path, "cgroup.kill"), "1")
+                time.sleep(5)  # the SIGKILL is on its way to this process too
+        super().end_for_dead_owner(keeper)
+
     def cleanup(self, keeper) -> None:
+        with contextlib.suppress(OSError):
+            self._leave()  # a background job's keeper waited inside until it emptied
         remove_tree(self.path)
         run_dir = os.path.dirname(self.path)
         if os.path.basename(run_dir).startswith(RUN_PREFIX):

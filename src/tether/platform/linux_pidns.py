@@ -163,16 +163,7 @@ class PidnsMechanism(KeeperMechanism):
         # cannot name its members; the owner kills them by identity from
         # outside (posix.KeeperJob.kill_all) and the keeper only reaps here.
         # Ending the whole namespace is the keeper's own exit.
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid in keeper.children:
-                keeper.children.discard(pid)
-                keeper._report_exit(pid, status)
+        keeper.reap()
 
     def guarantee(self) -> Guarantee:
         visible = ["the job's processes see their own PIDs: `echo $!` prints a PID the outside "

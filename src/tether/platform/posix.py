@@ -240,6 +240,13 @@ class KeeperJob(JobBackend):
                     continue
             time.sleep(0.001)
 
+    def helper_pids(self) -> list[int]:
+        return [self.keeper_pid] if self.mech.keeper_inside and not self._closed else []
+
+    def step_aside(self) -> None:
+        if self.mech.keeper_inside and not self._closed:
+            self.request({"op": "step_aside"})
+
     def kill_all(self, timeout: float = 3.0) -> None:
         if self.mechanism == PIDNS:
             self._kill_members_from_outside(timeout)
