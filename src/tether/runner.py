@@ -134,6 +134,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
         threading.Thread(target=_watch_stdin, args=(state, wake), name="tether-stdin",
                          daemon=True).start()
     stop_signal = 0
+    stopper: threading.Thread | None = None
     while True:
         if state["exited"]:
             break
@@ -151,13 +152,27 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
             continue
         if not stop_signal:
             stop_signal = sig
-            threading.Thread(target=job.terminate, args=(grace,), daemon=True).start()
+            # In a thread, so a second signal is still seen while the grace runs.
+            stopper = threading.Thread(target=_terminate_quietly, args=(job, grace),
+                                       name="tether-stop", daemon=True)
+            stopper.start()
+    if stopper is not None:
+        # Let it finish before the caller's own terminate and close (and before
+        # interpreter shutdown, which a daemon thread still writing would abort).
+        stopper.join(grace + 10)
     rc = proc.returncode
     if stop_signal:
         return 128 + stop_signal
     if rc is None:
         return 125
     return 128 - rc if rc < 0 else rc
+
+
+def _terminate_quietly(job, grace: float) -> None:
+    try:
+        job.terminate(grace)
+    except Exception:  # noqa: BLE001 - the caller terminates and closes the job again
+        pass
 
 
 def _watch_stdin(state: dict, wake) -> None:

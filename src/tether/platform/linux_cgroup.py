@@ -81,9 +81,9 @@ _RUN_DIR = re.compile(re.escape(RUN_PREFIX) + r"(\d+)-(\d+)$")
 
 
 def remove_stale_run_dirs(base: str) -> list[str]:
-    """Remove the empty run directories under ``base`` whose owner (pid and
-    start ticks, in the name) is no longer running: what a keeper that ended
-    its job from inside, after its owner died, could not remove itself.
+    """Remove this user's empty run directories under ``base`` whose owner
+    (pid and start ticks, in the name) is no longer running: what a keeper
+    that ended its job from inside, after its owner died, could not remove.
     A directory with any process in it is never touched (that is
     ``tether reap``'s work, with proof from the audit log)."""
     from .. import identity
@@ -101,8 +101,12 @@ def remove_stale_run_dirs(base: str) -> list[str]:
         if owner is not None and owner.start == int(m.group(2)):
             continue  # its owner is alive
         path = os.path.join(base, name)
-        if populated(path):
+        try:
+            st = os.lstat(path)
+        except OSError:
             continue
+        if st.st_uid != os.geteuid() or populated(path):
+            continue  # another user's (not ours to judge), or someone is in it
         if remove_tree(path):
             removed.append(path)
     return removed
