@@ -204,6 +204,15 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             os.rmdir(tmp)
         except OSError:
             pass
+        if sys.platform.startswith("linux") and not control:
+            # A cgroup job whose owner died is ended from inside by its keeper,
+            # which leaves the empty cgroup directories for the next job to
+            # remove: do it now, the demo's owner is gone.
+            from .platform import linux_cgroup
+
+            base, _why = linux_cgroup.base_dir()
+            if base is not None:
+                linux_cgroup.remove_stale_run_dirs(base)
 
 
 def _ours(born: int, marker: str) -> dict[int, int]:
