@@ -188,7 +188,10 @@ class CgroupMechanism(KeeperMechanism):
         return [p for p in _procs(self.path) if p != keeper_pid]
 
     def kill_all(self, keeper, timeout: float) -> None:
-        self._leave()
+        try:
+            self._leave()
+        except OSError:
+            pass  # cannot step out: the kill below ends this keeper too, members first
         kill_cgroup(self.path, timeout, reap=keeper.reap)
 
     def end_for_dead_owner(self, keeper) -> None:
