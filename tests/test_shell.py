@@ -114,12 +114,16 @@ def wait_dead(idents, timeout: float = 3.0) -> list[identity.Identity]:
 
 # The adversarial tree: a plain child, sleep &, nohup, a setsid escapee, a
 # double-forked setsid daemon, one ignoring SIGTERM/SIGHUP, and the foreground.
+# The double fork is `setsid -f` (setsid forks, its parent exits at once), not
+# `( ... & )`: under bash (root's login shell, tether-shell's real shell) the
+# subshell's forked child is a `bash` with PPID 1 until it execs - an orphan
+# bash of our own, if only for a moment.
 TREE = r"""
 echo $$ >> "$P"
 sleep 60 & echo $! >> "$P"
 nohup sleep 60 >/dev/null 2>&1 & echo $! >> "$P"
 setsid sh -c 'echo $$ >> "$P"; exec sleep 60' >/dev/null 2>&1 &
-( setsid sh -c 'sleep 60 & echo $! >> "$P"' >/dev/null 2>&1 & )
+setsid -f sh -c 'sleep 60 & echo $! >> "$P"' >/dev/null 2>&1
 sh -c 'trap "" TERM HUP; echo $$ >> "$P"; exec sleep 60' &
 sleep 60 & echo $! >> "$P"
 wait
@@ -490,7 +494,7 @@ def test_two_wrappers_killing_one_keeps_the_other(procs, ts, env, tmp_path):
 LEFTOVERS = {
     "sleep&": 'sleep 60 & echo $! >> "$P"',
     "nohup&": 'nohup sleep 60 >/dev/null 2>&1 & echo $! >> "$P"',
-    "double-fork": '( setsid sh -c \'sleep 60 & echo $! >> "$P"\' >/dev/null 2>&1 & ); '
+    "double-fork": 'setsid -f sh -c \'sleep 60 & echo $! >> "$P"\' >/dev/null 2>&1; '
                    'while [ ! -s "$P" ]; do sleep 0.01; done',
 }
 
