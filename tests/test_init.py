@@ -365,7 +365,7 @@ def test_a_leftover_that_ignores_sigterm_is_killed_after_the_grace(ns, tmp_path)
 
 
 # Outside any namespace: tether init is not PID 1, so it is a subreaper and
-# ends its own descendants (never kill(-1)).
+# ends its own descendants, each by identity (no broadcast signal).
 
 LEAVER = r'''
 import json, os, subprocess, sys

@@ -19,7 +19,8 @@ What tini and dumb-init do, plus the kill-all-on-exit they lack:
   kernel SIGKILLs the namespace when PID 1 exits, mid-write.
 
 "Every process left" is always this init's own descendants, each ended by
-identity (never ``kill(-1)``). As PID 1 every orphan of the namespace is
+identity (pid + kernel start time); never a signal broadcast to every
+process it may signal. As PID 1 every orphan of the namespace is
 re-parented to it, so its descendants are the whole namespace; elsewhere it
 makes itself a child subreaper (Linux) so orphans re-parent to it. As PID 1
 with the host's /proc mounted (its pids would not be ours), it signals
