@@ -61,6 +61,13 @@ def env(procs, tmp_path):
     return e
 
 
+def run_py(procs, env, code: str, timeout: float = 20) -> tuple[int, bytes]:
+    """``python -c code`` (marked); its exit status and stdout."""
+    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    out, _ = p.communicate(timeout=timeout)
+    return p.returncode, out
+
+
 def run(procs, ts, args, env, *, input=None, timeout=20, **kw):
     p = procs.popen([ts, *args], env=env, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
@@ -251,9 +258,8 @@ def test_deleted_working_directory_runs_as_under_sh(procs, ts, env, tmp_path, pa
     code = (f"import os, subprocess, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); "
             f"r = subprocess.run([{ts!r}, '-c', {show!r}], capture_output=True); "
             "sys.stdout.buffer.write(r.stdout); sys.exit(r.returncode)")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=20)
-    assert (p.returncode, out) == (0, f"ran\n{gone} (deleted)\n".encode()), out
+    rc, out = run_py(procs, env, code)
+    assert (rc, out) == (0, f"ran\n{gone} (deleted)\n".encode()), out
 
 
 def test_cwd_passes_through(procs, ts, env, tmp_path):
@@ -790,9 +796,8 @@ def test_cli_entry_for_tether_shell_subcommand(procs, env):
     # `tether shell ARGS` calls tether.shell.cli(ARGS): same behaviour in-process.
     code = ("import sys; from tether.shell import cli; "
             "sys.exit(cli(['-c', 'echo via-cli; exit 6']))")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=20)
-    assert (p.returncode, out) == (6, b"via-cli\n")
+    rc, out = run_py(procs, env, code)
+    assert (rc, out) == (6, b"via-cli\n")
 
 
 def test_mechanism_env_refuses_pidns(procs, ts, env):
@@ -851,17 +856,15 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
     code = ("import sys; before = set(sys.modules); from tether.shell import cli; "
             "rc = cli(['-c', 'true']); "
             f"print(rc, ' '.join(sorted((set(sys.modules) - before) & {heavy!r})))")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=20)
-    assert p.returncode == 0 and out.split() == [b"0"], out
+    rc, out = run_py(procs, env, code)
+    assert rc == 0 and out.split() == [b"0"], out
     # and a later import of the package runs its real __init__ (the stand-in is gone)
     code = ("import sys; from tether.shell import cli; cli(['-c', 'true']); "
             "import tether.platform as tp; from tether.platform import oneshot; "
             "print(tp.choose('auto') in ('cgroup', 'subreaper', 'pgroup'), "
             "oneshot is sys.modules['tether.platform.oneshot'])")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=20)
-    assert (p.returncode, out) == (0, b"True True\n")
+    rc, out = run_py(procs, env, code)
+    assert (rc, out) == (0, b"True True\n")
 
 
 @pytest.mark.mechanism
@@ -893,10 +896,9 @@ def test_oneshot_api_status_and_exec_failure(procs, env, tmp_path):
             "import os; print(os.waitstatus_to_exitcode(r.status), r.mechanism, r.leftovers)\n"
             "try:\n    o.run(['x'], executable='/nonexistent/tether-sh')\n"
             "except FileNotFoundError as e:\n    print('ENOENT', e.filename)\n")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=20)
+    rc, out = run_py(procs, env, code)
     lines = out.decode().splitlines()
-    assert p.returncode == 0 and lines[1] == "ENOENT /nonexistent/tether-sh", out
+    assert rc == 0 and lines[1] == "ENOENT /nonexistent/tether-sh", out
     rc, mech, left = lines[0].split()
     assert rc == "7" and mech in ("cgroup", "subreaper") and left == "0"
 
@@ -910,8 +912,7 @@ def test_cli_from_a_multithreaded_caller_falls_back_to_the_generic_path(procs, e
             "stop = threading.Event(); b = threading.Thread(target=stop.wait); b.start()\n"
             "out.append(cli(['-c', 'exit 5'])); stop.set(); b.join()\n"
             "print(*out, 'tether.job' in sys.modules)\n")
-    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    out, _ = p.communicate(timeout=30)
-    assert (p.returncode, out) == (0, b"4 5 True\n")
+    rc, out = run_py(procs, env, code, timeout=30)
+    assert (rc, out) == (0, b"4 5 True\n")
     assert [r["detail"].get("code") for r in log_records(env["XDG_STATE_HOME"])
             if r["event"] == "exit"] == [4, 5]
