@@ -70,6 +70,7 @@ from .identity import Identity
 from .job import Job
 from .ledger import Ledger, Task
 from .platform import base as _base
+from .platform._linux_kill import _procs as _cgroup_procs
 
 __all__ = [
     "Host",
@@ -1131,15 +1132,6 @@ def _own_cgroup(path: Any, job_id: Any) -> str | None:
     return real if os.path.isdir(real) else None
 
 
-def _cgroup_procs(path: str) -> list[int]:
-    out: list[int] = []
-    for d, _dirs, _files in os.walk(path):
-        try:
-            with open(os.path.join(d, "cgroup.procs"), "rb") as f:
-                out.extend(int(x) for x in f.read().split())
-        except OSError:
-            continue
-    return out
 
 
 def _index_sessions(state_dir: Path, app: str, my_run: str,

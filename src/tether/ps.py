@@ -36,6 +36,7 @@ from typing import Any
 from . import identity
 from .audit import parse_pid, parse_start
 from .identity import Identity
+from .platform._linux_kill import procs_here as _cg_procs
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
            "SCHEMA_VERSION"]
@@ -273,12 +274,6 @@ def _cgroup_run_dirs(notes: list[str]) -> tuple[str | None, list[str]]:
     return mount, sorted(found)
 
 
-def _cg_procs(path: str) -> list[int]:
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 def _read_cgroups(book: _Book, notes: list[str]) -> None:

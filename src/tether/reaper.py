@@ -53,6 +53,7 @@ from . import identity
 from .audit import parse_pid, parse_start
 from .errors import SignalRefused
 from .identity import Identity
+from .platform._linux_kill import procs_here as _cg_procs_here
 
 __all__ = ["Ended", "Skipped", "ReapReport", "reap", "cli"]
 
@@ -583,13 +584,6 @@ class _StaleRun:
     kept: bool = False  # some job dir must stay (protected or foreign members)
 
 
-def _cg_procs_here(path: str) -> list[int]:
-    """The processes directly in cgroup ``path`` (not in its children)."""
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 def _run_dir_of(path: str, mount: str) -> str | None:

@@ -75,14 +75,20 @@ def _write(path: str, data: str) -> None:
         os.close(fd)
 
 
+def procs_here(path: str) -> list[int]:
+    """The processes directly in cgroup ``path`` (not in its children)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _procs(path: str) -> list[int]:
+    """The processes in cgroup ``path`` and every cgroup below it."""
     out: list[int] = []
     for dirpath, _dirs, _files in os.walk(path):
-        try:
-            with open(os.path.join(dirpath, "cgroup.procs"), "rb") as f:
-                out.extend(int(x) for x in f.read().split())
-        except OSError:
-            continue
+        out.extend(procs_here(dirpath))
     return out
 
 
