@@ -473,24 +473,9 @@ def cleanup(born: int, mark: str, stop: str, helpers: list[identity.Identity]) -
     """End what the trial left, by recorded identity; return how many were ended."""
     with open(stop, "w"):
         pass  # the hopper stops hopping when it sees this file
-    ended: set[tuple[int, int]] = set()
-    quiet_since = time.monotonic()
-    limit = time.monotonic() + 20
-    while time.monotonic() < limit:
-        left = [i for i, _ in marked(born, mark)] + [h for h in helpers if identity.is_alive(h)]
-        if not left:
-            if time.monotonic() - quiet_since > 0.2:
-                break
-            time.sleep(0.02)
-            continue
-        quiet_since = time.monotonic()
-        for ident in left:
-            try:
-                if identity.send_signal(ident, signal.SIGKILL, member=True):
-                    ended.add((ident.pid, ident.start))
-            except Exception:  # noqa: BLE001 - refused or gone: nothing to end
-                pass
-        time.sleep(0.02)
+    ended = identity.kill_until_gone(
+        lambda: [i for i, _ in marked(born, mark)] + [h for h in helpers if identity.is_alive(h)],
+        quiet=0.2, timeout=20)
     return len(ended)
 
 

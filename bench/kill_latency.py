@@ -127,16 +127,7 @@ def trial(kind: str, n: int) -> dict:
 
 
 def cleanup(born: int, mark: bytes) -> None:
-    for _ in range(100):
-        left = marked(born, mark)
-        if not left:
-            return
-        for ident in left:
-            try:
-                identity.send_signal(ident, signal.SIGKILL, member=True)
-            except Exception:  # noqa: BLE001
-                pass
-        time.sleep(0.02)
+    identity.kill_until_gone(lambda: marked(born, mark), quiet=0.1, timeout=5)
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -136,22 +136,8 @@ class Procs:
         for p in self.popens:
             if p.poll() is None:
                 p.kill()
-        quiet = time.monotonic()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            left = self.alive()
-            if not left:
-                if time.monotonic() - quiet > 0.3:
-                    break
-                time.sleep(0.02)
-                continue
-            quiet = time.monotonic()
-            for ident in left:
-                try:
-                    identity.send_signal(ident, signal.SIGKILL, member=True)
-                except Exception:  # noqa: BLE001
-                    pass
-            time.sleep(0.01)
+        identity.kill_until_gone(self.alive, quiet=0.3, timeout=10)
         # A hopper slips through scans: stop it by its own log (kill what it names).
         hop_quiet = time.monotonic()
         size = -1

@@ -581,3 +581,16 @@ def test_portable_path_reads_signals_and_captures(spawn, portable):
     assert portable.matches(ident)  # a zombie until reaped
     p.wait(timeout=3)
     assert not portable.matches(ident)
+
+
+def test_kill_until_gone_ends_a_tree_that_keeps_forking(procs):
+    # A shell that starts a new sleep every 10 ms: one pass cannot end it, rounds can.
+    procs.popen(["sh", "-c", "while :; do sleep 30 & sleep 0.01; done"], stdin=subprocess.DEVNULL)
+    assert len(procs.wait_count(3)) >= 3
+    t0 = time.monotonic()
+    ended = identity.kill_until_gone(procs.alive, quiet=0.2, timeout=10)
+    assert len(ended) >= 3 and all(not identity.is_alive(i) for i in ended)
+    assert procs.alive() == []
+    assert time.monotonic() - t0 < 10
+    # Nothing to find: back after the quiet period, nothing signalled.
+    assert identity.kill_until_gone(lambda: [], quiet=0.05, timeout=5) == []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -171,23 +170,9 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             os.unlink(f)  # the hopper stops hopping when its file is gone
         except OSError:
             pass
-        quiet_since = time.monotonic()
-        give_up = time.monotonic() + 10
-        while time.monotonic() < give_up:
-            left = [i for i in _tree_after(born, f) if identity.is_alive(i)]
-            if not left:
-                if time.monotonic() - quiet_since > 0.3:
-                    break
-                time.sleep(0.01)
-                continue
-            quiet_since = time.monotonic()
-            for ident in left:
-                try:
-                    if identity.send_signal(ident, signal.SIGKILL, member=True):
-                        survivors_cleaned.append(ident.pid)
-                except Exception:  # noqa: BLE001
-                    pass
-            time.sleep(0.02)
+        ended = identity.kill_until_gone(
+            lambda: [i for i in _tree_after(born, f) if identity.is_alive(i)], quiet=0.3)
+        survivors_cleaned.extend(i.pid for i in ended)
         return {"mechanism": used, "control": control, "results": results,
                 "survivors": sum(r["survived"] for r in results),
                 "cleaned_up_after": sorted(set(survivors_cleaned))}
