@@ -473,10 +473,11 @@ def cleanup(born: int, mark: str, stop: str, helpers: list[identity.Identity]) -
     """End what the trial left, by recorded identity; return how many were ended."""
     with open(stop, "w"):
         pass  # the hopper stops hopping when it sees this file
-    ended = identity.kill_until_gone(
-        lambda: [i for i, _ in marked(born, mark)] + [h for h in helpers if identity.is_alive(h)],
-        quiet=0.2, timeout=20)
-    return len(ended)
+    from tether.ending import end
+
+    ending = end(lambda: [i for i, _ in marked(born, mark)] + list(helpers), born_after=born,
+                 grace=0, quiet=0.2, bound=20)
+    return len([i for i, how in ending.ended if how != "exit"])
 
 
 # ----------------------------------------------------------------------------

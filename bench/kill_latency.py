@@ -127,7 +127,9 @@ def trial(kind: str, n: int) -> dict:
 
 
 def cleanup(born: int, mark: bytes) -> None:
-    identity.kill_until_gone(lambda: marked(born, mark), quiet=0.1, timeout=5)
+    from tether.ending import end
+
+    end(lambda: marked(born, mark), born_after=born, grace=0, quiet=0.1, bound=5)
 
 
 def pct(xs: list[float], q: float) -> float:

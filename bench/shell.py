@@ -82,7 +82,7 @@ import time, os, sys
 t0 = time.perf_counter()
 import tether.shell
 t1 = time.perf_counter()
-oneshot = tether.shell._load_oneshot()
+from tether.platform import oneshot
 t2 = time.perf_counter()
 r = oneshot.run([sys.argv[2], "-c", "true"], executable=sys.argv[2], mechanism=sys.argv[1])
 t3 = time.perf_counter()
@@ -96,7 +96,7 @@ def importtime(py: str, env: dict[str, str], runs: int = 7) -> list[dict]:
     per: dict[str, list[tuple[int, int]]] = {}
     for _ in range(runs):
         r = subprocess.run([py, "-X", "importtime", "-c",
-                            "import tether.shell; tether.shell._load_oneshot()"],
+                            "import tether.shell; from tether.platform import oneshot"],
                            env=env, capture_output=True, text=True, check=True)
         for line in r.stderr.splitlines():
             if not line.startswith("import time:") or "self [us]" in line:
@@ -219,7 +219,7 @@ def main() -> int:
           + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
     tops = [r for r in imports if r["module"] in ("tether.shell", "tether._shellargs",
                                                    "tether.platform.oneshot",
-                                                   "tether.platform._linux_kill", "select",
+                                                   "tether.identity", "select",
                                                    "tether.errors")]
     print("  imports (cumulative ms): "
           + ", ".join(f"{r['module']} {r['cumulative_us'] / 1000:.1f}" for r in tops))

@@ -67,7 +67,8 @@ def main() -> int:
         if any(e.startswith(b"TETHER_TEST_MARK=") for e in env):
             ours.append(ident)
     try:
-        from tether.platform.linux_cgroup import RUN_PREFIX, cgroup2_mount
+        from tether.cgroupfs import RUN_PREFIX
+        from tether.cgroupfs import mount as cgroup2_mount
 
         mount = cgroup2_mount()
         if mount:

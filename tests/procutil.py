@@ -16,6 +16,7 @@ import time
 import uuid
 
 from tether import identity
+from tether.ending import end
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
@@ -53,14 +54,8 @@ def marked(born: int, mark: str) -> list[identity.Identity]:
     for ident in cap.procs.values():
         if ident.pid <= 2 or ident.pid == os.getpid():
             continue
-        try:
-            with open(f"/proc/{ident.pid}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            if identity.is_alive(ident):
-                out.append(ident)
+        if identity.environ_has(ident.pid, needle) and identity.is_alive(ident):
+            out.append(ident)
     return out
 
 
@@ -137,7 +132,7 @@ class Procs:
             if p.poll() is None:
                 p.kill()
         deadline = time.monotonic() + 10
-        identity.kill_until_gone(self.alive, quiet=0.3, timeout=10)
+        end(self.alive, born_after=self.born, grace=0, quiet=0.3, bound=10)
         # A hopper slips through scans: stop it by its own log (kill what it names).
         hop_quiet = time.monotonic()
         size = -1

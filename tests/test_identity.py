@@ -368,7 +368,18 @@ def test_refusals_make_no_signal_syscall(tmp_path):
     result = json.loads(r.stdout.splitlines()[-1])
     assert result["refused"] == result["total"] > 6
     assert result["ok"] is True
-    lines = [ln for ln in trace.read_text().splitlines() if ln.strip()]
+    # The tracing process's own calls only (the SIGKILLed child can show up
+    # as "???(" when it dies inside a syscall), a call split by another
+    # process's line ("<unfinished ...>" ... "<... resumed>") joined again.
+    child = f"{result['child']} "
+    lines = []
+    for ln in trace.read_text().splitlines():
+        if not ln.strip() or ln.startswith(child):
+            continue
+        if "<... " in ln and " resumed>" in ln and lines and lines[-1].endswith("<unfinished ...>"):
+            lines[-1] = lines[-1][: -len("<unfinished ...>")] + ln.split(" resumed>", 1)[1]
+            continue
+        lines.append(ln)
     # Only the control's two calls, both aimed at the child.
     assert len(lines) == 2, lines
     assert f"pidfd_open({result['child']}," in lines[0]
@@ -581,16 +592,3 @@ def test_portable_path_reads_signals_and_captures(spawn, portable):
     assert portable.matches(ident)  # a zombie until reaped
     p.wait(timeout=3)
     assert not portable.matches(ident)
-
-
-def test_kill_until_gone_ends_a_tree_that_keeps_forking(procs):
-    # A shell that starts a new sleep every 10 ms: one pass cannot end it, rounds can.
-    procs.popen(["sh", "-c", "while :; do sleep 30 & sleep 0.01; done"], stdin=subprocess.DEVNULL)
-    assert len(procs.wait_count(3)) >= 3
-    t0 = time.monotonic()
-    ended = identity.kill_until_gone(procs.alive, quiet=0.2, timeout=10)
-    assert len(ended) >= 3 and all(not identity.is_alive(i) for i in ended)
-    assert procs.alive() == []
-    assert time.monotonic() - t0 < 10
-    # Nothing to find: back after the quiet period, nothing signalled.
-    assert identity.kill_until_gone(lambda: [], quiet=0.05, timeout=5) == []

@@ -342,7 +342,7 @@ def test_nested_cgroup_job_keeper_is_no_member_and_survives_outer_terminate(proc
 def test_owner_death_ends_cgroup_job_from_inside_and_next_job_removes_the_empty_dirs(procs):
     from procutil import run_owner
 
-    from tether.platform.linux_cgroup import base_dir
+    from tether.cgroupfs import base_dir
 
     owner, info = run_owner(procs, "cgroup", "background")
     me = identity.read(owner.pid)
@@ -364,7 +364,7 @@ def test_owner_death_ends_cgroup_job_from_inside_and_next_job_removes_the_empty_
 
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 def test_stale_run_dirs_removed_only_when_empty_and_owner_gone(procs):
-    from tether.platform.linux_cgroup import base_dir, remove_stale_run_dirs
+    from tether.cgroupfs import base_dir, remove_stale_run_dirs
 
     base = base_dir()[0]
     gone = subprocess.Popen(["true"])

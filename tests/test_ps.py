@@ -48,16 +48,19 @@ if os.environ.get("NAME_KEEPER") == "0":
     # Keepers name themselves "tether-keeper"; the control un-names this one
     # (as a keeper of an older tether would be) to show the name is the trace.
     from tether.platform import _keeper
-    _run = _keeper.Keeper.run
-    def run(self):
+    _serve = _keeper.Keeper.serve
+    def serve(self, ctl):
         with open("/proc/self/comm", "w") as f:
             f.write("python3")
-        return _run(self)
-    _keeper.Keeper.run = run
+        return _serve(self, ctl)
+    _keeper.Keeper.serve = serve
 job = Job(name="ps-test", mechanism=mech, state_dir=sd)
-p = job.popen(["sleep", "300"])
-q = job.popen(["sh", "-c", "sleep 301 & sleep 302; wait"])
-print(json.dumps({"job": job.id, "p": p.pid, "q": q.pid, "trace": job.trace()}), flush=True)
+if os.environ.get("START") == "0":  # a job that has not started anything yet
+    p = q = None
+else:
+    p = job.popen(["sleep", "300"]).pid
+    q = job.popen(["sh", "-c", "sleep 301 & sleep 302; wait"]).pid
+print(json.dumps({"job": job.id, "p": p, "q": q, "trace": job.trace()}), flush=True)
 sys.stdin.read()
 job.close()
 print("closed", flush=True)
@@ -84,7 +87,7 @@ class Owner:
         """The owner's keeper and job processes, found by parentage among
         processes born after the owner (for the finalizer)."""
         cap = identity.capture(born_after=self.born)
-        roots = [self.proc.pid, self.info.get("p"), self.info.get("q"),
+        roots = [self.proc.pid, self.info.get("p"), self.info.get("q"),  # None when empty
                  self.info.get("trace", {}).get("keeper_pid")]
         roots = [r for r in roots if r]
         return [cap.get(r) for r in roots if cap.get(r)] + cap.descendants(roots, self.born)
@@ -95,12 +98,14 @@ def owner_factory(tmp_path):
     owners: list[Owner] = []
     recorded: dict[tuple[int, int], Identity] = {}
 
-    def start(mech: str, state_dir: str | None, name_keeper: bool = False) -> Owner:
+    def start(mech: str, state_dir: str | None, name_keeper: bool = False,
+              empty: bool = False) -> Owner:
         av = probe(mech)
         if not av.available:
             pytest.skip(f"{mech}: {av.reason}")
         born = identity.now_ticks()
-        env = dict(os.environ, NAME_KEEPER="1" if name_keeper else "0")
+        env = dict(os.environ, NAME_KEEPER="1" if name_keeper else "0",
+                   START="0" if empty else "1")
         env.pop("TETHER_STATE_DIR", None)
         proc = subprocess.Popen([sys.executable, "-c", OWNER, mech, state_dir or "-"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -109,8 +114,8 @@ def owner_factory(tmp_path):
         owners.append(o)
         o.info = json.loads(readline(proc.stdout))
         o.job = o.info["job"]
-        # sh has started both of its sleeps
-        wait_until(lambda: len(identity.children(o.info["q"])) == 2)
+        if not empty:  # sh has started both of its sleeps
+            wait_until(lambda: len(identity.children(o.info["q"])) == 2)
         for i in o.members_by_tree():
             recorded[(i.pid, i.start)] = i
         return o
@@ -294,3 +299,36 @@ def test_plain_when_piped_tree_on_a_terminal(owner_factory, state_dir):
     assert f"├─ {o.info['p']} sleep 300" in text
     assert f"└─ {o.info['q']} sh -c sleep 301 & sleep 302; wait" in text
     assert "   ├─ " in text and "   └─ " in text
+
+
+def _jobs_of(doc: dict, o: Owner) -> list[dict]:
+    """Every listed job that belongs to this owner, by owner or by keeper."""
+    keeper = o.info["trace"]["keeper_pid"]
+    return [j for j in doc["jobs"] if (j["owner"] and j["owner"]["pid"] == o.proc.pid)
+            or (j["keeper"] and j["keeper"]["pid"] == keeper)]
+
+
+@pytest.mark.parametrize("with_audit", [True, False], ids=["audit", "no-audit"])
+@pytest.mark.parametrize("mech", ["cgroup", "subreaper", "pidns"])
+def test_each_job_is_listed_once_with_its_real_members(owner_factory, state_dir, mech,
+                                                       with_audit):
+    o = owner_factory(mech, state_dir if with_audit else None, name_keeper=True)
+    mine = _jobs_of(ps_json(state_dir if with_audit else None), o)
+    assert len(mine) == 1, mine  # once: not also as a keeper-only "job=?" entry
+    j = mine[0]
+    assert j["job"] in (o.job, None) and j["mechanism"] in (mech, None)
+    if mech == "cgroup" or with_audit:
+        assert j["job"] == o.job and j["mechanism"] == mech
+    pids = {n["pid"] for n in flatten(j["members"])}
+    assert j["member_count"] == 4 and {o.info["p"], o.info["q"]} <= pids
+    assert o.info["trace"]["keeper_pid"] not in pids  # the keeper is tether's, not a member
+    assert j["keeper"]["pid"] == o.info["trace"]["keeper_pid"]
+
+
+@pytest.mark.parametrize("mech", ["cgroup", "subreaper"])
+def test_a_job_that_started_nothing_has_no_members(owner_factory, state_dir, mech):
+    o = owner_factory(mech, None, name_keeper=True, empty=True)
+    mine = _jobs_of(ps_json(None), o)
+    assert len(mine) == 1, mine
+    assert mine[0]["member_count"] == 0 and mine[0]["members"] == []
+    assert mine[0]["keeper"]["pid"] == o.info["trace"]["keeper_pid"]

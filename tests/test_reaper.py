@@ -118,11 +118,11 @@ def cgroups_made():
     """Stale cgroup dirs a test made; removed (members killed) at the end."""
     made: list[str] = []
     yield made
-    from tether.platform import linux_cgroup as lc
+    from tether import cgroupfs as lc
 
     for path in reversed(made):  # parents were listed first
         if os.path.isdir(path):
-            lc.kill_cgroup(path, timeout=3)  # only this test's processes are in it
+            lc.kill(path, timeout=3)  # only this test's processes are in it
             lc.remove_tree(path)
 
 
@@ -201,7 +201,7 @@ def test_stale_cgroup_is_killed_and_removed(procs, tmp_path: Path, cgroups_made)
     assert all(identity.is_alive(i) for i in left), "control: the leftovers must survive"
     recorded = {info["plain"]["pid"], info["tree"]["pid"], info["stubborn"]["pid"]}
     assert identity.read(esc.pid).ppid not in recorded
-    from tether.platform import linux_cgroup as lc
+    from tether import cgroupfs as lc
 
     assert lc.populated(cg)
     members = {int(x) for x in Path(cg, "cgroup.procs").read_text().split()}
@@ -225,7 +225,7 @@ def test_stale_cgroup_is_killed_and_removed(procs, tmp_path: Path, cgroups_made)
 def test_stale_cgroup_without_audit_is_found_by_scanning(procs, tmp_path: Path,
                                                        cgroups_made) -> None:
     """No audit log at all: a tether run dir whose owner is gone is proof enough."""
-    from tether.platform import linux_cgroup as lc
+    from tether import cgroupfs as lc
 
     if not available("cgroup"):
         pytest.skip("cgroup v2 not writable here")

@@ -841,24 +841,25 @@ def test_oneshot_keeper_job_layout(procs, ts, env, tmp_path):
     assert {r["mechanism"] for r in rec} == {"cgroup" if in_cgroup else "subreaper"}
     assert wait_dead([keeper], 3.0) == []
     if in_cgroup:
-        from tether.platform import linux_cgroup as lc
+        from tether import cgroupfs
 
-        base = os.path.join(lc.cgroup2_mount(), cg.lstrip("/"))
+        base = os.path.join(cgroupfs.mount(), cg.lstrip("/"))
         assert not os.path.exists(os.path.dirname(base))  # the run directory is removed
 
 
 def test_oneshot_loads_only_what_it_needs(procs, env):
     # The wrapper's hot path: no subprocess, socket, threading, dataclasses or
     # generic job machinery (site may have loaded some already: count what cli adds).
+    # The process reader (tether.identity) is import-light on purpose and may load.
     heavy = {"subprocess", "socket", "threading", "dataclasses", "inspect", "json", "signal",
              "enum", "tether.job", "tether.platform.base", "tether.platform.posix",
-             "tether.platform._keeper", "tether.platform._proto", "tether.identity"}
+             "tether.platform._keeper", "tether.platform._proto"}
     code = ("import sys; before = set(sys.modules); from tether.shell import cli; "
             "rc = cli(['-c', 'true']); "
             f"print(rc, ' '.join(sorted((set(sys.modules) - before) & {heavy!r})))")
     rc, out = run_py(procs, env, code)
     assert rc == 0 and out.split() == [b"0"], out
-    # and a later import of the package runs its real __init__ (the stand-in is gone)
+    # and a later import of the package finds the same modules
     code = ("import sys; from tether.shell import cli; cli(['-c', 'true']); "
             "import tether.platform as tp; from tether.platform import oneshot; "
             "print(tp.choose('auto') in ('cgroup', 'subreaper', 'pgroup'), "
@@ -891,7 +892,7 @@ def test_generic_path_still_ends_the_tree(procs, ts, env, kill):
 
 def test_oneshot_api_status_and_exec_failure(procs, env, tmp_path):
     # In-process API: a failed exec raises the OSError; nothing is left behind.
-    code = ("import sys; from tether.shell import _load_oneshot; o = _load_oneshot(); "
+    code = ("import sys; from tether.platform import oneshot as o; "
             "r = o.run(['x', '-c', 'exit 7'], executable='/bin/sh'); "
             "import os; print(os.waitstatus_to_exitcode(r.status), r.mechanism, r.leftovers)\n"
             "try:\n    o.run(['x'], executable='/nonexistent/tether-sh')\n"

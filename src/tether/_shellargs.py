@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .errors import ShellNotFound, UsageError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections.abc/typing cost milliseconds of start-up: hints only
     from collections.abc import Callable, Mapping, Sequence
@@ -37,18 +39,6 @@ _NOT_SHELLS = frozenset({"nologin", "false", "true", "sync", "halt", "shutdown"}
 # Bytes that mark a file as (a launcher or copy of) tether-shell.
 _MARKERS = (b"tether.shell", b"tether-shell", b"tether shell")
 _PROBE = 4096
-
-
-class UsageError(Exception):
-    """A bad invocation: exit 2 with ``str(self)`` as the one-line message."""
-
-    code = EXIT_USAGE
-
-
-class ShellNotFound(Exception):
-    """No real shell could be found: exit 127 with the message."""
-
-    code = EXIT_NOT_FOUND
 
 
 class Parsed:

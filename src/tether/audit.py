@@ -37,6 +37,7 @@ detached       bool        launched to survive on purpose (never reaped)
 cgroup         str         the job's cgroup path, when the mechanism has one
 status         int         exit status (``exit``); negative = killed by signal
 app            str         host application name, optional
+label          str         the app's own name for a spawned process, optional
 argv           [str]       ONLY when the caller opted in for that spawn
 argv_truncated int         argv was cut to fit a line; original arg count
 error          str         for ``error`` records: what went wrong

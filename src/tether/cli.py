@@ -22,7 +22,8 @@ _DELEGATED = {
 def _parser():
     import argparse
 
-    from .platform.base import MECHANISM_NAMES
+    from .ending import DEFAULT_GRACE, grace_arg
+    from .platform import MECHANISM_NAMES
 
     p = argparse.ArgumentParser(prog="tether", description="Every process a program starts ends when it ends.")
     p.add_argument("--version", action="version", version=_version())
@@ -32,8 +33,9 @@ def _parser():
     run.add_argument("--mechanism", "-m", default="auto", choices=MECHANISM_NAMES)
     run.add_argument("--require", choices=["kernel"], default=None,
                      help="refuse to run unless the job is kernel-enforced")
-    run.add_argument("--grace", type=_nonneg_float, default=2.0, metavar="S",
-                     help="seconds between SIGTERM and SIGKILL for what CMD leaves behind (default 2)")
+    run.add_argument("--grace", type=grace_arg, default=DEFAULT_GRACE, metavar="S",
+                     help="seconds between SIGTERM and SIGKILL for what CMD leaves behind "
+                          f"(default {DEFAULT_GRACE:g})")
     run.add_argument("--state-dir", default=None, metavar="DIR", help="write the spawn audit log here")
     run.add_argument("--die-with-stdin", action="store_true",
                      help="end the job when stdin hangs up (ssh link dropped)")
@@ -52,18 +54,6 @@ def _parser():
     for name, (_mod, text) in _DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
     return p
-
-
-def _nonneg_float(text: str) -> float:
-    import argparse
-
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v < 0 or v != v:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return v
 
 
 def _version() -> str:

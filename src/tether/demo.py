@@ -76,6 +76,7 @@ def _hop_pid(path: str) -> int | None:
 def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.0) -> dict:
     """Start the tree under an owner, SIGKILL the owner, watch. Returns the results."""
     from . import identity
+    from .ending import end
 
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tmp = tempfile.mkdtemp(prefix="tether-demo-")
@@ -170,9 +171,8 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             os.unlink(f)  # the hopper stops hopping when its file is gone
         except OSError:
             pass
-        ended = identity.kill_until_gone(
-            lambda: [i for i in _tree_after(born, f) if identity.is_alive(i)], quiet=0.3)
-        survivors_cleaned.extend(i.pid for i in ended)
+        ended = end(lambda: _tree_after(born, f), born_after=born, grace=0, quiet=0.3, bound=10)
+        survivors_cleaned.extend(i.pid for i in ended.identities())
         return {"mechanism": used, "control": control, "results": results,
                 "survivors": sum(r["survived"] for r in results),
                 "cleaned_up_after": sorted(set(survivors_cleaned))}
@@ -193,45 +193,36 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             # A cgroup job whose owner died is ended from inside by its keeper,
             # which leaves the empty cgroup directories for the next job to
             # remove: do it now, the demo's owner is gone.
-            from .platform import linux_cgroup
+            from . import cgroupfs
 
-            base, _why = linux_cgroup.base_dir()
+            base, _why = cgroupfs.base_dir()
             if base is not None:
-                linux_cgroup.remove_stale_run_dirs(base)
+                cgroupfs.remove_stale_run_dirs(base)
 
 
 def _ours(born: int, marker: str) -> dict[int, int]:
     """inner-or-outer pid -> outer pid, for live processes carrying this demo's marker."""
+    from . import identity
+
     out: dict[int, int] = {}
     for ident in _tree_after(born, marker):
         out[ident.pid] = ident.pid
-        try:
-            with open(f"/proc/{ident.pid}/status", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"NSpid:"):
-                        out.setdefault(int(line.split()[-1]), ident.pid)
-                        break
-        except OSError:
-            continue
+        ns = identity.nspid(ident.pid)
+        if ns:
+            out.setdefault(ns[-1], ident.pid)  # its pid inside a PID namespace
     return out
 
 
 def _tree_after(born: int, marker: str):
-    """Processes running our demo scripts, born after the demo began (never anything older)."""
+    """Live processes running our demo scripts, born after the demo began
+    (never anything older), found by the marker in their environment."""
     from . import identity
 
     cap = identity.capture(born_after=born)
-    out = []
-    for ident in cap.procs.values():
-        if ident.uid == os.getuid():
-            try:
-                with open(f"/proc/{ident.pid}/environ", "rb") as fh:
-                    env = fh.read()
-            except OSError:
-                continue
-            if b"\0F=" + marker.encode() + b"\0" in b"\0" + env:
-                out.append(ident)
-    return out
+    entry = b"F=" + marker.encode()
+    return [i for i in cap.procs.values()
+            if i.uid == os.getuid() and i.state not in ("Z", "X", "x")
+            and identity.environ_has(i.pid, entry)]
 
 
 def demo(mechanism: str = "auto", control: bool = False, as_json: bool = False) -> int:

@@ -19,22 +19,11 @@ SCHEMA = 1
 
 
 def describe(name: str):
-    """The Guarantee a job of mechanism ``name`` would have (no job is opened)."""
-    from .platform.base import JOBOBJECT, Guarantee, JobOptions
+    """The Guarantee a job of mechanism ``name`` would have (no job is opened):
+    the mechanism module's own text, from the one table."""
+    from .platform import guarantee
 
-    if name == JOBOBJECT:
-        try:
-            from .platform.windows import describe_guarantee
-
-            return describe_guarantee()
-        except Exception:  # noqa: BLE001 - Windows module absent or not on Windows
-            return Guarantee(mechanism=JOBOBJECT, kernel_enforced=True, transparent=True,
-                             ends_job="the kernel, when the last handle to the Job Object closes",
-                             not_covered=("processes started with breakaway by a job that allows it",))
-    from .platform.posix import mechanism_class
-
-    cls = mechanism_class(name)
-    return cls(JobOptions(name="doctor", job_id="doctor"), os.getpid(), 0).guarantee()
+    return guarantee(name)
 
 
 def _kernel() -> str:

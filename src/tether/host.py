@@ -48,200 +48,51 @@ backend applies ``cpu_percent`` (job CPU rate) and the below-normal class.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import identity
 from . import job as _job
-from .errors import JobRefused, SignalRefused
+from .ending import DEFAULT_GRACE, check_grace
+from .errors import HostClosed, JobExpired, JobRefused
 from .identity import Identity
 from .job import Job
 from .ledger import Ledger, Task
 from .platform import base as _base
-from .platform._linux_kill import _procs as _cgroup_procs
+from .stops import (
+    APP_EXIT,
+    RESUME,
+    SESSION_CLOSED,
+    USER_REQUEST,
+    EndedProcess,
+    EndedTask,
+    EndedWork,
+    argv_label,
+    format_duration,
+)
 
-__all__ = [
-    "Host",
-    "Session",
-    "BackgroundJob",
-    "EndedWork",
-    "EndedTask",
-    "EndedProcess",
-    "SafetyNetWarning",
-    "format_duration",
-    "USER_REQUEST",
-    "IDLE_RELEASE",
-    "APP_EXIT",
-    "RESUME",
-    "SESSION_CLOSED",
-]
+__all__ = ["Host", "Session", "BackgroundJob", "SafetyNetWarning"]
 
 logger = logging.getLogger("tether.host")
 
-# Stop reasons the host itself uses; any string works.
-USER_REQUEST = "user request"
-IDLE_RELEASE = "idle release"
-APP_EXIT = "app exit"
-RESUME = "resume"
-SESSION_CLOSED = "session closed"
-
 DEFAULT_TASK_CAP = 30 * 60.0
 _LINUX = sys.platform.startswith("linux")
-_NOT_ALIVE = ("Z", "X", "x")
-_counter = itertools.count(1)
-# Windows has no SIGKILL; there os.kill with SIGTERM is TerminateProcess.
-_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 
 
 class SafetyNetWarning(RuntimeWarning):
     """The host could not open a job: sessions run without the orphan-on-crash net."""
 
 
-def format_duration(seconds: float) -> str:
-    """``5s``, ``14m 02s``, ``3h 07m`` - one short human duration."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {(s % 3600) // 60:02d}m"
-
-
-def _plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"1 other {word}"
-    return f"{n} other {'processes' if word == 'process' else word + 's'}"
-
-
 def _runtime(ident: Identity) -> float:
     return max(0.0, (identity.now_ticks() - ident.start) / identity.clock_ticks())
-
-
-def _argv_label(args: Any) -> str:
-    if isinstance(args, (str, bytes, os.PathLike)):
-        text = os.fsdecode(args)
-    else:
-        parts = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
-        if parts:
-            parts[0] = os.path.basename(parts[0]) or parts[0]
-        text = shlex.join(parts)
-    return text if len(text) <= 80 else text[:79] + "…"
-
-
-# ---------------------------------------------------------------------------
-# What a stop ended
-
-
-@dataclass
-class EndedProcess:
-    """One process a stop ended (or will end, in an announcement)."""
-
-    pid: int
-    label: str
-    runtime_s: float
-    identity: Identity | None = None
-    root: bool = False  # the host started it itself (the agent): first in a headline
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "label": self.label, "runtime_s": round(self.runtime_s, 3),
-                "root": self.root}
-
-
-@dataclass
-class EndedTask:
-    """One live task a stop ended, with the processes it owned."""
-
-    task_id: str
-    label: str
-    runtime_s: float
-    status: str | None = None  # what the agent last said about it
-    processes: list[EndedProcess] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "label": self.label,
-                "runtime_s": round(self.runtime_s, 3), "status": self.status,
-                "processes": [p.to_dict() for p in self.processes]}
-
-
-@dataclass
-class EndedWork:
-    """What one stop ended: live tasks (with their processes), other processes.
-
-    ``str()`` is one human line, or ``""`` when the stop ended nothing (or was
-    skipped). ``planned`` marks an announcement made *before* ending; its
-    line is :meth:`announcement`. ``skipped``: an optional stop held off by a
-    live task (``held_by`` names them).
-    """
-
-    reason: str
-    session: str | None = None
-    tasks: list[EndedTask] = field(default_factory=list)
-    processes: list[EndedProcess] = field(default_factory=list)
-    optional: bool = False
-    skipped: bool = False
-    planned: bool = False
-    held_by: list[str] = field(default_factory=list)
-    note: str = ""
-
-    def __bool__(self) -> bool:
-        return not self.skipped and bool(self.tasks or self.processes)
-
-    @property
-    def process_count(self) -> int:
-        return len(self.processes) + sum(len(t.processes) for t in self.tasks)
-
-    def _headline(self) -> tuple[str, float, str]:
-        """(label, runtime, rest-of-sentence) of the biggest thing ended."""
-        if self.tasks:
-            top = max(self.tasks, key=lambda t: t.runtime_s)
-            other_tasks = len(self.tasks) - 1
-            other_procs = len(self.processes)
-            label, runtime = top.label, top.runtime_s
-        else:
-            top_p = max(self.processes, key=lambda p: (p.root, p.runtime_s))
-            other_tasks = 0
-            other_procs = len(self.processes) - 1
-            label, runtime = top_p.label, top_p.runtime_s
-        extras = []
-        if other_tasks:
-            extras.append(_plural(other_tasks, "task"))
-        if other_procs:
-            extras.append(_plural(other_procs, "process"))
-        rest = (" and " + " and ".join(extras)) if extras else ""
-        return label, runtime, rest
-
-    def __str__(self) -> str:
-        if not self:
-            return ""
-        label, runtime, rest = self._headline()
-        return f"Stopped ({self.reason}): ended `{label}` after {format_duration(runtime)}{rest}"
-
-    def announcement(self) -> str:
-        """The line said before a stop ends anything ("" when it will end nothing)."""
-        if not self:
-            return ""
-        label, runtime, rest = self._headline()
-        return (f"Stopping ({self.reason}): ending `{label}` (running "
-                f"{format_duration(runtime)}){rest}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "session": self.session, "optional": self.optional,
-                "skipped": self.skipped, "planned": self.planned, "held_by": list(self.held_by),
-                "note": self.note, "text": str(self),
-                "tasks": [t.to_dict() for t in self.tasks],
-                "processes": [p.to_dict() for p in self.processes]}
 
 
 # ---------------------------------------------------------------------------
@@ -257,102 +108,6 @@ class _AppJob(Job):
 
     def _log(self, event: str, **fields: Any) -> None:
         fields.setdefault("app", self.app)
-        super()._log(event, **fields)
-
-
-class _LooseBackend(_base.JobBackend):
-    """No safety net: plain children, ended by hand on stop, not on a crash.
-
-    Used only when no mechanism could be had and the app did not require one;
-    the host has already warned. Members are the direct children and what they
-    started (by parent pid, born after this job opened); an orphan re-parented
-    away is lost to it, and nothing ends anything when the app dies - the
-    audit log and the reaper's next start are the only net left.
-    """
-
-    mechanism = "none"
-
-    def __init__(self, options: _base.JobOptions, reason: str) -> None:
-        self.options = options
-        self.reason = reason
-        self.born = identity.now_ticks()
-        self.children: list[subprocess.Popen] = []
-        self.closed = False
-
-    @property
-    def guarantee(self) -> _base.Guarantee:
-        return _base.Guarantee(
-            mechanism="none", kernel_enforced=False, transparent=True,
-            ends_job="nobody: the orphan-on-crash safety net is disabled",
-            not_covered=("every process: a crash or kill of the app leaves them all running "
-                         "(the next start's reaper ends what the audit proves)",),
-            disabled=self.reason)
-
-    def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
-        p = subprocess.Popen(args, **kwargs)
-        self.children.append(p)
-        return p
-
-    def member_pids(self) -> list[int]:
-        roots = [p.pid for p in self.children if p.poll() is None]
-        cap = identity.capture(born_after=self.born)
-        below = [i.pid for i in cap.descendants([p.pid for p in self.children], self.born)
-                 if i.state not in _NOT_ALIVE]
-        return roots + [pid for pid in below if pid not in roots]
-
-    def signal_all(self, sig: int) -> list[int]:
-        sent = []
-        for pid in self.member_pids():
-            ident = identity.read(pid)
-            if ident is None or ident.state in _NOT_ALIVE:
-                continue
-            with contextlib.suppress(SignalRefused):
-                if identity.send_signal(ident, sig, member=True):
-                    sent.append(pid)
-        return sent
-
-    def kill_all(self, timeout: float = 3.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.signal_all(_SIGKILL):
-                break
-            for p in self.children:
-                p.poll()
-            time.sleep(0.005)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.kill_all()
-            self.closed = True
-
-    def trace(self) -> dict[str, Any]:
-        return {"disabled": self.reason}
-
-
-class _LooseJob(_AppJob):
-    """A ``Job`` over :class:`_LooseBackend` (set up by hand: no mechanism to choose)."""
-
-    def __init__(self, name: str, *, app: str, reason: str, grace: float,
-                 state_dir: Any, session: str | None) -> None:
-        self.app = app
-        n = next(_job._counter)
-        self.name = name
-        self.id = f"j{os.getpid()}-{n}"
-        self.grace = float(grace)
-        self.session = session
-        self.background = False
-        self.mechanism = "none"
-        self._parent = None
-        self._lock = threading.Lock()
-        self._closed = False
-        self.started = time.time()
-        self._audit = _job._open_audit(state_dir)
-        self._backend = _LooseBackend(_base.JobOptions(name=name, job_id=self.id), reason)
-        self._children: list[Job] = []
-        self._log("job-open")
-
-    def _log(self, event: str, **fields: Any) -> None:
-        fields["in_job"] = False  # nothing holds these processes together
         super()._log(event, **fields)
 
 
@@ -388,10 +143,12 @@ class Session:
     def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
         """``subprocess.Popen`` inside the session's job. ``label`` names the
         process in stop reports (default: its command line)."""
-        p = self.job.popen(args, **kwargs)
+        # Only a label the app chose goes to the audit log: the command line
+        # is not metadata, and stays in memory unless the app opts in.
+        p = self.job.popen(args, label=label, **kwargs)
         ident = getattr(p, "tether_identity", None) or identity.read(p.pid)
         if ident is not None:  # None: it is already gone
-            self._labels[p.pid] = (ident, label or _argv_label(args))
+            self._labels[p.pid] = (ident, label or argv_label(args))
             self.tasks.not_a_task(ident)  # the agent itself is no task's process
         return p
 
@@ -544,93 +301,6 @@ class Session:
 # ---------------------------------------------------------------------------
 # Background jobs
 
-# Runs inside a background job (one interpreter per job, not per spawn) so the
-# job's timeout holds after the host is gone: at the deadline it ends every
-# member (SIGTERM, grace, SIGKILL - through cgroup.kill where the job has a
-# cgroup); it leaves as soon as it is the job's last process. Signals go
-# through pidfds, so a recycled pid is never hit.
-_WATCHDOG = r"""
-import os, signal, sys, time
-left, grace, cg = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-me, keeper = os.getpid(), os.getppid()
-deadline = time.monotonic() + left
-def kids(pid):
-    out = []
-    try:
-        tids = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return out
-    for t in tids:
-        try:
-            with open("/proc/%d/task/%s/children" % (pid, t)) as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
-def others():
-    if cg:
-        out = []
-        for d, _, _ in os.walk(cg):
-            try:
-                with open(os.path.join(d, "cgroup.procs")) as f:
-                    out += [int(x) for x in f.read().split()]
-            except OSError:
-                pass
-        return [p for p in out if p not in (me, keeper) and p > 1]
-    seen, stack = [], kids(keeper)
-    while stack:
-        p = stack.pop()
-        if p in seen or p <= 1 or p == me:
-            continue
-        seen.append(p)
-        stack += kids(p)
-    return seen
-def send(pid, sig):
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return
-    try:
-        signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-def alive(pids):
-    out = []
-    for p in pids:
-        try:
-            with open("/proc/%d/stat" % p) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] not in "ZXx":
-                    out.append(p)
-        except (OSError, IndexError):
-            pass
-    return out
-if keeper <= 1:
-    sys.exit(0)
-time.sleep(0.2)
-while time.monotonic() < deadline:
-    if not alive(others()):
-        sys.exit(0)
-    time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
-for p in others():
-    send(p, signal.SIGTERM)
-end = time.monotonic() + grace
-while time.monotonic() < end and alive(others()):
-    time.sleep(0.02)
-if cg and os.path.exists(os.path.join(cg, "cgroup.kill")):
-    with open(os.path.join(cg, "cgroup.kill"), "w") as f:
-        f.write("1")
-for _ in range(500):
-    rest = alive(others())
-    if not rest:
-        break
-    for p in rest:
-        send(p, signal.SIGKILL)
-    time.sleep(0.01)
-"""
-
-
 class BackgroundJob:
     """A job that outlives the host on purpose (a long conversion, a scheduled build).
 
@@ -673,15 +343,19 @@ class BackgroundJob:
             return
         left = self.deadline - time.monotonic()
         cg = self.job.trace().get("cgroup_path") or ""
+        # The watchdog is tether's own module: let it import this very tether.
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self._watchdog = self.job.popen(
-            [sys.executable, "-S", "-c", _WATCHDOG, f"{max(0.0, left):.3f}",
-             f"{self.job.grace:.3f}", cg],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            [sys.executable, "-m", "tether._bgwatch", f"{max(0.0, left):.3f}",
+             f"{self.job.grace:.3f}", str(self.job.born), cg],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
 
     def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
         """Start ``args`` in the background job (``subprocess.Popen`` keywords)."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise JobRefused(f"background job {self.name!r} is past its {self.timeout:g} s timeout")
+            raise JobExpired(f"background job {self.name!r} is past its {self.timeout:g} s timeout")
         p = self.job.popen(args, **kwargs)
         self._ensure_watchdog()
         return p
@@ -779,7 +453,7 @@ class Host:
         require: str | None = None,
         *,
         mechanism: str = "auto",
-        grace: float = 2.0,
+        grace: float = DEFAULT_GRACE,
         task_cap: float = DEFAULT_TASK_CAP,
         announce: Callable[[EndedWork], Any] | None = None,
         reap: bool = True,
@@ -793,7 +467,7 @@ class Host:
         self.app = app
         self.require = require
         self.mechanism = mechanism
-        self.grace = float(grace)
+        self.grace = check_grace(grace)
         self.task_cap = float(task_cap)
         self.announce = announce
         self.state_dir = Path(state_dir) if state_dir is not None else audit.default_state_dir()
@@ -808,24 +482,21 @@ class Host:
         self._lock = threading.RLock()
         self._audit = audit.AuditWriter(self.state_dir)
         self._write("run-start")
-        if reap:
-            self._reap_earlier_runs()
-        # Read once for the resume rule (a long log costs seconds to parse):
-        # per session key, what earlier runs may have left alive. After a
-        # reap, only runs that were still live then can have left anything
-        # since, so with none of those the log is not read a second time.
-        self._resume_index: dict[str, dict[str, Any]] = {}
+        # One read of the log (a long one costs seconds), shared by the reap
+        # at start and the resume rule of every session opened later: both are
+        # the reaper, the resume rule filtered to one session key.
+        self._runs: dict[str, Any] | None = None
         self._resume_error: str | None = None
-        only: set[str] | None = None
-        if self.reap_report is not None:
-            only = set(getattr(self.reap_report, "runs_live", None) or ())
         try:
-            if only is None or only:
-                self._resume_index = _index_sessions(self.state_dir, self.app, self.run, only)
+            from .runs import read_runs
+
+            self._runs = read_runs(self.state_dir)
         except Exception as exc:  # noqa: BLE001 - an unreadable log must not stop the app
-            self._resume_error = f"{type(exc).__name__}: {exc}"
-            logger.warning("tether host %r: cannot read the audit for the resume rule: %s",
-                           self.app, self._resume_error)
+            self._resume_error = self.reap_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("tether host %r: cannot read the audit log: %s", self.app,
+                           self._resume_error)
+        if reap and self._runs is not None:
+            self._reap_earlier_runs()
         self.job: Job = self._open_host_job()
 
     # -- plumbing ------------------------------------------------------------------
@@ -845,7 +516,7 @@ class Host:
             return
         try:
             self.reap_report = reap(self.state_dir, app=self.app, grace=self.grace,
-                                    exclude_runs={self.run})
+                                    exclude_runs={self.run}, runs=self._runs)
         except Exception as exc:  # noqa: BLE001 - a failed reap must not stop the app
             self.reap_error = f"{type(exc).__name__}: {exc}"
             logger.warning("tether host %r: reaping earlier runs failed: %s", self.app,
@@ -861,8 +532,8 @@ class Host:
                                require=self.require, state_dir=self.state_dir, app=self.app)
         except JobRefused as exc:
             self._disable(str(exc))
-            return _LooseJob(self.app, app=self.app, reason=str(exc), grace=self.grace,
-                             state_dir=self.state_dir, session=None)
+            return _AppJob(name=self.app, mechanism="none", reason=str(exc), grace=self.grace,
+                           state_dir=self.state_dir, app=self.app)
         if job.guarantee.disabled:
             self._disable(job.guarantee.disabled)
         return job
@@ -932,7 +603,7 @@ class Host:
         key = str(key)
         with self._lock:
             if self._closed:
-                raise JobRefused(f"host {self.app!r} is closed")
+                raise HostClosed(f"host {self.app!r} is closed")
             existing = self._sessions.get(key)
             if existing is not None and not existing.closed:
                 return existing
@@ -940,11 +611,12 @@ class Host:
                 raise JobRefused("process-tree ownership could not be established: "
                                  f"{self.safety_net_disabled}")
             resumed = self._takeover(key)
-            g = self.grace if grace is None else float(grace)
+            g = self.grace if grace is None else check_grace(grace)
             name = f"{self.app}:{key}"
-            if isinstance(self.job, _LooseJob):
-                job: Job = _LooseJob(name, app=self.app, reason=self.safety_net_disabled or "",
-                                     grace=g, state_dir=self.state_dir, session=key)
+            if self.job.mechanism == "none":
+                job: Job = _AppJob(name=name, mechanism="none", grace=g,
+                                   reason=self.safety_net_disabled, state_dir=self.state_dir,
+                                   session=key, app=self.app)
             else:
                 job = _AppJob(name=name, mechanism=self.job.mechanism, grace=g,
                               require=self.require, state_dir=self.state_dir, parent=self.job,
@@ -954,36 +626,35 @@ class Host:
             return s
 
     def _takeover(self, key: str) -> EndedWork:
-        """The resume rule: end what an earlier run left of session ``key``."""
+        """The resume rule: end what an earlier run left of session ``key`` -
+        the reaper, filtered to that key, on the log read at start."""
         report = EndedWork(RESUME, key)
         # What the start-up reap already ended of this key belongs in its report.
         for e in getattr(self.reap_report, "ended", None) or []:
-            if getattr(e, "session", None) == key:
-                report.processes.append(EndedProcess(
-                    int(getattr(e, "pid", 0)), str(getattr(e, "comm", "") or e.pid),
-                    float(getattr(e, "runtime_s", 0.0) or 0.0),
-                    root=getattr(e, "via", 0) is None))
+            if e.session == key:
+                report.processes.append(_ended_process(e))
         if self._resume_error is not None:
             report.note = f"resume check failed: {self._resume_error}"
             return report
-        left = _leftovers(self._resume_index.get(key, {}))
-        if left.held_by_live_runs:
-            report.held_by = left.held_by_live_runs
-            report.note = (f"session {key!r} is also open in a live run of {self.app!r} "
-                           f"(owner pid {', '.join(left.held_by_live_runs)}); left alone")
-            logger.warning("tether host %r: %s", self.app, report.note)
-        if not left.processes:
+        from .reaper import OWNER_ALIVE, reap
+
+        def announce(plan: Any) -> None:
+            self._announce(EndedWork(RESUME, key, processes=[_ended_process(e) for e in plan.ended],
+                                     planned=True))
+
+        try:
+            rep = reap(self.state_dir, app=self.app, session=key, grace=self.grace,
+                       exclude_runs={self.run}, runs=self._runs, announce=announce)
+        except Exception as exc:  # noqa: BLE001 - a failed resume must not stop the session
+            report.note = f"resume check failed: {type(exc).__name__}: {exc}"
             return report
-        plan = EndedWork(RESUME, key, processes=[
-            EndedProcess(i.pid, left.labels.get(i.pid) or i.comm or str(i.pid), _runtime(i), i,
-                         i.pid in left.roots)
-            for i in left.processes], planned=True)
-        self._announce(plan)
-        _end_leftovers(left, self.grace)
-        for p in plan.processes:
-            if p.identity is not None and not identity.is_alive(p.identity):
-                report.processes.append(EndedProcess(p.pid, p.label, p.runtime_s, p.identity,
-                                                     p.root))
+        report.processes.extend(_ended_process(e) for e in rep.ended)
+        holders = sorted({s.run.split("-")[0] for s in rep.skipped if s.reason == OWNER_ALIVE})
+        if holders:
+            report.held_by = holders
+            report.note = (f"session {key!r} is also open in a live run of {self.app!r} "
+                           f"(owner pid {', '.join(holders)}); left alone")
+            logger.warning("tether host %r: %s", self.app, report.note)
         return report
 
     # -- background and detached ------------------------------------------------------------
@@ -1000,7 +671,7 @@ class Host:
         # owner on purpose; the transparent mechanisms keep its PIDs real).
         mech = self.mechanism if self.mechanism in ("cgroup", "subreaper", "pgroup") else "auto"
         job = _AppJob(name=f"{self.app}:bg:{name}", mechanism=mech,
-                      grace=self.grace if grace is None else float(grace),
+                      grace=self.grace if grace is None else check_grace(grace),
                       state_dir=self.state_dir, background=True,
                       cpu_percent=cpu_percent, app=self.app)
         limits: list[str] = []
@@ -1067,193 +738,10 @@ class Host:
         self.close()
 
 
-# ---------------------------------------------------------------------------
-# The resume rule's evidence: audit records of earlier runs
-
-
-@dataclass
-class _Leftovers:
-    processes: list[Identity] = field(default_factory=list)
-    cgroups: list[str] = field(default_factory=list)
-    labels: dict[int, str] = field(default_factory=dict)
-    roots: set[int] = field(default_factory=set)  # recorded spawns (the agent), not descendants
-    held_by_live_runs: list[str] = field(default_factory=list)
-
-
-def _token_ident(pid: Any, token: Any, boot: Any = None) -> Identity | None:
-    """The identity an audit record names (``start`` is ``"ticks@boot"``)."""
-    if not isinstance(pid, int) or pid <= 1 or not isinstance(token, str) or "@" not in token:
-        return None
-    ticks, _, tboot = token.partition("@")
-    try:
-        return Identity(pid, int(ticks), str(boot or tboot))
-    except ValueError:
-        return None
-
-
-def _alive_record(rec: dict[str, Any]) -> Identity | None:
-    """The live process a spawn record names, if its identity still matches."""
-    want = _token_ident(rec.get("pid"), rec.get("start"), rec.get("boot"))
-    if want is None or want.boot != identity.boot_id():
-        return None
-    cur = identity.read(want.pid)
-    if cur is None or not cur.same_process(want) or cur.state in _NOT_ALIVE:
-        return None
-    return cur
-
-
-def _owner_alive(owner: Any) -> bool:
-    """Whether the run's owner still lives. Unprovable counts as alive."""
-    if not isinstance(owner, dict):
-        return True
-    ident = _token_ident(owner.get("pid"), owner.get("start"))
-    if ident is None:
-        return True
-    if ident.boot != identity.boot_id():
-        return False
-    return identity.is_alive(ident)
-
-
-def _own_cgroup(path: Any, job_id: Any) -> str | None:
-    """``path`` if it is one of tether's job cgroups (as the record says), else None."""
-    if not _LINUX or not isinstance(path, str) or not isinstance(job_id, str):
-        return None
-    from .platform.linux_cgroup import RUN_PREFIX, cgroup2_mount
-
-    mount = cgroup2_mount()
-    real = os.path.realpath(path)
-    if not mount or not real.startswith(mount.rstrip("/") + "/"):
-        return None
-    if os.path.basename(real) != job_id:
-        return None
-    parts = real[len(mount):].split("/")
-    if not any(p.startswith(RUN_PREFIX) for p in parts):
-        return None
-    return real if os.path.isdir(real) else None
-
-
-
-
-def _index_sessions(state_dir: Path, app: str, my_run: str,
-                    only_runs: set[str] | None = None) -> dict[str, dict[str, Any]]:
-    """One pass over the audit: per session key, per earlier run, what may be left.
-
-    Keeps only what could still be alive - spawn records whose pid exists now
-    (a process that is gone never comes back; a reused pid is rejected later
-    by its start time) and cgroup directories that still exist - so the index
-    stays small however long the log is.
-    """
-    from .audit import iter_records
-
-    try:
-        live_pids = {int(n) for n in os.listdir("/proc") if n.isdigit()} if _LINUX else None
-    except OSError:
-        live_pids = None
-    index: dict[str, dict[str, Any]] = {}
-    for rec in iter_records(state_dir):
-        key = rec.get("session")
-        if rec.get("app") != app or not isinstance(key, str):
-            continue
-        if rec.get("background") or rec.get("detached"):
-            continue
-        run = rec.get("run")
-        if not isinstance(run, str) or run == my_run:
-            continue
-        if only_runs is not None and run not in only_runs:
-            continue
-        r = index.setdefault(key, {}).setdefault(run, {"owner": None, "spawns": [], "cgroups": {}})
-        if isinstance(rec.get("owner"), dict):
-            r["owner"] = rec["owner"]
-        cg, job = rec.get("cgroup"), rec.get("job")
-        if isinstance(cg, str) and isinstance(job, str) and cg not in r["cgroups"]:
-            if os.path.isdir(cg):
-                r["cgroups"][cg] = job
-        if rec.get("event") == "spawn":
-            pid = rec.get("pid")
-            if live_pids is None or pid in live_pids:
-                r["spawns"].append({k: rec.get(k) for k in ("pid", "start", "boot", "argv")})
-    return index
-
-
-def _leftovers(runs: dict[str, dict[str, Any]]) -> _Leftovers:
-    """What of one session key's earlier copies is alive and provably theirs."""
-    out = _Leftovers()
-    found: dict[int, Identity] = {}
-    my_uid = os.getuid() if hasattr(os, "getuid") else None
-    for r in runs.values():
-        if _owner_alive(r["owner"]):
-            if any(_alive_record(s) for s in r["spawns"]):
-                owner = r["owner"] if isinstance(r["owner"], dict) else {}
-                out.held_by_live_runs.append(str(owner.get("pid", "?")))
-            continue
-        for path, job_id in r["cgroups"].items():
-            real = _own_cgroup(path, job_id)
-            if real is None:
-                continue
-            pids = _cgroup_procs(real)
-            if pids:
-                out.cgroups.append(real)
-            for pid in pids:
-                ident = identity.read(pid)
-                if ident is not None and ident.state not in _NOT_ALIVE:
-                    found[pid] = ident
-        roots: list[Identity] = []
-        for s in r["spawns"]:
-            cur = _alive_record(s)
-            if cur is None:
-                continue
-            if my_uid is not None and cur.uid != my_uid:
-                continue  # another user's process is never ours to end
-            roots.append(cur)
-            found[cur.pid] = cur
-            out.roots.add(cur.pid)
-            argv = s.get("argv")
-            if isinstance(argv, list) and argv:
-                out.labels[cur.pid] = _argv_label(argv)
-        if roots:
-            born = min(i.start for i in roots)
-            cap = identity.capture(born_after=born)
-            for d in cap.descendants([i.pid for i in roots], born):
-                if d.state not in _NOT_ALIVE and (my_uid is None or d.uid in (my_uid, 0)):
-                    found.setdefault(d.pid, d)
-            for i in roots:  # a leader's group or session holds its escapees
-                extra: list[Identity] = []
-                if i.sid == i.pid:
-                    extra += cap.by_session(i.sid, born)
-                if i.pgid == i.pid:
-                    extra += cap.by_pgid(i.pgid, born)
-                for d in extra:
-                    if d.state not in _NOT_ALIVE:
-                        found.setdefault(d.pid, d)
-    out.processes = sorted(found.values(), key=lambda i: i.start)
-    return out
-
-
-def _end_leftovers(left: _Leftovers, grace: float) -> None:
-    """SIGTERM, grace, SIGKILL (cgroup.kill for a stale job cgroup); bounded."""
-    idents = sorted(left.processes, key=lambda i: -i.start)  # youngest (deepest) first
-
-    def alive() -> list[Identity]:
-        return [i for i in idents if identity.is_alive(i)]
-
-    def send(sig: int) -> None:
-        for i in alive():
-            with contextlib.suppress(SignalRefused):
-                identity.send_signal(i, sig)
-
-    send(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if left.cgroups:
-        from .platform.linux_cgroup import kill_cgroup, remove_tree
-
-        for cg in left.cgroups:
-            with contextlib.suppress(OSError):
-                kill_cgroup(cg, timeout=3.0)
-                remove_tree(cg)
-    deadline = time.monotonic() + 3.0
-    while alive() and time.monotonic() < deadline:
-        send(_SIGKILL)
-        time.sleep(0.01)
-
+def _ended_process(e: Any) -> EndedProcess:
+    """A reaper's ``Ended`` as a stop report's process: the app's label when
+    the record has one, and ``root`` for what the app started itself."""
+    ticks, _, boot = str(e.start or "").partition("@")
+    ident = Identity(int(e.pid), int(ticks), boot) if ticks.isdigit() and boot else None
+    return EndedProcess(int(e.pid), e.label or e.comm or str(e.pid), float(e.runtime_s or 0.0),
+                        ident, root=bool(e.recorded))

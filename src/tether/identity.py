@@ -14,9 +14,16 @@ Elsewhere (macOS, BSD, Windows) psutil is used, imported lazily; ``start`` is
 psutil's ``create_time`` in integer microseconds (there the kernel keeps a
 fixed start timestamp, so it does not drift the way Linux's derivation does).
 
+It is also THE process reader: everything tether reads about processes
+lives here - stat and status fields, the children of a task, bounded
+born-after walks of descendants, the command line, a search of the
+environment, open fds and pidfds, and the bounded capture of the whole
+table. Mechanisms and features call these; none keeps a copy.
+
 This module is a leaf on hot paths (shell wrapper start-up, contained spawn):
-it imports only ``os``, ``sys`` and ``time`` at the top, and ``tether.errors``.
-``signal`` (which pulls in ``enum``) and psutil are imported when first needed.
+it imports only ``os``, ``sys`` and ``time`` at the top, and ``tether.errors``
+(no ``subprocess``, ``threading`` or ``dataclasses``). ``signal`` (which pulls
+in ``enum``) and psutil are imported when first needed.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from tether.errors import SignalRefused
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
-    from collections.abc import Callable, Iterable
+    from collections.abc import Iterable
 
 __all__ = [
     "Identity",
@@ -42,14 +49,29 @@ __all__ = [
     "matches",
     "is_alive",
     "children",
+    "pids",
+    "proc_is_ours",
+    "descendant_pids",
+    "descendants",
+    "status_fields",
+    "self_status",
+    "start_ticks",
+    "nspid",
+    "cmdline",
+    "environ_has",
+    "open_fds",
+    "open_pidfd",
     "pidfd_pid",
+    "pidfd_targets",
+    "HAVE_PIDFD",
     "own_ancestors",
     "capture",
     "send_signal",
-    "kill_until_gone",
 ]
 
 _LINUX = sys.platform.startswith("linux")
+#: pidfds (Linux >= 5.3 and Python >= 3.9): signals that cannot reach a reused pid.
+HAVE_PIDFD = _LINUX and hasattr(os, "pidfd_open")
 
 # Rough bytes one captured entry costs (Identity tuple, its ints and comm str,
 # the dict slot). Measured with tracemalloc at ~260 bytes; rounded up.
@@ -468,6 +490,236 @@ def pidfd_pid(fd: int) -> int | None:
     return None
 
 
+def proc_is_ours() -> bool:
+    """Whether the mounted /proc is this PID namespace's (``/proc/self`` names
+    this process): in a new PID namespace with the host's /proc it does not,
+    and then no pid read from it is ours to name."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def pids() -> set[int] | None:
+    """Every pid now (a listing of /proc, nothing read), or None where there
+    is no /proc: for dropping records of processes that are gone for good."""
+    if not _LINUX:
+        return None
+    try:
+        return {int(n) for n in os.listdir("/proc") if n.isdigit()}
+    except OSError:
+        return None
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (close-on-exec), or None: gone, a thread id, or no
+    pidfd here. It pins whichever process holds ``pid`` at this instant."""
+    if not HAVE_PIDFD or type(pid) is not int or pid <= 0:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def descendant_pids(root: int, limit: int = 100_000) -> list[int]:
+    """Every descendant of ``root`` by the kernel's children lists, depth
+    first, without reading any of them (the kill loop's fast walk). Not
+    atomic, and a pid seen here may be reaped and reused at once: use it only
+    below a process whose subtree cannot leave it (a subreaper, a PID
+    namespace's init), or read identities with :func:`descendants`."""
+    out: list[int] = []
+    stack = children(root)
+    seen = {root}
+    while stack and len(out) < limit:
+        pid = stack.pop()
+        if pid in seen or pid <= 1:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        stack.extend(children(pid))
+    return out
+
+
+def descendants(roots: Iterable[int], *, born_after: int | None = None,
+                limit: int = 100_000, stable: bool = False) -> list[Identity]:
+    """Live-read identities of every descendant of ``roots`` (roots left out).
+
+    Walks the kernel's children lists, so its cost follows the subtree, not
+    the machine. Each process is read once; a child born before its parent
+    (or, with ``born_after``, before that tick) is a reused pid and is
+    neither listed nor walked through. PID <= 2, this process and its
+    ancestors are never listed. ``stable``: the lists are not atomic (a fork
+    during the walk can be missed), so walk again until two walks agree
+    (at most 8 times).
+    """
+    roots = [r for r in roots if type(r) is int and r > 0]
+    excluded = own_ancestors() | {2, os.getpid()}
+    floor = -1 if born_after is None else born_after
+    found: dict[int, Identity] = {}
+    for _ in range(8 if stable else 1):
+        before = len(found)
+        stack: list[tuple[int, int]] = []
+        for r in roots:
+            ri = _stat_linux(r) if _LINUX else read(r)
+            stack.append((r, ri[1] if ri is not None else -1))
+        seen = set(roots)
+        while stack and len(found) < limit:
+            parent, pstart = stack.pop()
+            for c in children(parent):
+                if c in seen:
+                    continue
+                seen.add(c)
+                if c <= 2 or c in excluded:
+                    continue  # a reused pid of ours: never listed nor walked through
+                ident = found.get(c) or read(c)
+                if ident is None or ident[1] < pstart or ident[1] < floor:
+                    continue
+                found[c] = ident
+                stack.append((c, ident[1]))
+        if len(found) == before and _ > 0:
+            break
+    return list(found.values())
+
+
+def status_fields(pid: int | str, *names: bytes) -> dict[bytes, bytes]:
+    """The named lines of ``/proc/PID/status`` (``b"Threads"``, ``b"SigIgn"``,
+    ``b"NSpid"``...) as raw values; missing ones are absent. {} where the file
+    cannot be read (gone, not Linux)."""
+    want = set(names)
+    out: dict[bytes, bytes] = {}
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/status", os.O_RDONLY), 8192)
+    except OSError:
+        return out
+    for line in data.split(b"\n"):
+        key, sep, value = line.partition(b":")
+        if sep and key in want:
+            out[key] = value.strip()
+            if len(out) == len(want):
+                break
+    return out
+
+
+def self_status() -> tuple[int, int, int]:
+    """``(threads, ignored-signal mask, blocked-signal mask)`` of this
+    process from one read of its status; raises OSError or ValueError where
+    that cannot be read (a fork is then not known to be safe)."""
+    f = status_fields("self", b"Threads", b"SigIgn", b"SigBlk")
+    if b"Threads" not in f:
+        raise OSError("/proc/self/status is not readable")
+    return int(f[b"Threads"]), int(f.get(b"SigIgn", b"0"), 16), int(f.get(b"SigBlk", b"0"), 16)
+
+
+def mask_signals(mask: int) -> list[int]:
+    """The signal numbers set in a ``SigIgn``/``SigBlk`` mask."""
+    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+
+
+def start_ticks(pid: int | str = "self") -> int | None:
+    """Kernel start ticks of ``pid`` (field 22 of its stat), or None."""
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
+        return int(data[data.rindex(b")") + 2 :].split(None, 20)[_F_START])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def nspid(pid: int) -> list[int]:
+    """``NSpid`` of ``pid``: its pid in each PID namespace from ours inward
+    (one entry when it is in ours only); [] where unknown."""
+    raw = status_fields(pid, b"NSpid").get(b"NSpid")
+    try:
+        return [int(x) for x in raw.split()] if raw else []
+    except ValueError:
+        return []
+
+
+def cmdline(pid: int, limit: int = 4096) -> str:
+    """The command line of ``pid`` as one printable line (arguments joined by
+    spaces, control characters blanked, at most ``limit`` bytes read); "" when
+    it cannot be read. Never stored by tether unless a caller opts in."""
+    if not _LINUX:
+        return ""
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/cmdline", os.O_RDONLY), limit)
+    except OSError:
+        return ""
+    text = data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+_ENVIRON_CAP = 1 << 20  # an environment larger than this is not searched further
+
+
+def environ_has(pid: int, entry: bytes) -> bool | None:
+    """Whether the environment of ``pid`` holds ``entry`` (a whole
+    ``NAME=value``): True or False, or None when it cannot be read (gone,
+    another user's, not Linux). Reads at most 1 MiB."""
+    if not _LINUX:
+        return _environ_has_psutil(pid, entry)
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return None
+    needle = b"\0" + entry + b"\0"
+    try:
+        data = b"\0"
+        while len(data) < _ENVIRON_CAP:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if needle in data + b"\0":
+                return True
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _environ_has_psutil(pid: int, entry: bytes) -> bool | None:
+    ps = _psutil()
+    name, _, value = os.fsdecode(entry).partition("=")
+    try:
+        env = ps.Process(pid).environ()
+    except (ps.Error, OSError):
+        return None
+    return env.get(name) == value
+
+
+def open_fds(pid: int | str = "self") -> list[int] | None:
+    """The fd numbers ``pid`` has open, or None where that cannot be listed."""
+    try:
+        return [int(n) for n in os.listdir(f"/proc/{pid}/fd")]
+    except (OSError, ValueError):
+        return None
+
+
+def pidfd_targets(pid: int) -> list[int]:
+    """Pids that process ``pid`` holds pidfds for (its fdinfo ``Pid:`` lines,
+    in our PID namespace's numbering); [] where we may not look."""
+    out: list[int] = []
+    for fd in open_fds(pid) or ():
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:[pidfd]":
+                continue
+            data = _read_fd(os.open(f"/proc/{pid}/fdinfo/{fd}", os.O_RDONLY), 4096)
+        except OSError:
+            continue
+        for line in data.split(b"\n"):
+            if line.startswith(b"Pid:"):
+                try:
+                    target = int(line[4:])
+                except ValueError:
+                    break
+                if target > 0:
+                    out.append(target)
+                break
+    return out
+
+
 def _ppid_of(pid: int) -> int:
     if _LINUX:
         cur = _stat_linux(pid)
@@ -852,41 +1104,6 @@ def send_signal(ident: Identity, sig: int, *, member: bool = False) -> bool:
     finally:
         if fd >= 0:
             os.close(fd)
-
-
-def kill_until_gone(find: Callable[[], Iterable[Identity]], *, quiet: float = 0.3,
-                    timeout: float = 10.0) -> list[Identity]:
-    """SIGKILL every process ``find()`` names (through :func:`send_signal`, as
-    members), in rounds, until it has named none for ``quiet`` seconds or
-    ``timeout`` has passed; return the ones signalled.
-
-    For a tree that may still be forking while it is ended: one pass misses
-    what a process started after the look, and a pid-hopper is between pids
-    most of the time. ``find`` must itself be bounded to processes the caller
-    can prove are its own (a mark, a start after a recorded tick).
-    """
-    import _signal  # built in; `signal` would cost an enum import
-
-    kill = getattr(_signal, "SIGKILL", _signal.SIGTERM)  # Windows: TerminateProcess either way
-    sent: dict[tuple[int, int], Identity] = {}
-    quiet_since = time.monotonic()
-    deadline = quiet_since + timeout
-    while time.monotonic() < deadline:
-        left = list(find())
-        if not left:
-            if time.monotonic() - quiet_since > quiet:
-                break
-            time.sleep(0.01)
-            continue
-        quiet_since = time.monotonic()
-        for ident in left:
-            try:
-                if send_signal(ident, kill, member=True):
-                    sent[(ident[0], ident[1])] = ident
-            except SignalRefused:
-                pass
-        time.sleep(0.01)
-    return list(sent.values())
 
 
 def _has_uid() -> bool:

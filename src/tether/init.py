@@ -28,7 +28,8 @@ nothing and its exit lets the kernel end the namespace.
 
 Start-up cost matters for a container's PID 1: this module imports only
 ``os`` and ``sys`` and the built-in ``_signal`` (not ``signal``, which pulls
-in ``enum``); ``ctypes`` and ``tether.identity`` only when not PID 1.
+in ``enum``), and the import-light process reader (``tether.identity``);
+``ctypes`` only when not PID 1, the ending engine only once CMD has exited.
 
 Signals are handled tini's way: all of them are blocked and taken
 synchronously with ``sigtimedwait`` (Linux, FreeBSD; not macOS, where
@@ -49,7 +50,6 @@ __all__ = ["cli", "run_init", "EXIT_FAILURE"]
 
 EXIT_FAILURE = 125  # tether's own failure (bad arguments, cannot fork)
 _DEFAULT_GRACE = 2.0
-_KILL_TIMEOUT = 5.0  # bound on SIGKILL rounds after the grace
 
 _USAGE = """usage: tether init [-g SECONDS] [-v] -- CMD [ARG...]
 
@@ -122,8 +122,12 @@ def _parse(argv: list[str]) -> tuple[float, bool, list[str]] | int:
                 grace = float(val)
             except ValueError:
                 return _usage_error(f"not a number of seconds: {val!r}")
-            if not grace >= 0:
-                return _usage_error(f"grace must be >= 0: {val!r}")
+            from .ending import check_grace
+
+            try:
+                grace = check_grace(grace)
+            except ValueError as e:
+                return _usage_error(str(e))
         elif a.startswith("-") and a != "-":
             return _usage_error(f"unknown option {a}")
         else:
@@ -204,17 +208,13 @@ def _spawn(cmd: list[str], sigs: set[int]) -> int:
 
 
 def _set_subreaper() -> str:
-    """prctl(PR_SET_CHILD_SUBREAPER); "" or why not. Done here with ctypes
-    rather than through tether.platform, whose import costs more than the
-    rest of init's start-up together."""
-    try:
-        import ctypes
+    """prctl(PR_SET_CHILD_SUBREAPER); "" or why not."""
+    from ._prctl import set_subreaper
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(36, 1, 0, 0, 0) != 0:  # 36: PR_SET_CHILD_SUBREAPER
-            return os.strerror(ctypes.get_errno())
-    except (OSError, AttributeError) as e:
-        return str(e)
+    try:
+        set_subreaper()
+    except OSError as e:
+        return e.strerror or str(e)
     return ""
 
 
@@ -231,6 +231,9 @@ class _Init:
         self.child = 0
         self.status: int | None = None
         self.reaped = 0
+        from .identity import now_ticks
+
+        self.born = now_ticks()  # everything init ends is born after this
 
     def reap(self) -> bool:
         """Reap every exited child; False once there are no children left."""
@@ -264,76 +267,44 @@ class _Init:
 
     # -- ending what is left --------------------------------------------------
     def _descendants(self) -> list:
-        from tether import identity
+        from . import identity
 
-        me = os.getpid()
-        out = []
-        stack = [me]
-        seen = {me}
-        while stack and len(out) < 100_000:
-            for c in identity.children(stack.pop()):
-                if c not in seen:
-                    seen.add(c)
-                    ident = identity.read(c)
-                    if ident is not None:
-                        out.append(ident)
-                        stack.append(c)
-        return out
-
-    def _signal_rest(self, sig: int) -> int:
-        """Send ``sig`` to every process left; returns how many were targeted."""
-        if self.pid1 and os.readlink("/proc/self") != "1":
-            # PID 1 with the host's /proc: its pids are not ours to name, so
-            # signal nothing; our exit makes the kernel end the namespace.
-            return 0
-        from tether import identity
-
-        n = 0
-        for ident in self._descendants():
-            if ident.state in ("Z", "X"):
-                continue
-            try:
-                if identity.send_signal(ident, sig, member=True):
-                    n += 1
-            except Exception:  # noqa: BLE001 - a refusal (EPERM) must not stop the rest
-                pass
-        return n
+        return identity.descendants([os.getpid()], born_after=self.born)
 
     def end_rest(self, sigs: set[int]) -> None:
-        import time
-
+        """End what CMD left running, through ``tether.ending``: SIGTERM and
+        SIGCONT, the grace (cut short by SIGTERM/SIGINT/SIGQUIT/SIGHUP sent to
+        init), SIGKILL, each by identity; then, as PID 1, our exit lets the
+        kernel SIGKILL whatever could not be named."""
         if not self.reap():
             return  # nothing left
+        from . import identity
+
+        if self.pid1 and not identity.proc_is_ours():
+            # PID 1 with the host's /proc: its pids are not ours to name, so
+            # signal nothing; our exit makes the kernel end the namespace.
+            return
+        from .ending import end
+
         hurry = {s for s in (_sig("SIGTERM"), _sig("SIGINT"), _sig("SIGQUIT"), _sig("SIGHUP"))
                  if s is not None}
-        if self.grace > 0:
-            sent = self._signal_rest(S.SIGTERM)
-            self._signal_rest(S.SIGCONT)  # a stopped process must see its SIGTERM
-            _say(self.verbose, f"SIGTERM to what CMD left running (grace {self.grace:g} s)"
-                 if sent else "nothing left running")
-            deadline = time.monotonic() + self.grace
-            while True:
-                if not self.reap():
-                    return
-                if not self.pid1 and not any(
-                        i.state not in ("Z", "X") for i in self._descendants()):
-                    return  # all gone (zombies are reaped above)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                info = S.sigtimedwait(sigs, min(left, 0.05))
-                if info is not None and info.si_signo in hurry:
-                    _say(self.verbose, f"{_name(info.si_signo)} during the grace: SIGKILL now")
-                    break
-        _say(self.verbose, "SIGKILL to what is left")
-        deadline = time.monotonic() + _KILL_TIMEOUT
-        while time.monotonic() < deadline:
-            self._signal_rest(S.SIGKILL)
-            if not self.reap():
-                return
-            if not self.pid1 and not any(i.state not in ("Z", "X") for i in self._descendants()):
-                return
-            S.sigtimedwait(sigs, 0.01)
+
+        def hurried() -> bool:
+            info = S.sigtimedwait(sigs, 0)
+            if info is not None and info.si_signo in hurry:
+                _say(self.verbose, f"{_name(info.si_signo)} during the grace: SIGKILL now")
+                return True
+            return False
+
+        ending = end(self._descendants, born_after=self.born, grace=self.grace,
+                     cancel=hurried, on_round=self.reap)
+        if self.verbose:
+            left = {how for _i, how in ending.ended}
+            if not ending.ended:
+                _say(True, "nothing left running")
+            else:
+                _say(True, f"ended {len(ending.ended)} process(es) CMD left running "
+                     f"(grace {self.grace:g} s; by {', '.join(sorted(left))})")
         # As PID 1, exiting now makes the kernel SIGKILL whatever is left.
 
 

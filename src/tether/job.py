@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from . import identity
+from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import JobClosed
 from .identity import Identity
 from .platform import base as _base
@@ -49,10 +49,13 @@ class Job:
 
     ``mechanism``: ``auto`` (strongest transparent one here), ``strict``
     (kernel-enforced), or one of ``cgroup``, ``subreaper``, ``pgroup``,
-    ``pidns``, ``jobobject``. ``require="kernel"`` refuses (``JobRefused``)
-    where nothing kernel-enforced is available. ``grace``: seconds between
-    SIGTERM and SIGKILL in ``terminate()`` and at the end of a ``with`` block.
-    ``state_dir`` (or ``$TETHER_STATE_DIR``) turns the spawn audit log on.
+    ``pidns``, ``jobobject`` - or ``none``, no safety net at all, only ever
+    by name (``reason`` then says why; ``guarantee.disabled`` shows it).
+    ``require="kernel"`` refuses (``JobRefused``) where nothing
+    kernel-enforced is available. ``grace``: seconds between SIGTERM and
+    SIGKILL in ``terminate()`` and at the end of a ``with`` block (finite,
+    0 to ``tether.ending.MAX_GRACE``). ``state_dir`` (or
+    ``$TETHER_STATE_DIR``) turns the spawn audit log on.
     """
 
     #: ``popen(..., ctty=True)`` makes the child's stdin (a terminal) its
@@ -63,7 +66,7 @@ class Job:
         self,
         name: str | None = None,
         mechanism: str = "auto",
-        grace: float = 2.0,
+        grace: float = DEFAULT_GRACE,
         require: str | None = None,
         *,
         state_dir: str | os.PathLike[str] | None = None,
@@ -71,9 +74,9 @@ class Job:
         background: bool = False,
         cpu_percent: int | None = None,
         session: str | None = None,
+        reason: str | None = None,
     ) -> None:
-        if grace < 0:
-            raise ValueError("grace must be >= 0")
+        grace = check_grace(grace)
         n = next(_counter)
         self.name = name or f"job-{n}"
         self.id = f"j{os.getpid()}-{n}"
@@ -85,6 +88,7 @@ class Job:
         self._lock = threading.Lock()
         self._closed = False
         self.started = time.time()
+        self.born = identity.now_ticks()  # no member is older: the bound of every walk
         opts = _base.JobOptions(
             name=self.name,
             job_id=self.id,
@@ -92,6 +96,7 @@ class Job:
             background=background,
             cpu_percent=cpu_percent,
             low_priority=background,
+            reason=reason,
         )
         self._audit = _open_audit(state_dir)
         self._backend = open_job(self.mechanism, opts)
@@ -114,6 +119,8 @@ class Job:
             fields.setdefault("session", self.session)
         if self.background:
             fields.setdefault("background", True)
+        if self.mechanism == _base.NONE:
+            fields.setdefault("in_job", False)  # nothing holds these processes together
         tr = self._backend.trace() if hasattr(self, "_backend") else {}
         if tr.get("cgroup_path"):
             fields.setdefault("cgroup", tr["cgroup_path"])
@@ -126,7 +133,7 @@ class Job:
         self._audit.write(event, **fields)
 
     def _log_spawn(self, pid: int, argv: Sequence[Any] | None = None,
-                   ident: identity.Identity | None = None) -> None:
+                   ident: identity.Identity | None = None, label: str | None = None) -> None:
         if self._audit is None:
             return
         from .audit import spawn_fields
@@ -135,7 +142,9 @@ class Job:
             ident = identity.read(pid)
         if argv is not None:
             argv = [a if isinstance(a, (str, bytes)) else str(a) for a in argv]
-        self._log("spawn", **spawn_fields(pid=pid, identity=ident, in_job=True, record_argv=argv))
+        self._log("spawn", **spawn_fields(pid=pid, identity=ident,
+                                          in_job=self.mechanism != _base.NONE,
+                                          record_argv=argv, label=label))
 
     # -- state ------------------------------------------------------------------
     @property
@@ -156,11 +165,14 @@ class Job:
         return f"<tether.Job {self.name!r} {self.mechanism} {state}>"
 
     # -- starting processes -----------------------------------------------------
-    def popen(self, args: Any, *, record_argv: bool = False, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, *, record_argv: bool = False, label: str | None = None,
+              **kwargs: Any) -> subprocess.Popen:
         """Start ``args`` in the job; ``subprocess.Popen`` keywords; returns a Popen.
 
         ``record_argv=True`` opts this one spawn in to having its arguments in
-        the audit log (metadata only otherwise).
+        the audit log (metadata only otherwise). ``label``: the caller's name
+        for this process (``"claude"``, ``"npm run build"``), recorded with
+        the spawn so that a report after a crash can say what it ended.
         """
         if self._closed:
             raise JobClosed(f"job {self.name!r} is closed")
@@ -169,7 +181,7 @@ class Job:
             argv = None
             if record_argv:
                 argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-            self._log_spawn(p.pid, argv, getattr(p, "tether_identity", None))
+            self._log_spawn(p.pid, argv, getattr(p, "tether_identity", None), label)
         return p
 
     def run(
@@ -256,44 +268,31 @@ class Job:
                 out.append(ident)
         return out
 
-    def _live_pids(self) -> list[int]:
-        out = []
-        for pid in self._pids():
-            ident = identity.read(pid)
-            if ident is not None and ident.state not in ("Z", "X"):
-                out.append(pid)
-        return out
-
     def terminate(self, grace: float | None = None) -> list[Identity]:
-        """SIGTERM every member, wait up to ``grace``, SIGKILL the rest.
+        """SIGTERM every member, wait up to ``grace``, then end the rest the
+        mechanism's own way (``cgroup.kill``, the keeper's kill loop,
+        ``TerminateJobObject``) - through ``tether.ending.end``.
 
         Returns the identities of the processes that were members and are gone.
         The job stays open: more processes may be started in it afterwards.
         """
-        grace = self.grace if grace is None else float(grace)
+        grace = self.grace if grace is None else check_grace(grace)
         if self._closed:
             return []
-        before = self.members()
-        if not before:
-            return []
-        # Nothing signalled (on Windows only CREATE_NEW_PROCESS_GROUP groups can
-        # be asked politely): nothing to wait for.
         nested = self._nested()
-        if grace > 0 and self._backend.signal_all(signal.SIGTERM):
-            deadline = time.monotonic() + grace
-            delay = 0.001
-            while time.monotonic() < deadline:
-                if not self._live_pids():
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        for child in nested:  # they stay open: their keepers must not die with the rest
-            try:
-                child._backend.step_aside()
-            except Exception:  # noqa: BLE001 - a gone keeper: that job ends with ours
-                pass
-        self._backend.kill_all()
-        return [i for i in before if not identity.is_alive(i)]
+        backend = self._backend
+
+        def kill() -> None:
+            for child in nested:  # they stay open: their keepers must not die with the rest
+                try:
+                    child._backend.step_aside()
+                except JobClosed:  # a gone keeper: that job ends with ours
+                    pass
+            backend.kill_all()
+
+        ending = end(self.members, born_after=self.born, grace=grace, kill=kill,
+                     kill_name=self.mechanism, polite=getattr(backend, "polite", None))
+        return ending.identities()
 
     def close(self) -> list[Identity]:
         """End every member now (no grace) and release the job. Idempotent."""

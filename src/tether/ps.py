@@ -27,23 +27,20 @@ Output: a tree per job, drawn with box characters on a terminal; plain text
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import identity
-from .audit import parse_pid, parse_start
+from . import cgroupfs, identity
 from .identity import Identity
-from .platform._linux_kill import procs_here as _cg_procs
+from .stops import format_duration
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
            "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 KEEPER_COMM = "tether-keeper"
-RUN_DIR_RE = re.compile(r"^tether-(\d+)-(\d+)$")
 _CG_MAX_DIRS = 20_000  # bound on the cgroup hierarchy walk
 _CG_MAX_DEPTH = 12
 _CG_TIME_CAP = 0.5
@@ -145,7 +142,6 @@ class _Book:
     def __init__(self) -> None:
         self.jobs: dict[tuple, PsJob] = {}
         self.by_cgroup: dict[str, PsJob] = {}
-        self.by_keeper: dict[int, PsJob] = {}
 
     def get(self, run: str | None, job: str | None) -> PsJob:
         key = ("job", run, job)
@@ -161,92 +157,39 @@ class _Book:
 
 def _read_audit(book: _Book, state_dir: str | os.PathLike[str], notes: list[str]) -> None:
     from . import audit
+    from .runs import read_runs
 
-    boot = identity.boot_id()
     try:
-        records = audit.read_records(state_dir)
-    except audit.AuditDirError as e:
+        runs = read_runs(state_dir, notes=notes)
+    except (audit.AuditDirError, OSError) as e:
         notes.append(f"audit log not read: {e}")
         return
-    except OSError as e:
-        notes.append(f"audit log not read: {e}")
-        return
-    for rec in records:
-        try:
-            _absorb(book, rec, boot)
-        except (TypeError, ValueError, KeyError, AttributeError):
-            continue  # a line of the wrong shape: skip it, keep reading
-
-
-def _absorb(book: _Book, rec: dict[str, Any], boot: str) -> None:
-    event = rec.get("event")
-    if event not in ("job-open", "spawn", "exit", "job-close"):
-        return
-    job_id = _str(rec.get("job"))
-    if job_id is None:
-        return
-    owner = rec.get("owner")
-    oid = None
-    if isinstance(owner, dict):
-        opid = parse_pid(owner.get("pid"))
-        ot = parse_start(owner.get("start"))
-        if opid is not None and ot is not None:
-            oid = Identity(opid, ot[0], ot[1])
-    if oid is not None and oid.boot != boot:
-        return  # another boot: nothing of it is alive
-    run = _str(rec.get("run")) or (f"{oid.pid}-{oid.start}" if oid is not None else None)
-    j = book.get(run, job_id)
-    j.sources.add("audit")
-    if oid is not None and j.owner is None:
-        j.owner = oid
-    for k in ("mechanism", "name", "session"):
-        v = _str(rec.get(k))
-        if v is not None and getattr(j, k) is None:
-            setattr(j, k, v)
-    if rec.get("background") is True:
-        j.background = True
-    cg = _str(rec.get("cgroup"))
-    if cg is not None:
-        j.cgroup = cg
-        book.by_cgroup[os.path.normpath(cg)] = j
-    keeper = rec.get("keeper")
-    if isinstance(keeper, dict):
-        kp, kt = parse_pid(keeper.get("pid")), parse_start(keeper.get("start"))
-        if kp is not None and kt is not None and kt[1] == boot:
-            j.keeper = Identity(kp, kt[0], kt[1])
-    elif parse_pid(rec.get("keeper_pid")) is not None and j.keeper is None:
-        kid = identity.read(rec["keeper_pid"])
-        if kid is not None:
-            j.keeper = kid  # checked below against the owner
-    if event == "job-open":
-        ts = rec.get("ts")
-        if isinstance(ts, (int, float)):
-            j.opened = float(ts)
-        j.closed = False
-        return
-    if event == "job-close":
-        j.closed = True
-        return
-    pid = parse_pid(rec.get("pid"))
-    tok = parse_start(rec.get("start"), rec.get("boot"))
-    if pid is None or tok is None or tok[1] != boot:
-        return
-    key = (pid, tok[0])
-    if event == "exit":
-        j.spawned.pop(key, None)
-        return
-    j.spawned[key] = None
-    if len(j.spawned) > _MAX_SPAWNS:
-        j.spawned.pop(next(iter(j.spawned)))
+    for run in runs.values():
+        for info in run.jobs.values():
+            j = book.get(run.run, info.job)
+            j.sources.add("audit")
+            j.owner = j.owner or run.owner
+            j.name, j.mechanism, j.session = info.name, info.mechanism, info.session
+            j.background = info.background
+            j.opened, j.closed = info.opened, info.closed
+            if info.keeper is not None:
+                j.keeper = info.keeper
+            if info.cgroup is not None:
+                j.cgroup = info.cgroup
+                book.by_cgroup[os.path.normpath(info.cgroup)] = j
+        for proc in run.procs.values():
+            if proc.job is not None and proc.start >= 0:
+                j = book.get(run.run, proc.job)
+                j.spawned[proc.key] = None
+                if len(j.spawned) > _MAX_SPAWNS:
+                    j.spawned.pop(next(iter(j.spawned)))
 
 
 def _cgroup_run_dirs(notes: list[str]) -> tuple[str | None, list[str]]:
     """Every ``tether-<pid>-<start>`` directory in the cgroup v2 hierarchy (bounded)."""
     if not sys.platform.startswith("linux"):
         return None, []
-    from .platform import linux_cgroup as lc
-
-    mount = lc.cgroup2_mount()
+    mount = cgroupfs.mount()
     if mount is None:
         return None, []
     found: list[str] = []
@@ -264,7 +207,7 @@ def _cgroup_run_dirs(notes: list[str]) -> tuple[str | None, list[str]]:
                 if not e.is_dir(follow_symlinks=False):
                     continue
                 seen += 1
-                if RUN_DIR_RE.match(e.name):
+                if cgroupfs.parse_run_dir(e.name) is not None:
                     found.append(e.path)  # its job directories are read as jobs
                 elif depth + 1 < _CG_MAX_DEPTH:
                     stack.append((e.path, depth + 1))
@@ -274,16 +217,14 @@ def _cgroup_run_dirs(notes: list[str]) -> tuple[str | None, list[str]]:
     return mount, sorted(found)
 
 
-
-
 def _read_cgroups(book: _Book, notes: list[str]) -> None:
     """Jobs from cgroup run directories (one sub-directory per job)."""
     boot = identity.boot_id()
     _mount, run_dirs = _cgroup_run_dirs(notes)
     for rd in run_dirs:
-        m = RUN_DIR_RE.match(os.path.basename(rd))
-        assert m is not None
-        owner = Identity(int(m.group(1)), int(m.group(2)), boot)
+        parsed = cgroupfs.parse_run_dir(os.path.basename(rd))
+        assert parsed is not None
+        owner = Identity(parsed[0], parsed[1], boot)
         run = f"{owner.pid}-{owner.start}"
         for dirpath, dirs, _files in os.walk(rd):
             dirs.sort()
@@ -325,49 +266,19 @@ def _looks_like_keeper(k: Identity, owner: Identity) -> bool:
     if parent is not None and parent.ppid == owner.pid and parent.comm == "tether-warden":
         return True
     # A pidns keeper's parent is gone, but it watches the owner by pidfd.
-    return _is_ns_init(k.pid) and owner.pid in _pidfd_targets(k.pid)
+    return _is_ns_init(k.pid) and owner.pid in identity.pidfd_targets(k.pid)
 
 
 def _is_ns_init(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    ids = line.split()[1:]
-                    return len(ids) > 1 and ids[-1] == b"1"
-    except OSError:
-        return False
-    return False
-
-
-def _pidfd_targets(pid: int) -> list[int]:
-    """Pids that process ``pid`` holds pidfds for (its fdinfo ``Pid:`` lines,
-    in our PID namespace's numbering); [] where we may not look."""
-    out = []
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:[pidfd]":
-                continue
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Pid:"):
-                        target = int(line.split()[1])
-                        if target > 0:
-                            out.append(target)
-        except (OSError, ValueError):
-            continue
-    return out
+    ids = identity.nspid(pid)
+    return len(ids) > 1 and ids[-1] == 1
 
 
 def _owner_of_keeper(k: Identity) -> Identity | None:
     """A keeper's owner: the process it watches through a pidfd (exact, and
     the only way for a PID-namespace keeper, whose parent is gone); else its
     parent, or its parent's parent when the parent is the owner's warden."""
-    for target in _pidfd_targets(k.pid):
+    for target in identity.pidfd_targets(k.pid):
         cur = identity.read(target)
         if cur is not None and cur.start <= k.start:
             return cur
@@ -379,37 +290,38 @@ def _owner_of_keeper(k: Identity) -> Identity | None:
     return parent
 
 
-def _below(root: int, born_after: int | None = None) -> list[int]:
-    """Descendants of ``root`` from the kernel's children lists (exact and
-    cheap: it reads only this subtree, not the whole process table)."""
-    out: list[int] = []
-    stack = [root]
-    seen = {root}
-    while stack and len(out) < 100_000:
-        for c in identity.children(stack.pop()):
-            if c in seen or c <= 1:
-                continue
-            seen.add(c)
-            if born_after is not None:
-                cur = identity.read(c)
-                if cur is None or cur.start < born_after:
-                    continue  # not born after it: not its child but a reused pid's
-            out.append(c)
-            stack.append(c)
-    return out
-
-
 def _keepers_by_name(notes: list[str]) -> list[Identity]:
     """Processes named ``tether-keeper`` (one bounded capture of the table)."""
     cap = identity.capture()
     if not cap.complete:
         notes.append(f"keeper search incomplete: {cap.reason}")
-    return [i for i in cap.procs.values() if i.comm == KEEPER_COMM]
+    # Not a zombie: a PID-namespace keeper's intermediate is one for a moment.
+    return [i for i in cap.procs.values() if i.comm == KEEPER_COMM and i.state not in "ZXx"]
+
+
+def _job_of_keeper(book: _Book, k: Identity) -> PsJob | None:
+    """The job a keeper found by name belongs to: the one whose record names
+    it, or the cgroup job it lives in or whose members it is the parent of."""
+    for j in book.jobs.values():
+        if j.keeper is not None and j.keeper.same_process(k):
+            return j
+    home = cgroupfs.own_dir(k.pid)
+    if home is not None:
+        j = book.by_cgroup.get(os.path.normpath(home))
+        if j is not None:
+            return j
+    for j in book.by_cgroup.values():
+        if j.keeper is None and j.cgroup is not None:
+            for pid in cgroupfs.procs_here(j.cgroup):
+                cur = identity.read(pid)
+                if cur is not None and cur.ppid == k.pid and cur.start >= k.start:
+                    return j
+    return None
 
 
 def collect(state_dir: str | os.PathLike[str] | None = None, *,
             notes: list[str] | None = None) -> list[PsJob]:
-    """Every live job tether knows of, with its member tree."""
+    """Every live job tether knows of, each once, with its member tree."""
     notes = notes if notes is not None else []
     book = _Book()
     if state_dir is None:
@@ -420,16 +332,19 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
     _read_cgroups(book, notes)
     boot = identity.boot_id()
 
-    # Keepers found by name (where the keeper names itself).
-    for ident in _keepers_by_name(notes):
-        j = next((x for x in book.jobs.values()
-                  if x.keeper is not None and x.keeper.same_process(ident)), None)
+    # Keepers found by name (where the keeper names itself): each joins the
+    # job it keeps, or is a job of its own (no record, no cgroup).
+    keepers = _keepers_by_name(notes)
+    for ident in keepers:
+        j = _job_of_keeper(book, ident)
         if j is None:
             j = book.add(("keeper", ident.pid, ident.start), PsJob(owner=_owner_of_keeper(ident)))
             j.started_ticks = ident.start
         j.keeper = ident
         j.sources.add("keeper")
-        book.by_keeper[ident.pid] = j
+    # tether's own processes are never a job's members.
+    helpers = {k.pid for k in keepers} | {j.keeper.pid for j in book.jobs.values()
+                                          if j.keeper is not None}
 
     out: list[PsJob] = []
     for j in book.jobs.values():
@@ -451,35 +366,30 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
         if j.keeper is None and j.owner is not None and j.owner_alive:
             candidates = live_spawned
             if j.cgroup is not None:
-                candidates = [c for c in map(identity.read, _cg_procs(j.cgroup)) if c]
+                candidates = [c for c in map(identity.read, cgroupfs.procs_here(j.cgroup)) if c]
             for c in candidates:
                 k = identity.read(c.ppid)
                 if k is not None and _looks_like_keeper(k, j.owner):
                     j.keeper = k
                     j.sources.add("keeper")
+                    helpers.add(k.pid)
                     break
         if j.keeper is not None and j.started_ticks is None:
             j.started_ticks = j.keeper.start
         # Members.
-        pids: set[int] = set()
+        found: list[Identity] = []
         if j.cgroup is not None and os.path.isdir(j.cgroup):
-            pids.update(_cg_procs(j.cgroup))
-            if j.keeper is not None:
-                pids.discard(j.keeper.pid)  # it visits the cgroup around a spawn
+            found = [i for i in map(identity.read, cgroupfs.procs_here(j.cgroup)) if i]
         elif j.keeper is not None:
-            pids.update(_below(j.keeper.pid, born_after=j.keeper.start))
+            found = identity.descendants([j.keeper.pid], born_after=j.keeper.start)
         else:
             for c in live_spawned:
-                pids.add(c.pid)
-                pids.update(_below(c.pid, born_after=c.start))
-        idents = []
-        for pid in sorted(pids):
-            cur = identity.read(pid)
-            if cur is None or cur.state in ("Z", "X"):
-                continue
-            idents.append(cur)
+                found.append(c)
+                found.extend(identity.descendants([c.pid], born_after=c.start))
+        idents = {i.pid: i for i in found
+                  if i.pid not in helpers and i.state not in ("Z", "X")}
         j.member_count = len(idents)
-        j.members = _tree(idents)
+        j.members = _tree(sorted(idents.values(), key=lambda i: i.pid))
         if j.member_count == 0 and (j.closed or not j.owner_alive):
             continue  # over: nothing of it is alive
         out.append(j)
@@ -488,7 +398,7 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
 
 
 def _tree(idents: list[Identity]) -> list[Member]:
-    nodes = {i.pid: Member(i, _cmdline(i.pid)) for i in idents}
+    nodes = {i.pid: Member(i, identity.cmdline(i.pid)) for i in idents}
     roots = []
     for pid in sorted(nodes):
         m = nodes[pid]
@@ -498,17 +408,6 @@ def _tree(idents: list[Identity]) -> list[Member]:
         else:
             roots.append(m)
     return roots
-
-
-def _cmdline(pid: int) -> str:
-    if not sys.platform.startswith("linux"):
-        return ""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            data = f.read(4096)
-    except OSError:
-        return ""
-    return data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
 
 
 # ---------------------------------------------------------------------------
@@ -521,19 +420,6 @@ _CONTROL = {c: " " for c in range(32)} | {127: " "}
 
 def _oneline(text: str) -> str:
     return " ".join(text.translate(_CONTROL).split())
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = max(0, int(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _owner_text(j: PsJob) -> str:
@@ -561,7 +447,7 @@ def render_tree(jobs: list[PsJob], width: int = 100) -> str:
                                                    j.parent_job is not None)) if on)
         n = j.member_count
         lines.append(f"{j.job or '?'}{name}  {j.mechanism or '?'}  {_owner_text(j)}  "
-                     f"age {_duration(j.age(now_wall, now_ticks, hz))}  "
+                     f"age {format_duration(j.age(now_wall, now_ticks, hz))}  "
                      f"{n} member{'s' if n != 1 else ''}{flags}")
         extra = []
         if j.keeper is not None:
@@ -575,7 +461,7 @@ def render_tree(jobs: list[PsJob], width: int = 100) -> str:
             for idx, m in enumerate(ms):
                 last = idx == len(ms) - 1
                 head = prefix + ("└─ " if last else "├─ ")
-                age = _duration((now_ticks - m.ident.start) / hz)
+                age = format_duration((now_ticks - m.ident.start) / hz)
                 text = f"{head}{m.ident.pid} {_oneline(m.cmdline or m.ident.comm)}"
                 tail = f"  {age}"
                 if len(text) + len(tail) > width:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import identity
+from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import SignalRefused, TetherError
 from .identity import Identity
 from .job import Job
@@ -72,8 +73,6 @@ COOKIE_VAR = "TETHER_PTY_SESSION"
 
 CAPTURE_TIME_CAP = 1.0
 CAPTURE_MEM_CAP = 32 * 2**20
-_ENVIRON_READ_CAP = 1 << 20  # an environment block larger than this is not searched further
-_KILL_WAIT = 5.0  # bound on waiting for SIGKILLed processes to be gone
 
 OPEN, CLOSING, CLOSED = "open", "closing", "closed"
 
@@ -290,28 +289,6 @@ def _get_winsize(fd: int) -> tuple[int, int]:
     return rows, cols
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
-    """Whether /proc/PID/environ holds ``needle`` (a whole ``NAME=value``)."""
-    try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        data = b"\0"
-        while len(data) < _ENVIRON_READ_CAP:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-            if b"\0" + needle + b"\0" in data + b"\0":
-                return True
-        return False
-    except OSError:
-        return False  # exited, or not ours to read
-    finally:
-        os.close(fd)
-
-
 # --------------------------------------------------------------------------
 # The session
 
@@ -340,7 +317,7 @@ class PtySession:
         cols: int = 80,
         mechanism: str = "auto",
         *,
-        grace: float = 2.0,
+        grace: float = DEFAULT_GRACE,
         name: str | None = None,
         parent: Job | None = None,
         scrollback: int = 64 * 1024,
@@ -349,9 +326,7 @@ class PtySession:
         argv = [os.fsdecode(a) for a in argv]
         if not argv:
             raise ValueError("argv must not be empty")
-        if grace < 0:
-            raise ValueError("grace must be >= 0")
-        self.grace = float(grace)
+        self.grace = check_grace(grace)
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
         base_env = dict(os.environ) if env is None else dict(env)
         if env is None:
@@ -719,7 +694,7 @@ class PtySession:
                 cap.complete = False
                 cap.reason = cap.reason or "time cap reached while reading environments"
                 break
-            if _environ_has(ident.pid, needle):
+            if identity.environ_has(ident.pid, needle):
                 add([ident])
         # What the mechanism itself knows to be in the job (cgroup members,
         # subreaper orphans), read fresh. Not for pgroup: its member list is a
@@ -765,22 +740,33 @@ class PtySession:
                 out.append(ident)
         return out
 
-    def _signal(self, ident: Identity, sig: int, res: CloseResult, *, member: bool = False,
-                tries: int = 3) -> bool:
-        """One identity-checked signal, retried on a transient failure; a
-        refusal by the identity layer is final and recorded."""
-        last = ""
-        for attempt in range(tries):
-            try:
-                return self._send(ident, sig, member=member)
-            except SignalRefused as exc:
-                res.refused.append((ident, str(exc)))
-                return False
-            except OSError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                time.sleep(0.002 * (attempt + 1))
-        res.failed.append((ident, int(sig), last))
-        return False
+    def _sender(self, res: CloseResult) -> Callable[..., bool]:
+        """The close's signal function for ``tether.ending``: one identity-checked
+        signal (``self._send``), retried on a transient failure; a refusal by
+        the identity layer is final. Both are recorded in ``res``."""
+        def send(ident: Identity, sig: int, member: bool = False) -> bool:
+            last = ""
+            for attempt in range(3):
+                try:
+                    return self._send(ident, sig, member=member)
+                except SignalRefused as exc:
+                    res.refused.append((ident, str(exc)))
+                    raise
+                except OSError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    time.sleep(0.002 * (attempt + 1))
+            res.failed.append((ident, int(sig), last))
+            raise OSError(last)
+
+        return send
+
+    def _signal(self, ident: Identity, sig: int, res: CloseResult, *,
+                member: bool = False) -> bool:
+        """One signal through :meth:`_sender`; False if it did not land."""
+        try:
+            return self._sender(res)(ident, sig, member=member)
+        except (SignalRefused, OSError):
+            return False
 
     def _hangup(self) -> None:
         """Hang up the terminal: stop the pump and close the master. The
@@ -807,19 +793,6 @@ class PtySession:
     def _alive(self, idents: Iterable[Identity]) -> list[Identity]:
         return [i for i in idents if identity.is_alive(i)]
 
-    def _wait_gone(self, idents: list[Identity], timeout: float) -> list[Identity]:
-        """Wait up to ``timeout`` for all of ``idents`` to be gone (a zombie
-        counts as gone); returns those still alive."""
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        left = self._alive(idents)
-        while left and time.monotonic() < deadline:
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.02)
-            self._proc.poll()  # lets the keeper reap the root
-            left = self._alive(left)
-        return left
-
     def _end_job(self, res: CloseResult) -> None:
         if self.job is not None and not self.job.closed:
             try:
@@ -839,43 +812,42 @@ class PtySession:
             if self._record is not None:
                 self._record["captured"] = list(captured)
         root = self.root
-        # (2) hang up / terminate the root.
+        # (2) hang up the terminal; the root hears it from us too.
         self._hangup()
         if root is not None:
-            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
-                self._signal(root, sig, res, member=True)
-        # (3) signal the captured set; SIGCONT to the stopped ones, so they
-        # act on it (one stopped later is still SIGKILLed after the grace).
-        for ident in captured:
-            self._signal(ident, signal.SIGTERM, res)
-            if ident.state in ("T", "t"):
-                self._signal(ident, signal.SIGCONT, res)
+            self._signal(root, signal.SIGHUP, res, member=True)
         everyone = captured + ([root] if root is not None else [])
-        # (4) grace, then one identity recheck and SIGKILL to what still matches.
-        left = self._wait_gone(everyone, self.grace)
-        gone = {i.pid for i in everyone} - {i.pid for i in left}
-        res.terminated = [i for i in everyone if i.pid in gone]
-        for ident in left:
-            if self._signal(ident, signal.SIGKILL, res, member=ident is root):
-                res.killed.append(ident)
-        # (5) end the whole job (cgroup.kill, the subreaper's kill loop...):
-        # anything the capture could not see, e.g. born after it.
+        # (3)-(6) tether.ending: SIGTERM and SIGCONT to all (a stopped process
+        # acts on SIGTERM only once continued), the grace, one identity
+        # recheck and SIGKILL to what still matches, then the whole job ended
+        # by its mechanism (anything the capture could not see, e.g. born
+        # after it), until every captured process is gone.
+        ending = end(targets=everyone, born_after=self.born_after, grace=self.grace,
+                     member=lambda i: root is not None and i.same_process(root),
+                     send=self._sender(res), on_round=self._proc.poll,
+                     kill=lambda: self._end_job(res), kill_name="job end",
+                     kill_covers=lambda i: False)
+        res.terminated = [i for i, how in ending.ended if how in ("SIGTERM", "exit")]
+        res.killed = [i for i, how in ending.ended if how == "SIGKILL"]
         self._end_job(res)
-        # (6) the owner record stays until every captured process is gone.
-        res.survivors = self._wait_gone(everyone, _KILL_WAIT)
+        # The owner record stays until every captured process is gone.
+        res.survivors = self._alive(ending.survivors)
         self._proc.poll()
 
     def _close_graceful(self, res: CloseResult) -> None:
         root = self.root
         self._hangup()
-        left = self._wait_gone([root], self.grace) if root is not None else []
+        left = [root] if root is not None else []
+        deadline = time.monotonic() + self.grace
+        while left and time.monotonic() < deadline:  # the hang-up is the polite step
+            time.sleep(0.005)
+            self._proc.poll()  # lets the keeper reap the root
+            left = self._alive(left)
         if left:
-            self._signal(root, signal.SIGTERM, res, member=True)
-            self._signal(root, signal.SIGCONT, res, member=True)
-            left = self._wait_gone(left, self.grace)
-        if left and self._signal(root, signal.SIGKILL, res, member=True):
-            res.killed.append(root)
-            left = self._wait_gone(left, _KILL_WAIT)
+            ending = end(targets=left, born_after=self.born_after, grace=self.grace, member=True,
+                         send=self._sender(res), on_round=self._proc.poll)
+            res.killed = [i for i, how in ending.ended if how == "SIGKILL"]
+            left = self._alive(ending.survivors)
         if root is not None and not left:
             res.terminated.append(root)
         res.survivors = left

@@ -62,7 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 MODES = ("off", "warn", "fail")
 _DEFAULT_GRACE = 1.0
-_KILL_DEADLINE = 5.0  # bound on ending one test's leaks after the grace
 _MAX_WALK = 100_000  # bound on one walk of our own descendants
 # A process still alive this long after its test ended is a leak; less, and
 # it is most likely exiting already (a fixture sent SIGTERM without waiting).
@@ -140,19 +139,6 @@ class TetherLeakWarning(pytest.PytestWarning):
 # Finding our processes
 
 
-def _cmdline(pid: int) -> str:
-    if not sys.platform.startswith("linux"):
-        return ""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            data = f.read(512)
-    except OSError:
-        return ""
-    text = data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
-    # One line, nothing that drives a terminal (python -c scripts hold newlines).
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
-
-
 class _Proc:
     """One process seen in a walk, and the process it hangs under."""
 
@@ -208,7 +194,7 @@ class LeakDetector:
             return  # test knob: exercise the portable scan on Linux
         if sys.platform.startswith("linux"):
             try:
-                from tether.platform.linux_subreaper import set_subreaper
+                from tether._prctl import set_subreaper
 
                 set_subreaper()
                 self._subreaper = True
@@ -219,22 +205,7 @@ class LeakDetector:
         """Every process below this one, parents before children."""
         me = self.me
         if self._subreaper:
-            ident_read, children = self._id.read, self._id.children
-            out: list[_Proc] = []
-            stack = [me]
-            seen = {me}
-            while stack and len(out) < _MAX_WALK:
-                parent = stack.pop()
-                for c in children(parent):
-                    if c in seen:
-                        continue
-                    seen.add(c)
-                    ident = ident_read(c)
-                    if ident is None:
-                        continue
-                    out.append(_Proc(ident, parent))
-                    stack.append(c)
-            return out
+            return [_Proc(i, i.ppid) for i in self._id.descendants([me], limit=_MAX_WALK)]
         # Portable: one bounded capture; descendants, plus processes born
         # after the test began in a session or group one of those is in.
         cap = self._id.capture()
@@ -426,8 +397,6 @@ class LeakDetector:
 
     # -- ending -----------------------------------------------------------------
     def _end(self, leaks: list[tuple[Identity, str]], nodeid: str) -> list[dict]:
-        import signal
-        import time
 
         idm = self._id
         now = idm.now_ticks()
@@ -438,55 +407,39 @@ class LeakDetector:
             rows[_key(i)] = {
                 "pid": i.pid,
                 "comm": cur.comm if cur is not None and cur.start == i.start else i.comm,
-                "cmdline": _cmdline(i.pid),
+                "cmdline": idm.cmdline(i.pid, 512),
                 "age": round(max(0, now - i.start) / hz, 2),
                 "test": nodeid,
                 "owner": whose or "test",
                 "ended": None,
             }
 
-        def send(i: Identity, sig: int, name: str) -> None:
-            row = rows.get(_key(i))
-            try:
-                sent = idm.send_signal(i, sig, member=True)
-            except Exception as e:  # noqa: BLE001 - SignalRefused (EPERM): say so
-                if row is not None:
-                    row["ended"] = f"refused: {e}"
-                return
-            if sent and row is not None:
-                row["ended"] = name
-
         def still() -> list[Identity]:
-            # Rescan: a leaked process may still be forking. Released
-            # fixtures' processes stay targets until they are gone.
-            return [i for i, _ in self._classify(self._walk())
-                    if i.state not in ("Z", "X", "x")]
+            # Found again each round: a leaked process may still be forking.
+            # Released fixtures' processes stay targets until they are gone.
+            return [i for i, _ in self._classify(self._walk())]
 
-        targets = [i for i, _ in leaks]
-        if self.grace > 0:
-            for i in targets:
-                send(i, signal.SIGTERM, "SIGTERM")
-            deadline = time.monotonic() + self.grace
-            delay = 0.002
-            while targets and time.monotonic() < deadline:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-                # Children born meanwhile join the SIGKILL round below.
-                targets = [i for i in targets if idm.is_alive(i)]
-                targets += [i for i in still() if _key(i) not in rows]
-        deadline = time.monotonic() + _KILL_DEADLINE
-        while targets and time.monotonic() < deadline:
-            for i in targets:
-                send(i, signal.SIGKILL, "SIGKILL")
-            time.sleep(0.002)
-            self._reap_adopted(self._walk())
-            targets = still()
+        from tether.ending import end
+
+        # born_after=None: a released wider fixture's processes are older than
+        # the test; every target is proven by the walk below this process.
+        ending = end(still, targets=[i for i, _ in leaks], born_after=None, grace=self.grace,
+                     member=True, on_round=lambda: self._reap_adopted(self._walk()))
         self._reap_adopted(self._walk())
-        boot = idm.boot_id()
-        for (pid, start), row in rows.items():
-            if idm.is_alive(idm.Identity(pid, start, boot)):
+        for ident, how in ending.ended:
+            row = rows.get(_key(ident))
+            if row is not None:
+                row["ended"] = how
+        for ident, why in ending.refused:
+            row = rows.get(_key(ident))
+            if row is not None:
+                row["ended"] = f"refused: {why}"
+        for ident in ending.survivors:
+            row = rows.get(_key(ident))
+            if row is not None:
                 row["ended"] = f"STILL ALIVE ({row['ended'] or 'not signalled'})"
-            elif row["ended"] is None:
+        for row in rows.values():
+            if row["ended"] is None:
                 row["ended"] = "exit"  # it went by itself during the grace
         return list(rows.values())
 

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -49,23 +47,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import identity
-from .audit import parse_pid, parse_start
-from .errors import SignalRefused
+from . import cgroupfs, identity
+from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .identity import Identity
-from .platform._linux_kill import procs_here as _cg_procs_here
+from .runs import LIVE, OVER, Run, read_runs
+from .stops import argv_label, format_duration
 
 __all__ = ["Ended", "Skipped", "ReapReport", "reap", "cli"]
 
 _LINUX = sys.platform.startswith("linux")
-RUN_DIR_RE = re.compile(r"^tether-(\d+)-(\d+)$")
-PROBE_DIR_RE = re.compile(r"^tether-probe-(\d+)$")
-# A job cgroup whose name ends so belongs to a background job (outlives its owner on purpose).
-BACKGROUND_SUFFIX = ".bg"
 
 # Skip reasons: stable strings (the JSON output documents them).
 PID_REUSED = "pid reused"
 OTHER_USER = "other user"
+OTHER_SESSION = "other session"
 BACKGROUND = "background"
 DETACHED = "detached"
 OWNER_ALIVE = "owner alive"
@@ -76,10 +71,6 @@ REFUSED = "refused"
 SURVIVED = "could not end"
 OWN_PROCESS = "own process or ancestor"
 
-# Windows has no SIGKILL; os.kill with SIGTERM is TerminateProcess there.
-_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
-_STOP_ROUNDS = 8  # freeze-and-rescan rounds before SIGKILL; one is usually enough
-_FINAL_WAIT = 3.0  # seconds for SIGKILLed processes to be gone (a zombie counts as gone)
 
 
 # --------------------------------------------------------------------------
@@ -98,8 +89,10 @@ class Ended:
     comm: str
     how: str  # "SIGTERM", "SIGKILL", "cgroup.kill", or "dry-run"
     start: str = ""  # its start token "ticks@bootid"
-    via: int | None = None  # the recorded process it descends from; None: recorded itself
+    via: int | None = None  # the recorded process it descends from, if found so
     cgroup: str | None = None  # the stale cgroup it was found in, if any
+    recorded: bool = False  # it has a spawn record of its own (the app started it)
+    label: str | None = None  # the app's name for it, from its record
 
 
 @dataclass
@@ -127,6 +120,7 @@ class ReapReport:
     state_dir: str = ""
     runs_over: list[str] = field(default_factory=list)  # runs whose owner is gone
     runs_live: list[str] = field(default_factory=list)  # runs whose owner is alive
+    session: str | None = None  # the one session key this reap was limited to
     notes: list[str] = field(default_factory=list)  # what limited the proof or the log
     elapsed_s: float = 0.0
 
@@ -145,6 +139,7 @@ class ReapReport:
         return {
             "version": 1,
             "dry_run": self.dry_run,
+            "session": self.session,
             "ok": self.ok,
             "state_dir": self.state_dir,
             "ended": [dataclasses.asdict(e) for e in self.ended],
@@ -173,7 +168,7 @@ class ReapReport:
             rows = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
             for e in self.ended:
                 rows.append((str(e.pid), e.run, e.session or "-", e.job or "-",
-                             _duration(e.runtime_s), e.comm or "?", e.how))
+                             format_duration(e.runtime_s), e.comm or "?", e.how))
             out.extend(_table(rows))
         else:
             out.append(f"{verb} nothing")
@@ -192,164 +187,10 @@ class ReapReport:
         return "\n".join(out)
 
 
-def _duration(s: float) -> str:
-    s = max(0, int(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
             for r in rows]
-
-
-# --------------------------------------------------------------------------
-# What the audit log says
-
-
-@dataclass
-class _Proc:
-    pid: int
-    start: int
-    job: str | None
-    session: str | None
-    background: bool
-    detached: bool
-    cgroup: str | None
-
-
-@dataclass
-class _Run:
-    run: str
-    owner: Identity | None = None
-    owner_conflict: bool = False
-    app: str | None = None
-    end_ts: float | None = None  # ts of its run-end record, if any
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    procs: dict[tuple[int, int], _Proc] = field(default_factory=dict)
-    cgroups: set[str] = field(default_factory=set)
-
-    def job_flag(self, job: str | None, key: str) -> bool:
-        return bool(job is not None and self.jobs.get(job, {}).get(key))
-
-    def job_session(self, job: str | None) -> str | None:
-        return self.jobs.get(job, {}).get("session") if job is not None else None
-
-
-def _opt_str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _read_runs(state_dir: Path, stats: Any, notes: list[str]) -> dict[str, _Run]:
-    from . import audit
-
-    boot = identity.boot_id()
-    runs: dict[str, _Run] = {}
-    owners: dict[tuple[Any, Any], Identity | None] = {}  # a run repeats its owner in every record
-    unusable = 0
-    for rec in audit.read_records(state_dir, stats=stats):
-        if rec.get("event") not in _SOURCES:
-            continue  # reap/error records and unknown (newer) events prove nothing
-        try:
-            _absorb(rec, runs, boot, owners)
-        except (TypeError, ValueError, KeyError, AttributeError):
-            unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
-    if unusable:
-        notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
-    return runs
-
-
-_SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end"))
-
-
-def _owner_of(owner: Any, cache: dict[tuple[Any, Any], Identity | None]) -> Identity | None:
-    if type(owner) is not dict:
-        return None
-    raw = (owner.get("pid"), owner.get("start"))
-    try:
-        return cache[raw]
-    except KeyError:
-        pass
-    except TypeError:
-        return None  # unhashable values: not an identity
-    opid = parse_pid(raw[0])
-    ot = parse_start(raw[1])
-    ident = Identity(opid, ot[0], ot[1]) if opid is not None and ot is not None else None
-    if len(cache) < 65536:
-        cache[raw] = ident
-    return ident
-
-
-def _absorb(rec: dict[str, Any], runs: dict[str, _Run], boot: str,
-            owners: dict[tuple[Any, Any], Identity | None]) -> None:
-    event = rec["event"]
-    otok = _owner_of(rec.get("owner"), owners)
-    run_id = rec.get("run")
-    if type(run_id) is not str:
-        if otok is None:
-            return
-        run_id = f"{otok.pid}-{otok.start}"
-    if otok is not None and otok.boot != boot:
-        return  # an earlier boot: every process it knew is gone
-    run = runs.get(run_id)
-    if run is None:
-        run = runs[run_id] = _Run(run_id)
-    if otok is not None and run.owner is not otok:
-        if run.owner is None:
-            run.owner = otok
-        elif not run.owner.same_process(otok):
-            run.owner_conflict = True  # two owners claim one run id: trust neither
-    if run.app is None:
-        run.app = _opt_str(rec.get("app"))
-    job = rec.get("job")
-    if type(job) is not str:
-        job = None
-    cg = rec.get("cgroup")
-    if cg and type(cg) is str and cg not in run.cgroups:
-        run.cgroups.add(cg)
-    if event == "spawn" or event == "exit":
-        pid = parse_pid(rec.get("pid"))
-        if pid is None:
-            return
-        tok = parse_start(rec.get("start"), rec.get("boot"))
-        if tok is None:
-            key = (pid, -1)  # no start, no identity: remembered only to be reported
-        elif tok[1] != boot:
-            return
-        else:
-            key = (pid, tok[0])
-        if event == "exit":
-            run.procs.pop(key, None)  # it exited on record; nothing to look for
-            return
-        prev = run.procs.get(key)
-        session = rec.get("session")
-        run.procs[key] = _Proc(
-            pid,
-            key[1],
-            job,
-            session if type(session) is str else (prev.session if prev else None),
-            rec.get("background") is True or bool(prev and prev.background),
-            rec.get("detached") is True or bool(prev and prev.detached),
-            cg if type(cg) is str else None,
-        )
-    elif event == "run-end":
-        ts = rec.get("ts")
-        if isinstance(ts, (int, float)):
-            run.end_ts = float(ts)
-    elif (event == "job-open" or event == "job-close") and job is not None:
-        info = run.jobs.setdefault(job, {})
-        for key in ("background", "detached"):
-            if rec.get(key) is True:
-                info[key] = True
-        sess = rec.get("session")
-        if type(sess) is str:
-            info.setdefault("session", sess)
 
 
 # --------------------------------------------------------------------------
@@ -364,8 +205,9 @@ class _Target:
     job: str | None
     via: int | None = None
     cgroup: str | None = None
+    recorded: bool = False  # it has a spawn record of its own
+    label: str | None = None
     how: str = ""
-    ended_at: int = 0  # now_ticks() when it was seen gone
 
     @property
     def key(self) -> tuple[int, int]:
@@ -429,8 +271,8 @@ def _ticks_at(ts: float) -> int:
     return identity.now_ticks() - int((time.time() - ts) * identity.clock_ticks())
 
 
-def _plan_records(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
-                  exclude_runs: Iterable[str]) -> list[_Target]:
+def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
+                  exclude_runs: Iterable[str], session: str | None) -> list[_Target]:
     """Resolve every recorded process of every run; return the recorded targets."""
     report = plan.report
     excluded = set(exclude_runs)
@@ -442,20 +284,17 @@ def _plan_records(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
             state = "other app"
         elif run.run in excluded:
             state = "excluded"
-        elif run.owner is None or run.owner_conflict:
-            state = "unknown"
-        elif identity.is_alive(run.owner):
-            state = "live"
         else:
-            state = "over"
+            state = run.state()
         states[run.run] = state
     # Protected identities first, across all runs: a descendant walk must stop
-    # at a background or detached process, and at every process of a run that
-    # is not being reaped (a live owner started from inside a leftover shell
-    # descends from that leftover, yet its run must never be touched).
+    # at a background or detached process, at every process of a run that is
+    # not being reaped (a live owner started from inside a leftover shell
+    # descends from that leftover, yet its run must never be touched), and,
+    # when one session is reaped, at every other session's process.
     for run in runs.values():
         state = states[run.run]
-        if state == "live" and run.owner is not None:
+        if state == LIVE and run.owner is not None:
             plan.protected[(run.owner.pid, run.owner.start)] = OWNER_ALIVE
         for p in run.procs.values():
             if p.start < 0:
@@ -464,9 +303,11 @@ def _plan_records(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
                 why = DETACHED
             elif p.background or run.job_flag(p.job, "background"):
                 why = BACKGROUND
-            elif state != "over":
-                why = {"live": OWNER_ALIVE, "excluded": EXCLUDED, "unknown": OWNER_UNKNOWN}.get(
+            elif state != OVER:
+                why = {LIVE: OWNER_ALIVE, "excluded": EXCLUDED, "unknown": OWNER_UNKNOWN}.get(
                     state, "another app's run")
+            elif session is not None and run.session_of(p) != session:
+                why = OTHER_SESSION
             else:
                 continue
             plan.protected.setdefault((p.pid, p.start), why)
@@ -474,13 +315,15 @@ def _plan_records(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
         state = states[run.run]
         if state == "other app":
             continue
-        if state == "live":
+        if state == LIVE:
             report.runs_live.append(run.run)
-        elif state == "over":
+        elif state == OVER:
             report.runs_over.append(run.run)
         end_ticks = _ticks_at(run.end_ts) if run.end_ts is not None else None
         for p in run.procs.values():
-            session = p.session or run.job_session(p.job)
+            p_session = run.session_of(p)
+            if session is not None and p_session != session:
+                continue  # another session's: not this reap's to report
             # One capture answers "is anything at this pid" for the many records
             # whose process is long gone; what is there is then read afresh.
             seen = cap.get(p.pid) if cap is not None and cap.complete else identity.read(p.pid)
@@ -490,37 +333,40 @@ def _plan_records(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
             if cur is None or cur.state in ("Z", "X", "x"):
                 continue  # gone since
             if p.start < 0:
-                if state == "over":
+                if state == OVER:
                     plan.skip(cur, run.run, NO_START, "its record has no start time: no identity "
-                              "to prove it is the process started then", session, p.job)
+                              "to prove it is the process started then", p_session, p.job)
                 continue
             if cur.start != p.start:
-                if state == "over":
+                if state == OVER:
                     if end_ticks is not None and cur.start > end_ticks:
                         detail = "the process there now started after its run ended"
                     else:
                         detail = "the process there now started at another time"
-                    plan.skip(cur, run.run, PID_REUSED, detail, session, p.job)
+                    plan.skip(cur, run.run, PID_REUSED, detail, p_session, p.job)
                 continue
-            if state == "live":
+            if state == LIVE:
                 plan.skip(cur, run.run, OWNER_ALIVE, f"owner pid {run.owner.pid} is running",
-                          session, p.job)
+                          p_session, p.job)
                 continue
             if state == "excluded":
-                plan.skip(cur, run.run, EXCLUDED, "", session, p.job)
+                plan.skip(cur, run.run, EXCLUDED, "", p_session, p.job)
                 continue
             if state == "unknown":
                 why = ("two owners claim this run id" if run.owner_conflict
                        else "its records name no owner identity")
-                plan.skip(cur, run.run, OWNER_UNKNOWN, why, session, p.job)
+                plan.skip(cur, run.run, OWNER_UNKNOWN, why, p_session, p.job)
                 continue
             if p.detached or run.job_flag(p.job, "detached"):
-                plan.skip(cur, run.run, DETACHED, "launched to survive on purpose", session, p.job)
+                plan.skip(cur, run.run, DETACHED, "launched to survive on purpose", p_session,
+                          p.job)
                 continue
             if p.background or run.job_flag(p.job, "background"):
-                plan.skip(cur, run.run, BACKGROUND, "meant to outlive its owner", session, p.job)
+                plan.skip(cur, run.run, BACKGROUND, "meant to outlive its owner", p_session,
+                          p.job)
                 continue
-            t = _Target(cur, run.run, session, p.job)
+            label = p.label or (argv_label(p.argv) if p.argv else None)
+            t = _Target(cur, run.run, p_session, p.job, recorded=True, label=label)
             if plan.add(t):
                 roots.append(t)
     return roots
@@ -586,29 +432,11 @@ class _StaleRun:
 
 
 
-def _run_dir_of(path: str, mount: str) -> str | None:
-    """The ``tether-<pid>-<start>`` directory at or above ``path`` inside ``mount``."""
-    try:
-        real = os.path.realpath(path)
-    except OSError:
-        return None
-    mount = os.path.realpath(mount)
-    if os.path.commonpath([real, mount]) != mount:
-        return None
-    p = real
-    while p != mount and len(p) > len(mount):
-        if RUN_DIR_RE.match(os.path.basename(p)):
-            return p
-        p = os.path.dirname(p)
-    return None
-
-
-def _cgroup_candidates(runs: dict[str, _Run], cgroup_dirs: Iterable[str] | None,
-                       app: str | None, notes: list[str]) -> tuple[str | None, set[str], set[str]]:
-    """(mount, run dirs to examine, stale probe dirs)."""
-    from .platform import linux_cgroup as lc
-
-    mount = lc.cgroup2_mount()
+def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
+                       app: str | None, session: str | None
+                       ) -> tuple[str | None, set[str], set[str]]:
+    """(mount, run dirs to examine, probe dirs to examine)."""
+    mount = cgroupfs.mount()
     if mount is None:
         return None, set(), set()
     dirs: set[str] = set()
@@ -617,14 +445,14 @@ def _cgroup_candidates(runs: dict[str, _Run], cgroup_dirs: Iterable[str] | None,
         if app is not None and run.app != app:
             continue
         for cg in run.cgroups:
-            rd = _run_dir_of(cg, mount)
+            rd = cgroupfs.run_dir_of(cg, mount)
             if rd is not None and os.path.isdir(rd):
                 dirs.add(rd)
+    if app is not None or session is not None:
+        return mount, dirs, probes  # only the runs the audit ties to this app or session
     if cgroup_dirs is None:
-        own = lc.own_cgroup()
-        cgroup_dirs = [os.path.join(mount, own.lstrip("/"))] if own is not None else []
-    if app is not None:
-        return mount, dirs, probes  # only the runs the audit ties to this app
+        own = cgroupfs.own_dir()
+        cgroup_dirs = [own] if own is not None else []
     for base in cgroup_dirs:
         try:
             names = os.listdir(base)
@@ -632,25 +460,26 @@ def _cgroup_candidates(runs: dict[str, _Run], cgroup_dirs: Iterable[str] | None,
             continue
         for name in names:
             full = os.path.join(base, name)
-            if RUN_DIR_RE.match(name):
-                rd = _run_dir_of(full, mount)
+            if cgroupfs.parse_run_dir(name) is not None:
+                rd = cgroupfs.run_dir_of(full, mount)
                 if rd is not None:
                     dirs.add(rd)
-            elif PROBE_DIR_RE.match(name):
+            elif cgroupfs.parse_probe_dir(name) is not None:
                 probes.add(full)
     return mount, dirs, probes
 
 
-def _job_protection(run: _Run | None, job: str) -> str | None:
+def _job_protection(run: Run | None, job: str) -> str | None:
     """Why the job cgroup named ``job`` must be left alone, or None."""
     if run is not None and run.job_flag(job, "detached"):
         return DETACHED
-    if job.endswith(BACKGROUND_SUFFIX) or (run is not None and run.job_flag(job, "background")):
+    if job.endswith(cgroupfs.BACKGROUND_SUFFIX) or (run is not None
+                                                    and run.job_flag(job, "background")):
         return BACKGROUND
     return None
 
 
-def _plan_job_cgroup(plan: _Plan, run: _Run | None, run_id: str, jd: str) -> bool:
+def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool:
     """Plan one job cgroup of a stale run; True when it may be cgroup.kill'ed whole.
 
     Nested job cgroups (a job opened inside another) are judged one by one: a
@@ -666,7 +495,7 @@ def _plan_job_cgroup(plan: _Plan, run: _Run | None, run_id: str, jd: str) -> boo
             protected_dirs[dirpath] = why
             whole = False
         session = run.job_session(job) if run is not None else None
-        for pid in _cg_procs_here(dirpath):
+        for pid in cgroupfs.procs_here(dirpath):
             cur = identity.read(pid)
             if cur is None or cur.state in ("Z", "X", "x"):
                 continue
@@ -689,41 +518,52 @@ def _plan_job_cgroup(plan: _Plan, run: _Run | None, run_id: str, jd: str) -> boo
     return whole  # if not, its members are ended one by one (SIGKILL), the dir stays
 
 
-def _plan_cgroups(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
-                  exclude_runs: Iterable[str], cgroup_dirs: Iterable[str] | None,
-                  notes: list[str]) -> tuple[list[_StaleRun], list[str]]:
-    from .platform import linux_cgroup as lc
+def _session_job_dirs(run: Run | None, rd: str, session: str) -> list[str]:
+    """The job directories of ``session`` in run directory ``rd`` (outermost)."""
+    out = []
+    for dirpath, dirs, _files in os.walk(rd):
+        if dirpath == rd:
+            continue
+        job = os.path.basename(dirpath)
+        if run is not None and run.job_session(job) == session:
+            out.append(dirpath)
+            dirs[:] = []  # its nested jobs are its own
+    return out
 
-    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, notes)
+
+def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
+                  exclude_runs: Iterable[str], cgroup_dirs: Iterable[str] | None,
+                  session: str | None, notes: list[str]
+                  ) -> tuple[list[_StaleRun], list[str]]:
+    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session)
     if mount is None:
         return [], []
     excluded = set(exclude_runs)
-    euid = os.geteuid()
     stale: list[_StaleRun] = []
     for rd in sorted(dirs):
-        m = RUN_DIR_RE.match(os.path.basename(rd))
-        if m is None:
+        parsed = cgroupfs.parse_run_dir(os.path.basename(rd))
+        if parsed is None:
             continue
-        try:
-            st = os.lstat(rd)
-        except OSError:
+        run_id = f"{parsed[0]}-{parsed[1]}"
+        if run_id in excluded:
             continue
-        if st.st_uid != euid or not os.path.isdir(rd) or os.path.islink(rd):
-            continue  # another user's (or not a real directory): never ours to judge
-        run_id = f"{m.group(1)}-{m.group(2)}"
-        owner = Identity(int(m.group(1)), int(m.group(2)), identity.boot_id())
-        if run_id in excluded or identity.is_alive(owner):
+        why = cgroupfs.prove_stale(rd)  # the one check before any cgroup.kill of it
+        if why is not None:
             continue
         run = runs.get(run_id)
         if run_id not in plan.report.runs_over:
             plan.report.runs_over.append(run_id)
         sr = _StaleRun(rd, run_id)
-        try:
-            job_names = sorted(n for n in os.listdir(rd) if os.path.isdir(os.path.join(rd, n)))
-        except OSError:
-            continue
-        for job in job_names:
-            jd = os.path.join(rd, job)
+        if session is not None:
+            job_dirs = _session_job_dirs(run, rd, session)
+            sr.kept = True  # the rest of the run is not this reap's to judge
+        else:
+            try:
+                job_dirs = sorted(os.path.join(rd, n) for n in os.listdir(rd)
+                                  if os.path.isdir(os.path.join(rd, n)))
+            except OSError:
+                continue
+        for jd in job_dirs:
             if _plan_job_cgroup(plan, run, run_id, jd):
                 sr.jobs.append(jd)
             else:
@@ -731,15 +571,16 @@ def _plan_cgroups(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
         stale.append(sr)
     # Probe directories are empty by construction; remove one only if empty
     # and no process has its pid (a probe that crashed between mkdir and rmdir).
+    euid = os.geteuid()
     stale_probes = []
     for pd in sorted(probes):
-        m = PROBE_DIR_RE.match(os.path.basename(pd))
+        pid = cgroupfs.parse_probe_dir(os.path.basename(pd))
         try:
             st = os.lstat(pd)
         except OSError:
             continue
-        if (m and st.st_uid == euid and identity.read(int(m.group(1))) is None
-                and not lc.populated(pd)):
+        if (pid is not None and st.st_uid == euid and identity.read(pid) is None
+                and not cgroupfs.populated(pd)):
             stale_probes.append(pd)
     return stale, stale_probes
 
@@ -748,127 +589,49 @@ def _plan_cgroups(runs: dict[str, _Run], plan: _Plan, *, app: str | None,
 # Ending
 
 
-def _depths(targets: Iterable[_Target]) -> dict[tuple[int, int], int]:
-    """Depth of each target below the topmost target it descends from (by ppid)."""
-    by_pid = {t.ident.pid: t for t in targets}
-    depth: dict[tuple[int, int], int] = {}
-    for t in by_pid.values():
-        chain: list[_Target] = []
-        seen: set[int] = set()
-        cur: _Target | None = t
-        while cur is not None and cur.key not in depth and cur.ident.pid not in seen:
-            seen.add(cur.ident.pid)  # a torn snapshot can show a ppid loop
-            chain.append(cur)
-            cur = by_pid.get(cur.ident.ppid)
-        base = depth[cur.key] if cur is not None and cur.key in depth else -1
-        for c in reversed(chain):
-            base += 1
-            depth[c.key] = base
-    return depth
-
-
-def _order(targets: Iterable[_Target], deepest_first: bool) -> list[_Target]:
-    ts = list(targets)
-    d = _depths(ts)
-    return sorted(ts, key=lambda t: d.get(t.key, 0), reverse=deepest_first)
-
-
-def _send(plan: _Plan, t: _Target, sig: int) -> bool:
-    try:
-        return identity.send_signal(t.ident, sig)
-    except SignalRefused as e:
-        plan.targets.pop(t.key, None)
-        plan.skip(t.ident, t.run, REFUSED, str(e), t.session, t.job)
-        return False
-
-
-def _alive(t: _Target) -> bool:
-    return identity.is_alive(t.ident)
-
-
-def _wait_gone(targets: list[_Target], timeout: float, how: Callable[[_Target], str]) -> list[_Target]:
-    """Wait up to ``timeout`` for targets to go; stamp the gone ones; return the rest."""
-    deadline = time.monotonic() + timeout
-    left = list(targets)
-    delay = 0.002
-    while True:
-        still = []
-        for t in left:
-            if _alive(t):
-                still.append(t)
-            elif not t.how:
-                t.how = how(t)
-                t.ended_at = identity.now_ticks()
-        left = still
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
-
-
 def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) -> None:
-    """SIGTERM all, grace, then SIGKILL (frozen first) or cgroup.kill the rest."""
-    from .platform import linux_cgroup as lc
+    """End every target through the engine: SIGTERM (+SIGCONT), grace, then
+    frozen and found again until nothing new appears, then ``cgroup.kill``
+    for what stale cgroups hold and SIGKILL for the rest."""
+    cg_jobs = sorted({jd for sr in stale for jd in sr.jobs})
 
-    cg_jobs = {jd for sr in stale for jd in sr.jobs}
-
-    def pending() -> list[_Target]:
-        return [t for t in plan.targets.values() if not t.how]
-
-    def by_cgroup(t: _Target) -> bool:
-        cg = t.cgroup
+    def in_stale_cgroup(t: _Target | None) -> bool:
+        cg = t.cgroup if t is not None else None
         return cg is not None and any(cg == jd or cg.startswith(jd + os.sep) for jd in cg_jobs)
 
-    sigcont = getattr(signal, "SIGCONT", None)
-    sigstop = getattr(signal, "SIGSTOP", None)
-    stopped: list[_Target] = []
-    try:
-        if grace > 0 and plan.targets:
-            for t in _order(plan.targets.values(), deepest_first=True):
-                if _send(plan, t, signal.SIGTERM):
-                    if sigcont is not None:
-                        # A stopped process acts on SIGTERM only once continued.
-                        _send(plan, t, sigcont)
-                elif not _alive(t):
-                    t.how = "gone"  # exited before we signalled it: not ours to claim
-            _wait_gone(pending(), grace, lambda t: "SIGTERM")
-        # What a stale cgroup holds is ended by cgroup.kill, atomically. The
-        # rest is frozen, parents first, and the table rescanned until nothing
-        # new appears: a frozen process cannot fork, so nothing escapes the kill.
-        wave = [t for t in pending() if not by_cgroup(t)]
-        for _ in range(_STOP_ROUNDS):
-            if not wave or sigstop is None:
-                break
-            for t in _order(wave, deepest_first=False):
-                if _send(plan, t, sigstop):
-                    stopped.append(t)
-            wave = _expand(plan, [t for t in wave if t.key in plan.targets], notes)
-        for t in _order([t for t in pending() if not by_cgroup(t)], deepest_first=True):
-            _send(plan, t, _SIGKILL)
-        for jd in sorted(cg_jobs):
-            if not lc.kill_cgroup(jd, timeout=_FINAL_WAIT):
+    def find() -> list[Identity]:
+        # What the walks add while it runs (a fork during the grace) joins in.
+        _expand(plan, list(plan.targets.values()), notes)
+        return [t.ident for t in plan.targets.values()]
+
+    def kill() -> None:
+        for jd in cg_jobs:
+            if not cgroupfs.kill(jd, timeout=1.0):
                 notes.append(f"{jd} still populated after cgroup.kill")
-        left = _wait_gone(pending(), _FINAL_WAIT,
-                          lambda t: "cgroup.kill" if by_cgroup(t) else "SIGKILL")
-        for t in left:
-            plan.targets.pop(t.key, None)
-            cur = identity.read(t.ident.pid)
-            state = cur.state if cur is not None else "?"
-            plan.skip(t.ident, t.run, SURVIVED, f"still alive after SIGKILL (state {state})",
-                      t.session, t.job)
-    finally:
-        # On an unexpected error, leave nothing frozen.
-        if sigcont is not None:
-            for t in stopped:
-                if not t.how and _alive(t):
-                    try:
-                        identity.send_signal(t.ident, sigcont)
-                    except SignalRefused:
-                        pass
+
+    ending = end(find, born_after=None, grace=grace, freeze=True, member=False,
+                 kill=kill if cg_jobs else None, kill_name="cgroup.kill",
+                 kill_covers=lambda i: in_stale_cgroup(plan.targets.get((i.pid, i.start))))
+    for ident, why in ending.refused:
+        t = plan.targets.pop((ident.pid, ident.start), None)
+        if t is not None:
+            plan.skip(t.ident, t.run, REFUSED, why, t.session, t.job)
+    for ident, how in ending.ended:
+        t = plan.targets.get((ident.pid, ident.start))
+        if t is not None:
+            t.how = "gone" if how == "exit" else how  # gone by itself: not ours to claim
+    for ident in ending.survivors:
+        t = plan.targets.pop((ident.pid, ident.start), None)
+        if t is None:
+            continue
+        cur = identity.read(ident.pid)
+        state = cur.state if cur is not None else "?"
+        plan.skip(t.ident, t.run, SURVIVED, f"still alive after SIGKILL (state {state})",
+                  t.session, t.job)
 
 
 def _remove_cgroups(stale: list[_StaleRun], probes: list[str], report: ReapReport) -> None:
-    from .platform import linux_cgroup as lc
+    from . import cgroupfs as lc
 
     for sr in stale:
         for jd in sr.jobs:
@@ -898,24 +661,36 @@ def reap(
     state_dir: str | os.PathLike[str] | None = None,
     *,
     app: str | None = None,
+    session: str | None = None,
     dry_run: bool = False,
-    grace: float = 2.0,
+    grace: float = DEFAULT_GRACE,
     exclude_runs: Iterable[str] = frozenset(),
     cgroups: bool = True,
     cgroup_dirs: Iterable[str] | None = None,
+    runs: dict[str, Run] | None = None,
+    announce: Callable[[ReapReport], Any] | None = None,
 ) -> ReapReport:
     """End the leftovers of earlier runs that the audit log in ``state_dir``
     proves are theirs; see the module doc for the rules.
 
     ``state_dir``: default :func:`tether.audit.default_state_dir`. ``app``: only
     runs whose records carry this app name (and only their cgroups).
+    ``session``: only the processes and job cgroups of that session key (the
+    host's resume rule: ``reap(..., app=app, session=key)``); every other
+    session's processes are protected from the walks.
     ``dry_run``: end and remove nothing; the report lists what would be ended
     (``how="dry-run"``). ``grace``: seconds between SIGTERM and SIGKILL.
     ``exclude_runs``: run ids never to touch (a host passes its own).
     ``cgroups``: also look for tether's stale cgroups (Linux, cgroup v2):
     the run directories the audit names, and every ``tether-*`` run directory
     directly inside each of ``cgroup_dirs`` (default: this process's own cgroup
-    directory, where tether creates them).
+    directory, where tether creates them), each proven by
+    :func:`tether.cgroupfs.prove_stale` before anything in it is ended.
+    ``runs``: the log as :func:`tether.runs.read_runs` read it, to share one
+    read between several reaps (a host's start and its resumes); every proof
+    is still checked against the live processes. ``announce(plan)``: called
+    once the targets are known and before anything is signalled, with a
+    dry-run report of what will be ended.
 
     Raises :class:`tether.audit.AuditDirError` when ``state_dir`` is unsafe
     (a symlink, another user's, writable by others). A missing or empty log is
@@ -923,29 +698,31 @@ def reap(
     """
     from . import audit
 
-    if not grace >= 0:
-        raise ValueError("grace must be >= 0")
+    grace = check_grace(grace)
     if isinstance(exclude_runs, str):
         exclude_runs = (exclude_runs,)  # one run id, not its characters
     t0 = time.monotonic()
     d = Path(state_dir) if state_dir is not None else audit.default_state_dir()
-    report = ReapReport(dry_run=dry_run, state_dir=str(d), log_stats=audit.ReadStats())
-    runs = _read_runs(d, report.log_stats, report.notes)
+    report = ReapReport(dry_run=dry_run, state_dir=str(d), log_stats=audit.ReadStats(),
+                        session=session)
+    if runs is None:
+        runs = read_runs(d, stats=report.log_stats, notes=report.notes)
     plan = _Plan(report)
     excl = frozenset(exclude_runs)
-    _plan_records(runs, plan, app=app, exclude_runs=excl)
+    _plan_records(runs, plan, app=app, exclude_runs=excl, session=session)
     stale: list[_StaleRun] = []
     probes: list[str] = []
     if cgroups and _LINUX:
         stale, probes = _plan_cgroups(runs, plan, app=app, exclude_runs=excl,
-                                      cgroup_dirs=cgroup_dirs, notes=report.notes)
+                                      cgroup_dirs=cgroup_dirs, session=session,
+                                      notes=report.notes)
     # Descendants of every recorded or cgroup-found target.
     if plan.targets:
         _expand(plan, list(plan.targets.values()), report.notes, plan.capture())
 
     if dry_run:
         now = identity.now_ticks()
-        for t in _order(plan.targets.values(), deepest_first=True):
+        for t in _report_order(plan):
             report.ended.append(_ended(t, "dry-run", now))
         for sr in stale:
             report.cgroups_removed.extend(sr.jobs)
@@ -955,10 +732,15 @@ def reap(
         report.elapsed_s = time.monotonic() - t0
         return report
 
+    if announce is not None and plan.targets:
+        now = identity.now_ticks()
+        announce(ReapReport(ended=[_ended(t, "planned", now) for t in _report_order(plan)],
+                            dry_run=True, state_dir=report.state_dir, session=session))
     _end(plan, stale, grace, report.notes)
-    for t in _order(plan.targets.values(), deepest_first=True):
+    now = identity.now_ticks()
+    for t in _report_order(plan):
         if t.how and t.how != "gone":
-            report.ended.append(_ended(t, t.how, t.ended_at or identity.now_ticks()))
+            report.ended.append(_ended(t, t.how, now))
     _remove_cgroups(stale, probes, report)
     if report.ended or report.cgroups_removed:
         _log(d, report, runs)
@@ -966,13 +748,19 @@ def reap(
     return report
 
 
+def _report_order(plan: _Plan) -> list[_Target]:
+    """Targets deepest first (children before their parents), as they are ended."""
+    order = depth_order([t.ident for t in plan.targets.values()], deepest_first=True)
+    return [plan.targets[(i.pid, i.start)] for i in order]
+
+
 def _ended(t: _Target, how: str, at: int) -> Ended:
     runtime = max(0, at - t.ident.start) / identity.clock_ticks()
     return Ended(t.ident.pid, t.run, t.session, t.job, round(runtime, 2), t.ident.comm, how,
-                 t.ident.token(), t.via, t.cgroup)
+                 t.ident.token(), t.via, t.cgroup, t.recorded, t.label)
 
 
-def _log(state_dir: Path, report: ReapReport, runs: dict[str, _Run]) -> None:
+def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
     """One ``reap`` record per ended process and per removed cgroup."""
     from . import audit
 
@@ -999,11 +787,11 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, _Run]) -> None:
                     fields[k] = v
             w.write("reap", **fields)
         for path in report.cgroups_removed:
-            m = RUN_DIR_RE.match(os.path.basename(path)) or RUN_DIR_RE.match(
-                os.path.basename(os.path.dirname(path)))
             fields = {"cgroup": path, "how": "rmdir", "by": by}
-            if m:
-                fields["run"] = f"{m.group(1)}-{m.group(2)}"
+            rd = cgroupfs.run_dir_of(path)
+            parsed = cgroupfs.parse_run_dir(os.path.basename(rd)) if rd else None
+            if parsed is not None:
+                fields["run"] = f"{parsed[0]}-{parsed[1]}"
             w.write("reap", **fields)
 
 
@@ -1011,20 +799,9 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, _Run]) -> None:
 # `tether reap`
 
 
-def _nonneg(text: str) -> float:
-    import argparse
-
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return v
-
-
 def cli(argv: list[str]) -> int:
-    """``tether reap [--dry-run] [--json] [--state-dir D] [--grace S] [--app NAME] [--no-cgroups]``.
+    """``tether reap [--dry-run] [--json] [--state-dir D] [--grace S] [--app NAME]
+    [--session KEY] [--no-cgroups]``.
 
     Exit 0 when everything meant to be ended is gone (or in a dry run), 1 when
     something survived SIGKILL, 2 for bad arguments or an unsafe state dir.
@@ -1043,14 +820,16 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--state-dir", metavar="D", default=None,
                    help="audit log directory (default: $TETHER_STATE_DIR, else "
                         "$XDG_STATE_HOME/tether or ~/.local/state/tether)")
-    p.add_argument("--grace", type=_nonneg, default=2.0, metavar="S",
-                   help="seconds between SIGTERM and SIGKILL (default 2)")
+    p.add_argument("--grace", type=grace_arg, default=DEFAULT_GRACE, metavar="S",
+                   help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE:g})")
     p.add_argument("--app", default=None, metavar="NAME", help="only runs of this application")
+    p.add_argument("--session", default=None, metavar="KEY",
+                   help="only the leftovers of this session key (what a host's resume does)")
     p.add_argument("--no-cgroups", action="store_true", help="do not look for stale cgroups")
     args = p.parse_args(argv)
     try:
-        report = reap(args.state_dir, app=args.app, dry_run=args.dry_run, grace=args.grace,
-                      cgroups=not args.no_cgroups)
+        report = reap(args.state_dir, app=args.app, session=args.session,
+                      dry_run=args.dry_run, grace=args.grace, cgroups=not args.no_cgroups)
     except audit.AuditDirError as e:
         print(f"tether reap: {e}", file=sys.stderr)
         return 2

@@ -370,7 +370,8 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
     # generic Job only, so asking for it takes the generic path.
     if (sys.platform.startswith("linux") and mech in ("auto", "cgroup", "subreaper")
             and not os.environ.get("TETHER_STATE_DIR")):
-        oneshot = _load_oneshot()
+        from .platform import oneshot
+
         if oneshot.available():
             try:
                 return _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0)
@@ -385,32 +386,6 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
         return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0)
     finally:
         sigs.restore()
-
-
-def _load_oneshot():
-    """Import ``tether.platform.oneshot`` without running ``tether/platform/__init__.py``.
-
-    That ``__init__`` imports ``platform.base`` (dataclasses -> inspect, ~5 ms,
-    a third of the start-up budget). When the package is not loaded yet, a bare
-    stand-in is put in ``sys.modules`` just for this import and taken out again,
-    so a later ``import tether.platform`` runs the real ``__init__`` (the
-    submodules stay importable). Remove once ``platform/__init__`` is lazy.
-    """
-    name = __package__ + ".platform"
-    if name in sys.modules:
-        from .platform import oneshot
-
-        return oneshot
-    stub = type(sys)(name)
-    stub.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform")]
-    stub.__package__ = name
-    sys.modules[name] = stub
-    try:
-        from .platform import oneshot
-    finally:
-        if sys.modules.get(name) is stub:
-            del sys.modules[name]
-    return oneshot
 
 
 def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> int:

@@ -1,8 +1,14 @@
-"""Platform mechanisms behind one contract (see ``base``).
+"""Platform mechanisms behind one contract (see ``base``), and the one table
+from a mechanism's name to its module.
 
-``probe_all()`` says which mechanisms this machine offers and why not;
-``choose()`` turns ``mechanism=`` and ``require=`` into one mechanism name or
-a ``JobRefused`` naming the reason; ``open_job()`` opens a backend.
+``probe(name)``/``probe_all()`` say which mechanisms this machine offers and
+why not; ``guarantee(name)`` is what a job of it guarantees (``tether
+doctor`` prints it); ``choose()`` turns ``mechanism=`` and ``require=`` into
+one name or a ``JobRefused`` naming the reason; ``open_job()`` opens a
+backend; ``keeper_mechanism()`` is the class the POSIX keeper runs.
+
+Import-light: names only here (the shell wrapper's one-command path imports
+this package); each mechanism module is imported on first use.
 """
 
 from __future__ import annotations
@@ -11,73 +17,94 @@ import sys
 
 from ..errors import JobRefused
 
-# Names only: importing .base (dataclasses -> inspect, ~5 ms) here would make
-# every submodule, including tether-shell's one-command path, pay for it.
 AUTO, STRICT = "auto", "strict"
-CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT = "cgroup", "subreaper", "pgroup", "pidns", "jobobject"
-MECHANISM_NAMES = (AUTO, STRICT, CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT)
+CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT, NONE = (
+    "cgroup", "subreaper", "pgroup", "pidns", "jobobject", "none")
+MECHANISM_NAMES = (AUTO, STRICT, CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT, NONE)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .base import Availability, JobBackend, JobOptions
+    from types import ModuleType
+
+    from ._posix_base import KeeperMechanism
+    from .base import Availability, Guarantee, JobBackend, JobOptions
 
 
 def __getattr__(name: str):
     # `from tether.platform import Availability` keeps working, loaded on use.
-    if name in ("Availability", "JobBackend", "JobOptions"):
+    if name in ("Availability", "Guarantee", "JobBackend", "JobOptions"):
         from . import base
 
         return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 IS_WINDOWS = sys.platform == "win32"
 IS_LINUX = sys.platform.startswith("linux")
 
+#: The one table: mechanism name -> (module, what the module provides: a
+#: ``Mechanism`` class the POSIX keeper runs, or a ``Backend`` of its own).
+TABLE: dict[str, tuple[str, str]] = {
+    CGROUP: ("linux_cgroup", "keeper"),
+    SUBREAPER: ("linux_subreaper", "keeper"),
+    PGROUP: ("posix_pgroup", "keeper"),
+    PIDNS: ("linux_pidns", "keeper"),
+    JOBOBJECT: ("windows", "backend"),
+    NONE: ("none", "backend"),
+}
+#: What ``probe_all`` and ``tether doctor`` list (``none`` is never offered).
+LISTED = (CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT)
 # Strongest transparent first; `auto` takes the first available.
 AUTO_ORDER = (JOBOBJECT,) if IS_WINDOWS else (CGROUP, SUBREAPER, PGROUP)
 STRICT_ORDER = (JOBOBJECT,) if IS_WINDOWS else (PIDNS,)
-KERNEL_ENFORCED = {PIDNS, JOBOBJECT}
+KERNEL_ENFORCED = frozenset({PIDNS, JOBOBJECT})
 
 _cache: dict[str, Availability] = {}
 
 
-def probe(name: str) -> Availability:
-    if name in _cache:
-        return _cache[name]
-    from .base import Availability
-    if name == JOBOBJECT:
-        if not IS_WINDOWS:
-            av = Availability(JOBOBJECT, False, "not Windows")
-        else:
-            from .windows import probe as p
-
-            av = p()
-    elif IS_WINDOWS:
-        av = Availability(name, False, "not available on Windows (Job Objects are used there)")
-    elif name == CGROUP:
-        from .linux_cgroup import probe as p
-
-        av = p()
-    elif name == SUBREAPER:
-        from .linux_subreaper import probe as p
-
-        av = p()
-    elif name == PIDNS:
-        from .linux_pidns import probe as p
-
-        av = p()
-    elif name == PGROUP:
-        from .posix_pgroup import probe as p
-
-        av = p()
-    else:
+def _check(name: str) -> None:
+    if name not in TABLE:
         raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISM_NAMES)}")
-    _cache[name] = av
+
+
+def module(name: str) -> ModuleType:
+    """The module that implements mechanism ``name`` (imported now)."""
+    _check(name)
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{TABLE[name][0]}")
+
+
+def probe(name: str) -> Availability:
+    """Whether mechanism ``name`` is available here, and why not (cached)."""
+    _check(name)
+    av = _cache.get(name)
+    if av is None:
+        if IS_WINDOWS and name not in (JOBOBJECT, NONE):
+            from .base import Availability
+
+            av = Availability(name, False, "not available on Windows (Job Objects are used there)")
+        else:
+            av = module(name).probe()
+        _cache[name] = av
     return av
 
 
 def probe_all() -> list[Availability]:
-    return [probe(n) for n in (CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT)]
+    return [probe(n) for n in LISTED]
+
+
+def guarantee(name: str, options: JobOptions | None = None) -> Guarantee:
+    """What a job of mechanism ``name`` guarantees (``options`` for one job)."""
+    return module(name).guarantee(options)
+
+
+def keeper_mechanism(name: str) -> type[KeeperMechanism]:
+    """The ``KeeperMechanism`` class of a POSIX keeper mechanism."""
+    _check(name)
+    if TABLE[name][1] != "keeper":
+        raise ValueError(f"mechanism {name!r} is not run by the POSIX keeper")
+    return module(name).Mechanism
 
 
 def choose(mechanism: str = AUTO, require: str | None = None) -> str:
@@ -95,21 +122,23 @@ def choose(mechanism: str = AUTO, require: str | None = None) -> str:
                 return name
             reasons.append(f"{name}: {av.reason}")
         what = "no kernel-enforced mechanism" if order is STRICT_ORDER else "no mechanism"
-        raise JobRefused(f"{what} is available here ({'; '.join(reasons)})")
+        raise JobRefused(f"{what} is available here ({'; '.join(reasons)})",
+                         reason="; ".join(reasons), mechanism=mechanism)
     av = probe(mechanism)
     if not av.available:
-        raise JobRefused(f"mechanism {mechanism!r} is not available: {av.reason}")
+        raise JobRefused(f"mechanism {mechanism!r} is not available: {av.reason}",
+                         reason=av.reason, mechanism=mechanism)
     if require == "kernel" and mechanism not in KERNEL_ENFORCED:
         raise JobRefused(f"require='kernel' but mechanism {mechanism!r} is guardian-enforced, "
-                         "not kernel-enforced")
+                         "not kernel-enforced", reason="not kernel-enforced", mechanism=mechanism)
     return mechanism
 
 
 def open_job(mechanism: str, options: JobOptions) -> JobBackend:
-    if mechanism == JOBOBJECT:
-        from .windows import WindowsJob
+    """Open one job of ``mechanism`` (a name ``choose`` returned)."""
+    _check(mechanism)
+    if TABLE[mechanism][1] == "keeper":
+        from .posix import KeeperJob
 
-        return WindowsJob(options)
-    from .posix import KeeperJob
-
-    return KeeperJob(mechanism, options)
+        return KeeperJob(mechanism, options)
+    return module(mechanism).Backend(options)

@@ -1,9 +1,17 @@
-"""Shared pieces of the POSIX mechanisms: the keeper-side strategy interface."""
+"""The keeper-side contract of the POSIX mechanisms (cgroup, subreaper,
+pgroup, pidns): what the one keeper (``_keeper``) asks of a mechanism.
+
+An instance is built in the owner (where ``prepare`` may create kernel
+objects such as a cgroup and so fail early, before anything runs) and
+reaches the keeper by fork, or is rebuilt in the warden from ``params``.
+The one-command path (``oneshot``) builds it in the keeper it forked.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import sys
 
+from ..ending import KILL_BOUND
 from .base import Guarantee, JobOptions
 
 TYPE_CHECKING = False
@@ -11,13 +19,18 @@ if TYPE_CHECKING:  # typing costs start-up time: hints only
     from typing import Any
 
 
-class KeeperMechanism:
-    """One job's mechanism, as seen by its keeper and by the owner.
+class _NoContext:
+    __slots__ = ()
 
-    An instance is built in the owner (where ``prepare`` may create kernel
-    objects such as a cgroup and so fail early, before anything runs) and
-    reaches the keeper by fork, or rebuilt in the warden from ``params()``.
-    """
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+class KeeperMechanism:
+    """One job's mechanism, as seen by its keeper and by the owner."""
 
     name = "?"
     keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
@@ -34,7 +47,7 @@ class KeeperMechanism:
 
     # owner side ---------------------------------------------------------------
     def prepare(self) -> None:
-        """Create what the job needs before the keeper starts; raise to refuse."""
+        """Create what the job needs before the keeper starts; raise OSError to refuse."""
 
     def params_for_keeper(self) -> dict[str, Any]:
         return dict(self.params)
@@ -46,7 +59,8 @@ class KeeperMechanism:
         raise NotImplementedError
 
     def guarantee(self) -> Guarantee:
-        raise NotImplementedError
+        """What this job guarantees: its mechanism module's ``guarantee``."""
+        return sys.modules[type(self).__module__].guarantee(self.options)
 
     def owner_cleanup(self) -> None:
         """Owner-side cleanup after the keeper is gone (best effort)."""
@@ -56,7 +70,7 @@ class KeeperMechanism:
         pass
 
     def spawn_context(self):
-        return contextlib.nullcontext()
+        return _NoContext()
 
     def spawn_attrs(self, msg: dict) -> dict[str, Any]:
         return {}
@@ -70,7 +84,7 @@ class KeeperMechanism:
     def end_for_dead_owner(self, keeper) -> None:
         """The owner is gone: end every member at once, no grace."""
         try:
-            self.kill_all(keeper, timeout=5.0)
+            self.kill_all(keeper, timeout=KILL_BOUND)
         finally:
             keeper.reap()
             self.cleanup(keeper)

@@ -9,10 +9,11 @@ import socket
 
 
 def main() -> None:
-    from . import _proto
-    from ._keeper import close_other_fds, detach_signals, fork_keeper, name_process, open_pidfd
+    from .. import identity
+    from .._prctl import name_process
+    from . import _proto, keeper_mechanism
+    from ._keeper import close_other_fds, detach_signals, fork_keeper
     from .base import JobOptions
-    from .posix import mechanism_class
 
     fd = int(os.environ.pop("TETHER_WARDEN_FD"))
     owner = int(os.environ.pop("TETHER_OWNER_PID"))
@@ -20,7 +21,7 @@ def main() -> None:
     os.setpgid(0, 0)
     name_process(b"tether-warden")
     detach_signals()
-    owner_fd = open_pidfd(owner)
+    owner_fd = identity.open_pidfd(owner)
     if os.getppid() != owner:  # the owner died before we could watch it
         os._exit(0)
     close_other_fds({fd, owner_fd} if owner_fd is not None else {fd})
@@ -45,8 +46,8 @@ def main() -> None:
             try:
                 options = JobOptions(name=msg["name"], job_id=msg["job_id"],
                                      background=msg["background"])
-                mech = mechanism_class(msg["mech"])(options, msg["owner_pid"], msg["owner_start"],
-                                                    **msg["params"])
+                mech = keeper_mechanism(msg["mech"])(options, msg["owner_pid"],
+                                                     msg["owner_start"], **msg["params"])
                 fork_keeper(mech, child, owner, owner_fd, extra_keep=())
             except Exception as exc:  # noqa: BLE001 - reported to the owner
                 _proto.send(child, {"ready": False, "error": str(exc)})

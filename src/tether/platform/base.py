@@ -5,28 +5,36 @@ a member starts is a member, nothing in it can leave, and closing the job ends
 every member. Each module in this package implements one mechanism behind the
 two small interfaces below; ``tether.job.Job`` is written only against them.
 
-Modules:
+Modules (the table that maps a name to its module is ``tether.platform``):
     linux_cgroup     cgroup v2 directory per job, ``cgroup.kill`` (transparent)
     linux_subreaper  a child-subreaper keeper, kill loop over /proc (transparent)
     posix_pgroup     process group + bounded capture (portable, weakest)
     linux_pidns      PID namespace per job, keeper is its init (strict)
     windows          Job Object with KILL_ON_JOB_CLOSE (transparent and strict)
+    none             no safety net at all, only ever by name (opt-in)
+
+Every mechanism module has ``probe() -> Availability`` and ``guarantee(options=None)
+-> Guarantee`` (what a job of it guarantees; ``tether doctor`` prints it), and
+either ``Mechanism`` (a ``_posix_base.KeeperMechanism``: the POSIX keeper
+runs it) or ``Backend`` (a ``JobBackend`` of its own).
 
 Rules for implementers:
   * ``probe()`` never raises and never leaves anything behind; it answers
     "available, or exactly why not".
   * A backend must never start a process outside its job when it was asked
     for one: if placement fails, the child is killed and ``JobRefused`` raised.
-  * Every signal to a process that is not a direct child goes through
-    ``tether.identity.send_signal`` (identity-checked), never a bare
-    ``os.kill``.
+  * Processes are ended by ``tether.ending.end`` (which signals through
+    ``tether.identity.send_signal``, identity-checked), never by a bare
+    ``os.kill``; only the mechanism's own kernel kill (``cgroup.kill``, the
+    subreaper's reap loop, ``TerminateJobObject``) is its own.
   * No module here imports ``tether.job``, ``tether.host`` or ``tether.cli``.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+
+from ..ending import KILL_BOUND
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: subprocess and typing cost start-up time
@@ -41,18 +49,77 @@ SUBREAPER = "subreaper"
 PGROUP = "pgroup"
 PIDNS = "pidns"
 JOBOBJECT = "jobobject"
-ALL_MECHANISMS = (CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT)
+NONE = "none"
+ALL_MECHANISMS = (CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT, NONE)
 MECHANISM_NAMES = (AUTO, STRICT) + ALL_MECHANISMS
 
 
-@dataclass(frozen=True)
-class Availability:
-    """Answer of a mechanism's ``probe()``."""
+class _Record:
+    """A small immutable record: keyword fields with defaults, equality, repr.
 
+    Written by hand, not with ``dataclasses`` (whose import pulls in
+    ``inspect``, ~5 ms): the shell wrapper's keeper builds these.
+    """
+
+    __slots__ = ()
+    _defaults: dict[str, Any] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__}() takes {len(names)} arguments")
+        values = dict(zip(names[: len(args)], args, strict=True))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"{type(self).__name__}() got an unexpected argument {k!r}")
+            if k in values:
+                raise TypeError(f"{type(self).__name__}() got two values for {k!r}")
+            values[k] = v
+        for k in names:
+            if k in values:
+                v = values[k]
+            elif k in self._defaults:
+                v = self._defaults[k]
+                v = v() if callable(v) else v
+            else:
+                raise TypeError(f"{type(self).__name__}() missing argument {k!r}")
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(_hashable(getattr(self, k)) for k in self.__slots__))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({inner})"
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied."""
+        values = {k: getattr(self, k) for k in self.__slots__}
+        values.update(changes)
+        return type(self)(**values)
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+
+class Availability(_Record):
+    """Answer of a mechanism's ``probe()``: ``available``, or exactly why not."""
+
+    __slots__ = ("mechanism", "available", "reason", "detail")
+    _defaults = {"reason": "", "detail": dict}
     mechanism: str
     available: bool
-    reason: str = ""  # why not (or a note when available), one line
-    detail: dict[str, Any] = field(default_factory=dict)
+    reason: str  # why not (or a note when available), one line
+    detail: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,8 +130,7 @@ class Availability:
         }
 
 
-@dataclass(frozen=True)
-class Guarantee:
+class Guarantee(_Record):
     """What protects a job, on the two axes of the design brief.
 
     * ``kernel_enforced``: the job ends even if tether's guardian is killed
@@ -76,13 +142,16 @@ class Guarantee:
       instance a Win32 error code); such a job protects nothing.
     """
 
+    __slots__ = ("mechanism", "kernel_enforced", "transparent", "ends_job", "visible",
+                 "not_covered", "disabled")
+    _defaults = {"visible": (), "not_covered": (), "disabled": None}
     mechanism: str
     kernel_enforced: bool
     transparent: bool
     ends_job: str  # who ends the job when the owner dies
-    visible: tuple[str, ...] = ()
-    not_covered: tuple[str, ...] = ()
-    disabled: str | None = None
+    visible: tuple[str, ...]
+    not_covered: tuple[str, ...]
+    disabled: str | None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,16 +175,20 @@ class Guarantee:
         return text
 
 
-@dataclass(frozen=True)
-class JobOptions:
+class JobOptions(_Record):
     """Everything a backend needs to open one job."""
 
+    __slots__ = ("name", "job_id", "parent", "background", "cpu_percent", "low_priority",
+                 "reason")
+    _defaults = {"parent": None, "background": False, "cpu_percent": None,
+                 "low_priority": False, "reason": None}
     name: str
     job_id: str  # unique per owner run, safe in file names
-    parent: JobBackend | None = None  # nested job: ends when the parent ends
-    background: bool = False  # not ended with the owner (host background jobs)
-    cpu_percent: int | None = None  # hard CPU cap for background jobs
-    low_priority: bool = False
+    parent: JobBackend | None  # nested job: ends when the parent ends
+    background: bool  # not ended with the owner (host background jobs)
+    cpu_percent: int | None  # hard CPU cap for background jobs
+    low_priority: bool
+    reason: str | None  # mechanism "none": why the job has no safety net
 
 
 class JobBackend(abc.ABC):
@@ -157,8 +230,10 @@ class JobBackend(abc.ABC):
         """Send ``sig`` to every member (identity-checked); return the PIDs signalled."""
 
     @abc.abstractmethod
-    def kill_all(self, timeout: float = 3.0) -> None:
-        """End every member now and return once none is left (bounded)."""
+    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+        """End every member now, the mechanism's own way (``cgroup.kill``, a
+        kill loop, ``TerminateJobObject``), and return once none is left
+        (bounded by ``timeout``)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -25,8 +25,11 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import identity
 from ._posix_base import KeeperMechanism
-from .base import PIDNS, Availability, Guarantee
+from .base import PIDNS, Availability, Guarantee, JobOptions
+
+MECHANISM = PIDNS
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
@@ -45,8 +48,11 @@ def _unshare(flags: int) -> None:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def enter_new_namespace() -> None:
@@ -75,7 +81,7 @@ def probe() -> Availability:
 def _probe() -> Availability:
     if not sys.platform.startswith("linux"):
         return Availability(PIDNS, False, "not Linux")
-    if not hasattr(os, "pidfd_open"):
+    if not identity.HAVE_PIDFD:
         return Availability(PIDNS, False, "Python lacks os.pidfd_open (needs 3.9+ on Linux >= 5.3)")
     try:
         fd = os.pidfd_open(os.getpid())
@@ -129,7 +135,26 @@ def _probe() -> Availability:
     return Availability(PIDNS, False, f"{what} failed: {why}")
 
 
-class PidnsMechanism(KeeperMechanism):
+def guarantee(options: JobOptions | None = None) -> Guarantee:
+    visible = ["the job's processes see their own PIDs: `echo $!` prints a PID the outside "
+               "does not know; `kill` of a PID read from /proc or of a server started "
+               "outside the job (kill $(pgrep -f devserver)) fails"]
+    if os.geteuid() != 0:
+        visible.append("runs in a user namespace: setuid programs (sudo) do not work; "
+                       "the user keeps its uid (mapped to itself)")
+    return Guarantee(
+        mechanism=PIDNS,
+        kernel_enforced=True,
+        transparent=False,
+        ends_job="the kernel, when the namespace's init (tether's keeper) exits - it exits "
+                 "when the owner's pidfd fires, and if it is killed the namespace dies with it",
+        visible=tuple(visible),
+        not_covered=("processes the job hands to an outside service (systemd-run, a "
+                     "daemon reached over a socket) are outside the namespace",),
+    )
+
+
+class Mechanism(KeeperMechanism):
     name = PIDNS
     exit_ends_job = True
     kernel_enforced = True
@@ -154,9 +179,7 @@ class PidnsMechanism(KeeperMechanism):
         return {"setpgroup": 0}
 
     def member_pids(self, keeper_pid: int) -> list[int]:
-        from ._keeper import descendants
-
-        return descendants(keeper_pid)
+        return identity.descendant_pids(keeper_pid)
 
     def kill_all(self, keeper, timeout: float) -> None:
         # Inside the namespace the shared /proc shows outer pids, so the keeper
@@ -164,21 +187,3 @@ class PidnsMechanism(KeeperMechanism):
         # outside (posix.KeeperJob.kill_all) and the keeper only reaps here.
         # Ending the whole namespace is the keeper's own exit.
         keeper.reap()
-
-    def guarantee(self) -> Guarantee:
-        visible = ["the job's processes see their own PIDs: `echo $!` prints a PID the outside "
-                   "does not know; `kill` of a PID read from /proc or of a server started "
-                   "outside the job (kill $(pgrep -f devserver)) fails"]
-        if os.geteuid() != 0:
-            visible.append("runs in a user namespace: setuid programs (sudo) do not work; "
-                           "the user keeps its uid (mapped to itself)")
-        return Guarantee(
-            mechanism=PIDNS,
-            kernel_enforced=True,
-            transparent=False,
-            ends_job="the kernel, when the namespace's init (tether's keeper) exits - it exits "
-                     "when the owner's pidfd fires, and if it is killed the namespace dies with it",
-            visible=tuple(visible),
-            not_covered=("processes the job hands to an outside service (systemd-run, a "
-                         "daemon reached over a socket) are outside the namespace",),
-        )

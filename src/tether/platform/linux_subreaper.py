@@ -2,12 +2,15 @@
 
 ``PR_SET_CHILD_SUBREAPER`` makes every orphan below the keeper re-parent to
 the keeper instead of PID 1, so a double fork, ``setsid`` or a pid-hopper
-cannot leave the keeper's subtree. Ending the job is a kill loop over
-``/proc/*/task/*/children`` until ``waitpid`` says ECHILD.
+cannot leave the keeper's subtree. Ending the job is this module's kill
+loop: SIGKILL every descendant, reap, and read the children lists again
+until ``waitpid`` says ECHILD.
 
-Pitfall: the guarantee rests on the keeper. If the keeper itself is
+Pitfalls: the guarantee rests on the keeper. If the keeper itself is
 SIGKILLed before the owner dies, its subtree is re-parented to PID 1 and
 survives; the audit log and ``tether reap`` clean that up afterwards.
+``/proc/PID/task/*/children`` is not atomic: the loop rescans after each
+round of reaping (not after each single reap, which is quadratic).
 Available to any user on Linux >= 3.4.
 """
 
@@ -15,10 +18,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
-from ._linux_kill import PR_SET_CHILD_SUBREAPER, set_subreaper  # noqa: F401 - re-exported
+from .. import identity
+from .._prctl import set_subreaper
 from ._posix_base import KeeperMechanism
-from .base import SUBREAPER, Availability, Guarantee
+from .base import SUBREAPER, Availability, Guarantee, JobOptions
+
+MECHANISM = SUBREAPER
+_SIGKILL = 9
 
 
 def probe() -> Availability:
@@ -26,36 +34,84 @@ def probe() -> Availability:
         return Availability(SUBREAPER, False, "not Linux (PR_SET_CHILD_SUBREAPER is Linux-only)")
     if not os.path.exists("/proc/self/task"):
         return Availability(SUBREAPER, False, "/proc is not mounted")
-    if not hasattr(os, "pidfd_open"):
+    if not identity.HAVE_PIDFD:
         return Availability(SUBREAPER, True, "no pidfd in this Python: the owner is watched by polling")
     return Availability(SUBREAPER, True, "any user; guardian-enforced")
 
 
-class SubreaperMechanism(KeeperMechanism):
+def guarantee(options: JobOptions | None = None) -> Guarantee:
+    return Guarantee(
+        mechanism=SUBREAPER,
+        kernel_enforced=False,
+        transparent=True,
+        ends_job="tether's keeper (a child subreaper watching the owner by pidfd)",
+        not_covered=(
+            "if the keeper is SIGKILLed before the owner, the job's processes survive "
+            "(tether reap ends them later from the audit log)",
+            "a process that ptrace-reparents or is moved out by another privileged process",
+        ),
+    )
+
+
+def _kill(pid: int, sig: int) -> None:
+    # A pid read from our own children list a moment ago; the pidfd pins that
+    # process, so a pid recycled in between is never hit after the open.
+    fd = identity.open_pidfd(pid)
+    if fd is None:
+        if not identity.HAVE_PIDFD:
+            try:
+                os.kill(pid, sig)  # below a subreaper: ours until we reap it
+            except OSError:
+                pass
+        return
+    try:
+        import _signal
+
+        _signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def reap_loop(timeout: float, sig: int = _SIGKILL, on_reap=None) -> bool:
+    """Kill every descendant of this process, in rounds, until waitpid says
+    ECHILD (True) or ``timeout`` passes (False).
+
+    Works only in a subreaper (or a PID namespace's init): an orphan anywhere
+    below is re-parented here and shows up in the next scan. ``on_reap(pid,
+    status)`` is called for every child reaped.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = identity.descendant_pids(me)
+        for pid in pids:
+            _kill(pid, sig)
+        reaped_any = False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                break
+            reaped_any = True
+            if on_reap is not None:
+                on_reap(pid, status)
+        if not pids and not reaped_any:
+            time.sleep(0.0005)
+    return False
+
+
+class Mechanism(KeeperMechanism):
     name = SUBREAPER
 
     def keeper_setup(self, keeper) -> None:
         set_subreaper()
 
     def member_pids(self, keeper_pid: int) -> list[int]:
-        from ._keeper import descendants
-
-        return descendants(keeper_pid)
+        return identity.descendant_pids(keeper_pid)
 
     def kill_all(self, keeper, timeout: float) -> None:
-        from ._keeper import kill_descendants
-
-        kill_descendants(keeper, timeout)
-
-    def guarantee(self) -> Guarantee:
-        return Guarantee(
-            mechanism=SUBREAPER,
-            kernel_enforced=False,
-            transparent=True,
-            ends_job="tether's keeper (a child subreaper watching the owner by pidfd)",
-            not_covered=(
-                "if the keeper is SIGKILLed before the owner, the job's processes survive "
-                "(tether reap ends them later from the audit log)",
-                "a process that ptrace-reparents or is moved out by another privileged process",
-            ),
-        )
+        reap_loop(timeout, _SIGKILL, keeper.reaped)

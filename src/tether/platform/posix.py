@@ -20,11 +20,12 @@ import threading
 import time
 
 from .. import identity
+from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused
-from . import _proto
-from ._keeper import HAVE_PIDFD, fork_keeper, open_pidfd
+from . import _proto, keeper_mechanism
+from ._keeper import RESTORED, fork_keeper
 from ._posix_base import KeeperMechanism
-from .base import CGROUP, PGROUP, PIDNS, SUBREAPER, Guarantee, JobBackend, JobOptions
+from .base import PIDNS, Guarantee, JobBackend, JobOptions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
@@ -33,38 +34,14 @@ if TYPE_CHECKING:  # typing costs start-up time: hints only
 _START_TIMEOUT = 10.0
 
 
-def mechanism_class(name: str) -> type[KeeperMechanism]:
-    if name == CGROUP:
-        from .linux_cgroup import CgroupMechanism
-
-        return CgroupMechanism
-    if name == SUBREAPER:
-        from .linux_subreaper import SubreaperMechanism
-
-        return SubreaperMechanism
-    if name == PIDNS:
-        from .linux_pidns import PidnsMechanism
-
-        return PidnsMechanism
-    if name == PGROUP:
-        from .posix_pgroup import PgroupMechanism
-
-        return PgroupMechanism
-    raise ValueError(f"unknown POSIX mechanism {name!r}")
-
-
 def single_threaded() -> bool:
     """True when forking this process is safe: one OS thread only."""
     if threading.active_count() != 1:
         return False
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1]) == 1
-    except OSError:
-        pass
-    return True
+        return identity.self_status()[0] == 1
+    except (OSError, ValueError):
+        return True  # no /proc: Python's own count is all there is
 
 
 class KeeperJob(JobBackend):
@@ -73,13 +50,15 @@ class KeeperJob(JobBackend):
         self.options = options
         me = identity.read(os.getpid())
         self.owner = me
-        cls = mechanism_class(mechanism)
-        self.mech = cls(options, os.getpid(), me.start if me else 0,
-                        born_after=identity.now_ticks())
+        cls = keeper_mechanism(mechanism)
+        self.born_after = identity.now_ticks()
+        self.mech = cls(options, os.getpid(), me.start if me else 0, born_after=self.born_after)
         try:
             self.mech.prepare()
         except OSError as exc:
-            raise JobRefused(f"{mechanism}: cannot create the job: {exc.strerror or exc}") from exc
+            why = exc.strerror or str(exc)
+            raise JobRefused(f"{mechanism}: cannot create the job: {why}", reason=why,
+                             mechanism=mechanism) from exc
         self._lock = threading.Lock()
         self._closed = False
         self._final_status: dict[int, int] = {}
@@ -88,7 +67,7 @@ class KeeperJob(JobBackend):
         self._sock, child = _proto.socketpair()
         try:
             if single_threaded():
-                owner_fd = open_pidfd(os.getpid())
+                owner_fd = identity.open_pidfd(os.getpid())
                 try:
                     pid = fork_keeper(self.mech, child, os.getpid(), owner_fd)
                 finally:
@@ -115,10 +94,13 @@ class KeeperJob(JobBackend):
                 self.keeper_pid = first["outer"]
         except (JobClosed, OSError) as exc:
             self._abandon()
-            raise JobRefused(f"{mechanism}: the job's keeper failed to start: {exc}") from exc
+            raise JobRefused(f"{mechanism}: the job's keeper failed to start: {exc}",
+                             reason=str(exc), mechanism=mechanism) from exc
         if not msg.get("ready"):
             self._abandon()
-            raise JobRefused(f"{mechanism}: the job's keeper refused: {msg.get('error', 'unknown')}")
+            why = str(msg.get("error", "unknown"))
+            raise JobRefused(f"{mechanism}: the job's keeper refused: {why}", reason=why,
+                             mechanism=mechanism)
         if not self.keeper_pid:
             self.keeper_pid = msg["keeper"]
         self.keeper = identity.read(self.keeper_pid)
@@ -226,19 +208,12 @@ class KeeperJob(JobBackend):
         return sent
 
     def _kill_members_from_outside(self, timeout: float) -> None:
-        """SIGKILL every member by identity, in rounds, until none is left (pidns)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = [i for i in map(identity.read, self.member_pids())
-                    if i is not None and i.state not in ("Z", "X")]
-            if not live:
-                return
-            for ident in live:
-                try:
-                    identity.send_signal(ident, signal.SIGKILL, member=True)
-                except Exception:  # noqa: BLE001 - a refusal must not stop the rest
-                    continue
-            time.sleep(0.001)
+        """SIGKILL every member by identity until none is left (pidns: from
+        inside the namespace the keeper cannot name its members)."""
+        from ..ending import end
+
+        end(lambda: [i for i in map(identity.read, self.member_pids()) if i is not None],
+            born_after=self.born_after, grace=0, bound=timeout)
 
     def helper_pids(self) -> list[int]:
         return [self.keeper_pid] if self.mech.keeper_inside and not self._closed else []
@@ -247,14 +222,14 @@ class KeeperJob(JobBackend):
         if self.mech.keeper_inside and not self._closed:
             self.request({"op": "step_aside"})
 
-    def kill_all(self, timeout: float = 3.0) -> None:
+    def kill_all(self, timeout: float = KILL_BOUND) -> None:
         if self.mechanism == PIDNS:
             self._kill_members_from_outside(timeout)
         reply, fds = self.request({"op": "kill_all", "timeout": timeout})
         for fd in fds:
             os.close(fd)
 
-    def close(self, timeout: float = 3.0) -> None:
+    def close(self, timeout: float = KILL_BOUND) -> None:
         if self.mechanism == PIDNS and not self._closed:
             self._kill_members_from_outside(timeout)
         with self._lock:
@@ -380,7 +355,7 @@ class JobPopen(subprocess.Popen):
                 env_b[k] = os.fsencode(v)
         ignored = _ignored_signals()
         if restore_signals:
-            ignored = [s for s in ignored if s not in _RESTORED]
+            ignored = [s for s in ignored if s not in RESTORED]
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
@@ -415,9 +390,14 @@ class JobPopen(subprocess.Popen):
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
-            if reply.get("kind") == "os":
+            kind = reply.get("kind")
+            if kind == "os":
                 raise OSError(reply["errno"], reply["strerror"], reply.get("filename"))
-            raise JobRefused(f"spawn refused by the job's keeper: {reply.get('strerror')}")
+            if kind in ("ValueError", "TypeError"):  # a bad argument, as subprocess raises it
+                raise (ValueError if kind == "ValueError" else TypeError)(reply.get("strerror"))
+            why = str(reply.get("strerror"))
+            raise JobRefused(f"spawn refused by the job's keeper: {why}", reason=why,
+                             mechanism=backend.mechanism)
         self._inner_pid = reply["pid"]
         ident = reply.get("ident")
         self.tether_identity = identity.Identity(*ident) if ident else None
@@ -524,18 +504,11 @@ class JobPopen(subprocess.Popen):
                 pass
 
 
-_RESTORED = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, n))
-
-
 def _ignored_signals() -> list[int]:
-    """Signals this process ignores (children inherit SIG_IGN across exec)."""
+    """Signals this process ignores now (children inherit SIG_IGN across exec)."""
     try:
         # One read of the kernel's mask; signal.getsignal per signal costs ~1 ms.
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"SigIgn:"):
-                    mask = int(line.split()[1], 16)
-                    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+        return identity.mask_signals(identity.self_status()[1])
     except (OSError, ValueError):
         pass
     out = []
@@ -549,10 +522,8 @@ def _ignored_signals() -> list[int]:
 
 
 def _list_fds() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:
-        return list(range(0, 256))
+    fds = identity.open_fds("self")
+    return fds if fds is not None else list(range(0, 256))
 
 
 # -- the warden: a fork server for keepers, for multi-threaded owners ------------------
@@ -598,7 +569,3 @@ def _warden() -> _Warden:
         if _the_warden is None or _the_warden.pid != os.getpid() or _the_warden.proc.poll() is not None:
             _the_warden = _Warden()
         return _the_warden
-
-
-def pidfd_supported() -> bool:
-    return HAVE_PIDFD

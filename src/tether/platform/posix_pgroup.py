@@ -14,11 +14,12 @@ sid. Also the keeper itself: if it is killed first, nothing ends the job.
 from __future__ import annotations
 
 import os
-import signal
-import time
 
+from .. import identity
 from ._posix_base import KeeperMechanism
-from .base import PGROUP, Availability, Guarantee
+from .base import PGROUP, Availability, Guarantee, JobOptions
+
+MECHANISM = PGROUP
 
 
 def probe() -> Availability:
@@ -27,7 +28,23 @@ def probe() -> Availability:
     return Availability(PGROUP, True, "portable; guardian-enforced; misses double-forked escapees")
 
 
-class PgroupMechanism(KeeperMechanism):
+def guarantee(options: JobOptions | None = None) -> Guarantee:
+    return Guarantee(
+        mechanism=PGROUP,
+        kernel_enforced=False,
+        transparent=False,
+        ends_job="tether's keeper (process groups + a bounded process-table capture)",
+        visible=("each spawned command leads its own process group (a terminal's Ctrl+C "
+                 "reaches it only when tether hands it the foreground)",),
+        not_covered=(
+            "a double-forked daemon whose parent has exited (re-parented to PID 1, "
+            "outside every group and session of the job)",
+            "anything, if the keeper is SIGKILLed before the owner",
+        ),
+    )
+
+
+class Mechanism(KeeperMechanism):
     name = PGROUP
 
     def note_spawn(self, pid: int) -> None:
@@ -38,56 +55,27 @@ class PgroupMechanism(KeeperMechanism):
             return {}
         return {"setpgroup": 0} if msg.get("pgroup", -1) == -1 else {}
 
-    def _related(self, keeper_pid: int, groups=(), sessions=()) -> list[int]:
-        from .. import identity
-
+    def _related(self, keeper_pid: int, groups=(), sessions=()) -> list[identity.Identity]:
         cap = identity.capture(born_after=self.born_after)
-        found = {i.pid for i in cap.descendants([keeper_pid], born_after=self.born_after)}
+        found = {i.pid: i for i in cap.descendants([keeper_pid], born_after=self.born_after)}
         for g in groups:
-            found.update(i.pid for i in cap.by_pgid(g, self.born_after))
+            found.update((i.pid, i) for i in cap.by_pgid(g, self.born_after))
         for s in sessions:
-            found.update(i.pid for i in cap.by_session(s, self.born_after))
+            found.update((i.pid, i) for i in cap.by_session(s, self.born_after))
         for g in groups:  # descendants of group members that changed group
-            found.update(i.pid for i in cap.descendants([g], born_after=self.born_after))
-        found.discard(keeper_pid)
+            found.update((i.pid, i) for i in cap.descendants([g], born_after=self.born_after))
+        found.pop(keeper_pid, None)
         # A zombie is dead (PID 1 here reaps orphans only every ~2 s).
-        return sorted(p for p in found if cap.procs.get(p) is None or cap.procs[p].state not in "ZX")
+        return sorted((i for i in found.values() if i.state not in "ZX"), key=lambda i: i.pid)
 
     def member_pids(self, keeper_pid: int) -> list[int]:
         groups = self.params.get("groups", ())
-        return self._related(keeper_pid, groups, groups)
+        return [i.pid for i in self._related(keeper_pid, groups, groups)]
 
     def kill_all(self, keeper, timeout: float) -> None:
-        from .. import identity
+        from ..ending import end
 
         me = os.getpid()
         groups = set(keeper.spawned)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pids = self._related(me, groups, groups)
-            for pid in pids:
-                ident = identity.read(pid)
-                if ident is not None:
-                    try:
-                        identity.send_signal(ident, signal.SIGKILL, member=True)
-                    except Exception:  # noqa: BLE001 - a refusal is never fatal here
-                        pass
-            keeper.reap()
-            if not pids:
-                return
-            time.sleep(0.001)
-
-    def guarantee(self) -> Guarantee:
-        return Guarantee(
-            mechanism=PGROUP,
-            kernel_enforced=False,
-            transparent=False,
-            ends_job="tether's keeper (process groups + a bounded process-table capture)",
-            visible=("each spawned command leads its own process group (a terminal's Ctrl+C "
-                     "reaches it only when tether hands it the foreground)",),
-            not_covered=(
-                "a double-forked daemon whose parent has exited (re-parented to PID 1, "
-                "outside every group and session of the job)",
-                "anything, if the keeper is SIGKILLed before the owner",
-            ),
-        )
+        end(lambda: self._related(me, groups, groups), born_after=self.born_after, grace=0,
+            on_round=keeper.reap, bound=timeout)

@@ -62,9 +62,12 @@ import types
 import weakref
 from typing import Any
 
+from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused
 from . import _winapi as w
 from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions
+
+MECHANISM = JOBOBJECT
 
 STRATEGY_JOB_LIST = "job_list"
 STRATEGY_SUSPENDED = "suspended"
@@ -185,6 +188,32 @@ def limits_readback_verdict(
 
 
 # --- the backend -----------------------------------------------------------------
+def guarantee(options: JobOptions | None = None, *, nested: bool = False,
+              notes: tuple[str, ...] = ()) -> Guarantee:
+    """What a Job Object job guarantees: kernel-enforced kill-on-close and
+    what it does not cover (``tether doctor`` prints this). A background job
+    (``options.background``) has no kill-on-close: it outlives its owner."""
+    if options is not None and options.background:
+        return Guarantee(
+            mechanism=JOBOBJECT,
+            kernel_enforced=False,
+            transparent=True,
+            ends_job="nobody: a background job outlives its owner on purpose "
+            "(close() or kill_all() ends it with TerminateJobObject)",
+            not_covered=NOT_COVERED + tuple(notes),
+        )
+    ends = "the Windows kernel, when the last handle to the Job Object closes"
+    if nested:
+        ends += " (this job's or its enclosing job's)"
+    return Guarantee(
+        mechanism=JOBOBJECT,
+        kernel_enforced=True,
+        transparent=True,
+        ends_job=ends,
+        not_covered=NOT_COVERED + tuple(notes),
+    )
+
+
 class WindowsJob(JobBackend):
     """One Job Object; see the module docstring."""
 
@@ -300,25 +329,8 @@ class WindowsJob(JobBackend):
                 not_covered=("every process: no job protects them",),
                 disabled=self._disabled,
             )
-        if self.options.background:
-            return Guarantee(
-                mechanism=JOBOBJECT,
-                kernel_enforced=False,
-                transparent=True,
-                ends_job="nobody: a background job outlives its owner on purpose "
-                "(close() or kill_all() ends it with TerminateJobObject)",
-                not_covered=NOT_COVERED + tuple(self._notes),
-            )
-        ends = "the Windows kernel, when the last handle to the Job Object closes"
-        if self._parent is not None:
-            ends += " (this job's or its enclosing job's)"
-        return Guarantee(
-            mechanism=JOBOBJECT,
-            kernel_enforced=True,
-            transparent=True,
-            ends_job=ends,
-            not_covered=NOT_COVERED + tuple(self._notes),
-        )
+        return guarantee(self.options, nested=self._parent is not None,
+                         notes=tuple(self._notes))
 
     def _chain(self) -> list[int]:
         """Job handles a new member joins, outermost first (builds the nesting)."""
@@ -383,7 +395,12 @@ class WindowsJob(JobBackend):
                 sent.append(pid)
             return sent
 
-    def kill_all(self, timeout: float = 3.0) -> None:
+    def polite(self, targets: list) -> list[int]:
+        """``tether.ending``'s polite round here: CTRL_BREAK_EVENT to the
+        groups that can receive it (Windows has no SIGTERM); [] when none can."""
+        return self.signal_all(15)
+
+    def kill_all(self, timeout: float = KILL_BOUND) -> None:
         with self._lock:
             if self._closed or self._handle is None:
                 return
@@ -405,7 +422,7 @@ class WindowsJob(JobBackend):
                 if api is not None and handle is not None:
                     try:
                         api.TerminateJobObject(handle, KILLED_EXIT_CODE)
-                        _wait_empty(api, handle, 3.0)
+                        _wait_empty(api, handle, KILL_BOUND)
                     except w.Win32Error as e:
                         # Closing the last handle still ends a kill-on-close job.
                         self._notes.append(f"close: {e}")
@@ -811,3 +828,6 @@ def _job_popen_class() -> type[subprocess.Popen]:
              "__doc__": "subprocess.Popen whose child is created inside a tether job."},
         )
     return _popen_class
+
+
+Backend = WindowsJob

@@ -1,0 +1,36 @@
+"""Attributes of this process that tether sets: its name, and child-subreaper.
+
+Import-light (``os``; ``ctypes`` only inside :func:`set_subreaper`, ~3 ms):
+the shell wrapper's keeper and ``tether init`` use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def name_process(name: bytes) -> None:
+    """Set our comm (``tether ps`` finds keepers and wardens by it)."""
+    try:
+        with open("/proc/self/comm", "wb") as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
+def set_subreaper() -> None:
+    """``prctl(PR_SET_CHILD_SUBREAPER, 1)``: an orphan anywhere below this
+    process re-parents to it instead of to PID 1 (Linux >= 3.4). Raises
+    OSError where it is refused or not Linux."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError) as e:  # no libc prctl: not Linux
+        raise OSError(0, f"prctl(PR_SET_CHILD_SUBREAPER): {e}") from None
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")

@@ -1,0 +1,323 @@
+"""cgroup v2 as files: the one module that reads and writes cgroupfs.
+
+Everything tether does with cgroups goes through here: finding the v2 mount
+(``/proc/self/mountinfo``, never hard-coded: it is ``/sys/fs/cgroup`` on
+current distributions and ``/sys/fs/cgroup/unified`` on hybrid layouts),
+a process's own cgroup (the ``0::`` line of ``/proc/PID/cgroup``), the
+processes of a subtree, ``cgroup.kill``, removing a tree, and the names of
+tether's own directories with their one parser:
+
+    <a cgroup tether may write>/tether-<owner pid>-<owner start ticks>/   a run
+                                 .../<job id>[.bg]/                       a job
+                                 .../<job id>/<nested job id>/            a nested job
+
+The run directory names its owner by identity, so whether a run is over is
+a fact the kernel can be asked (:func:`prove_stale`), and ``tether reap``,
+``tether ps``, the host and the next job all read the same names the same way.
+
+Pitfalls: ``cgroup.kill`` does not exist in the root cgroup (tether never
+uses the root) and needs Linux >= 5.14 (older kernels: freeze, SIGKILL each
+member through a pidfd, thaw). Moving a process into a cgroup takes the
+kernel's threadgroup lock and, after a quiet moment, waits for an RCU grace
+period (5.7 ms median here): a hot path avoids moves.
+
+Import-light (``os``, ``time``): the shell wrapper's one-command path uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = [
+    "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "base_dir",
+    "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
+    "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
+    "remove_stale_run_dirs", "is_member",
+]
+
+RUN_PREFIX = "tether-"
+#: A job directory whose name ends so belongs to a background job: it
+#: outlives its owner on purpose and no reaper ends it.
+BACKGROUND_SUFFIX = ".bg"
+_PROBE = RUN_PREFIX + "probe-"
+_SIGKILL = 9
+
+
+# -- where -------------------------------------------------------------------------
+
+def mount() -> str | None:
+    """The cgroup v2 mount point, from ``/proc/self/mountinfo``; None if none."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split(" ")[4].replace("\\040", " ")
+    except OSError:
+        return None
+    return None
+
+
+def own(pid: int | str = "self") -> str | None:
+    """The v2 cgroup of ``pid`` as ``/proc/PID/cgroup`` names it (``/a/b``)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        return None
+    return None
+
+
+def path_of(rel: str, where: str | None = None) -> str | None:
+    """The directory of cgroup ``rel`` (as :func:`own` names it) under the mount."""
+    where = where or mount()
+    if where is None:
+        return None
+    return where if rel in ("", "/") else os.path.join(where, rel.lstrip("/"))
+
+
+def own_dir(pid: int | str = "self") -> str | None:
+    """The directory of ``pid``'s own cgroup, or None."""
+    rel = own(pid)
+    return None if rel is None else path_of(rel)
+
+
+def base_dir() -> tuple[str | None, str]:
+    """Where this process may create job cgroups (its own cgroup's directory),
+    or ``(None, why not)``."""
+    where = mount()
+    if where is None:
+        return None, "no cgroup v2 hierarchy is mounted"
+    rel = own()
+    if rel is None:
+        return None, "this process has no cgroup v2 membership (/proc/self/cgroup has no 0:: line)"
+    if not os.path.exists(os.path.join(where, "cgroup.procs")):
+        return None, f"{where} is not a cgroup v2 mount"
+    d = path_of(rel, where)
+    if not os.access(d, os.W_OK) or not os.access(os.path.join(d, "cgroup.procs"), os.W_OK):
+        return None, (f"no writable cgroup v2: {d} is not writable by uid {os.geteuid()} "
+                      f"(needs root or a delegated subtree such as "
+                      f"user@{os.getuid()}.service)")
+    return d, ""
+
+
+# -- files -------------------------------------------------------------------------
+
+def write(path: str, data: str) -> None:
+    """One write to a cgroup file (``cgroup.procs``, ``cgroup.kill``...)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def procs_here(path: str) -> list[int]:
+    """The processes directly in cgroup ``path`` (not in its children)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def procs(path: str) -> list[int]:
+    """The processes in cgroup ``path`` and every cgroup below it."""
+    out: list[int] = []
+    for dirpath, _dirs, _files in os.walk(path):
+        out.extend(procs_here(dirpath))
+    return out
+
+
+def populated(path: str) -> bool:
+    """Whether any process is in ``path`` or below (``cgroup.events``)."""
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f:
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return bool(procs(path))
+
+
+def is_member(pid: int, path: str) -> bool:
+    """Whether ``pid`` is in cgroup ``path`` or below, as its own file says."""
+    rel = own(pid)
+    where = mount()
+    if rel is None or where is None:
+        return False
+    mine = path_of(rel, where)
+    return mine == path or (mine or "").startswith(path.rstrip("/") + "/")
+
+
+def kill(path: str, timeout: float, reap=None) -> bool:
+    """End every process in ``path`` and below (the kernel's own kill); True
+    once it is empty. ``reap()`` is called between rounds (a keeper reaps
+    its children there)."""
+    deadline = time.monotonic() + timeout
+    kill_file = os.path.join(path, "cgroup.kill")
+    while True:
+        if os.path.exists(kill_file):
+            try:
+                write(kill_file, "1")
+            except OSError:
+                pass
+        else:  # Linux < 5.14: freeze so nobody forks between read and kill
+            _kill_frozen(path)
+        if reap is not None:
+            reap()
+        if not populated(path):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def _kill_frozen(path: str) -> None:
+    freeze = os.path.join(path, "cgroup.freeze")
+    try:
+        write(freeze, "1")
+    except OSError:
+        pass
+    import _signal
+
+    for pid in procs(path):
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            continue
+        try:
+            if is_member(pid, path):  # pinned by the pidfd: still the member read a moment ago
+                _signal.pidfd_send_signal(fd, _SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    try:
+        write(freeze, "0")
+    except OSError:
+        pass
+
+
+def remove_tree(path: str) -> bool:
+    """rmdir the cgroup and its children, deepest first; True if all went."""
+    ok = True
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda t: -t[0].count("/")):
+        for _ in range(20):
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.002)
+        else:
+            ok = False
+    return ok
+
+
+# -- tether's names ------------------------------------------------------------------
+
+def run_dir_name(owner_pid: int, owner_start: int) -> str:
+    """The run directory of an owner: ``tether-<pid>-<start ticks>``."""
+    return f"{RUN_PREFIX}{int(owner_pid)}-{int(owner_start)}"
+
+
+def parse_run_dir(name: str) -> tuple[int, int] | None:
+    """``(owner pid, owner start ticks)`` of a run directory's basename, or None."""
+    if not name.startswith(RUN_PREFIX):
+        return None
+    pid, sep, start = name[len(RUN_PREFIX):].partition("-")
+    if not sep or not (pid.isdigit() and start.isdigit() and pid.isascii() and start.isascii()):
+        return None
+    return int(pid), int(start)
+
+
+def probe_dir_name(pid: int) -> str:
+    return f"{_PROBE}{int(pid)}"
+
+
+def parse_probe_dir(name: str) -> int | None:
+    """The pid of a probe directory's basename (``tether-probe-<pid>``), or None."""
+    if name.startswith(_PROBE) and name[len(_PROBE):].isdigit():
+        return int(name[len(_PROBE):])
+    return None
+
+
+def run_dir_of(path: str, where: str | None = None) -> str | None:
+    """The run directory at or above ``path`` inside the mount, or None."""
+    where = where or mount()
+    if where is None:
+        return None
+    try:
+        real = os.path.realpath(path)
+    except OSError:
+        return None
+    where = os.path.realpath(where)
+    if real != where and not real.startswith(where.rstrip("/") + "/"):
+        return None
+    p = real
+    while len(p) > len(where):
+        if parse_run_dir(os.path.basename(p)) is not None:
+            return p
+        p = os.path.dirname(p)
+    return None
+
+
+def prove_stale(run_dir: str) -> str | None:
+    """The one check before any ``cgroup.kill`` of a run directory that is not
+    the caller's own: None when it is provably a leftover, else why not.
+
+    Provably a leftover: a real directory (not a symlink) named as a run
+    directory, owned by this user, whose owner - by pid and start ticks, from
+    its name - is no longer running, and which does not hold the caller (an
+    ancestor of the caller's own cgroup, where a kill would end the caller).
+    """
+    from . import identity  # only here: the wrapper's hot path never proves
+
+    parsed = parse_run_dir(os.path.basename(run_dir.rstrip("/")))
+    if parsed is None:
+        return "not a tether run directory"
+    try:
+        st = os.lstat(run_dir)
+    except OSError as e:
+        return f"cannot stat it ({e.strerror})"
+    if (st.st_mode & 0o170000) != 0o040000:
+        return "not a directory"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    owner = identity.Identity(parsed[0], parsed[1], identity.boot_id())
+    if identity.is_alive(owner):
+        return f"its owner (pid {parsed[0]}) is running"
+    mine = own_dir()
+    real = os.path.realpath(run_dir)
+    if mine is not None and (mine == real or mine.startswith(real.rstrip("/") + "/")):
+        return "it holds this process"
+    return None
+
+
+def remove_stale_run_dirs(base: str) -> list[str]:
+    """Remove this user's *empty* run directories under ``base`` that
+    :func:`prove_stale` proves are leftovers (what a keeper that ended its job
+    from inside after its owner died could not remove). A directory with any
+    process in it is never touched: ending that is ``tether reap``'s work."""
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if parse_run_dir(name) is None:
+            continue
+        path = os.path.join(base, name)
+        if prove_stale(path) is not None or populated(path):
+            continue
+        if remove_tree(path):
+            removed.append(path)
+    return removed

@@ -1,0 +1,328 @@
+"""The one way tether ends processes: politely, then for sure, and says how.
+
+Every feature that ends processes by signal - ``Job.terminate``, a keeper
+ending its members from outside, the ``pgroup`` and ``none`` mechanisms, the
+shell wrapper's leftovers, PTY close, the pytest leak detector, ``tether
+init``, the reaper and the host's resume rule - calls :func:`end`. What only
+a kernel object can do at once (``cgroup.kill``, a subreaper's reap loop,
+``TerminateJobObject``) stays in its mechanism and is passed in as ``kill``.
+
+One end, in order:
+
+1. ``find()`` names the processes in scope (the caller bounds it: a job's
+   members, a test's descendants, a run's leftovers). Nothing born before
+   ``born_after`` is ever signalled, whatever ``find`` returns.
+2. With ``grace > 0``: SIGTERM, then SIGCONT (a stopped process acts on
+   SIGTERM only once continued), deepest first; then up to ``grace`` seconds
+   for them to go, finding again as it waits (a process started meanwhile
+   joins the next step). ``cancel()`` true cuts the grace short.
+3. Optionally frozen (``freeze``): SIGSTOP, parents first, and find again
+   until nothing new appears, so nothing forks its way out of the kill.
+4. SIGKILL to what is left, deepest first (but what the mechanism's kernel
+   kill covers), then ``kill()`` (that kernel kill, if any); find again and
+   repeat until nothing is found for ``quiet`` seconds or ``bound`` seconds
+   have passed.
+
+Every signal goes through :func:`tether.identity.send_signal`: only to a
+process whose pid, start ticks and boot id still match, never to PID <= 1,
+this process or its ancestors (and, unless ``member``, never to another
+user's). A zombie counts as gone. The result, :class:`Ending`, lists each
+process with how it ended, what survived, and what the gate refused.
+
+Import-light (``os``, ``time``, ``_signal`` and ``tether.identity``).
+"""
+
+from __future__ import annotations
+
+import _signal
+import math
+import time
+
+from . import identity
+from .errors import SignalRefused
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from .identity import Identity
+
+__all__ = ["DEFAULT_GRACE", "MAX_GRACE", "KILL_BOUND", "Ending", "end", "check_grace", "grace_arg",
+           "depth_order"]
+
+#: Seconds between the polite signal and SIGKILL, everywhere tether has a
+#: default (the shell wrapper's per-command leftovers use their own 0.5 s).
+DEFAULT_GRACE = 2.0
+#: The largest grace tether accepts: a typo in a config must not park a stop
+#: for days.
+MAX_GRACE = 3600.0
+#: Seconds tether waits, after SIGKILL, for the killed to be gone.
+KILL_BOUND = 5.0
+
+_SIGTERM = _signal.SIGTERM
+_SIGKILL = getattr(_signal, "SIGKILL", _signal.SIGTERM)  # Windows: TerminateProcess either way
+_SIGCONT = getattr(_signal, "SIGCONT", None)
+_SIGSTOP = getattr(_signal, "SIGSTOP", None)
+_GONE = ("Z", "X", "x")
+_FREEZE_ROUNDS = 8
+
+
+def check_grace(value: object, what: str = "grace") -> float:
+    """``value`` as seconds if it is a finite number from 0 to
+    :data:`MAX_GRACE`; ``ValueError`` (``TypeError`` for a non-number) else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or v > MAX_GRACE:
+        raise ValueError(f"{what} must be a finite number of seconds from 0 to {MAX_GRACE:g}, "
+                         f"not {value!r}")
+    return v
+
+
+def grace_arg(text: str) -> float:
+    """An ``argparse`` ``type=`` for a grace in seconds, by :func:`check_grace`'s rules."""
+    import argparse
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        return check_grace(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class Ending:
+    """What one :func:`end` did.
+
+    ``ended``: ``(identity, how)`` for every process it saw go, ``how`` being
+    ``"exit"`` (gone before any signal reached it), ``"SIGTERM"`` (during the
+    grace), ``"SIGKILL"``, or the name of the mechanism's kernel kill.
+    ``survivors``: still alive when it gave up. ``refused``: ``(identity,
+    reason)`` the identity gate would not signal. ``elapsed``: seconds.
+    """
+
+    __slots__ = ("ended", "survivors", "refused", "elapsed")
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[Identity, str]] = []
+        self.survivors: list[Identity] = []
+        self.refused: list[tuple[Identity, str]] = []
+        self.elapsed = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing it meant to end is still alive."""
+        return not self.survivors
+
+    def identities(self) -> list[Identity]:
+        """The processes it saw go, in the order they went."""
+        return [i for i, _ in self.ended]
+
+    def how(self, ident: Identity) -> str | None:
+        for i, how in self.ended:
+            if i.same_process(ident):
+                return how
+        return None
+
+    def __repr__(self) -> str:
+        return (f"<Ending ended={len(self.ended)} survivors={len(self.survivors)} "
+                f"refused={len(self.refused)} {self.elapsed * 1e3:.1f} ms>")
+
+
+def _key(i: Identity) -> tuple[int, int]:
+    return (i[0], i[1])
+
+
+def depth_order(idents: Iterable[Identity], deepest_first: bool) -> list[Identity]:
+    """``idents`` by depth below the topmost process of the set (by their
+    ppid links among themselves): children before parents when
+    ``deepest_first``, parents first otherwise."""
+    by_pid = {i[0]: i for i in idents}
+    depth: dict[int, int] = {}
+    for pid in by_pid:
+        chain = []
+        cur: int | None = pid
+        while cur is not None and cur not in depth and cur not in chain:
+            chain.append(cur)
+            parent = by_pid.get(cur)
+            cur = parent[3] if parent is not None and parent[3] in by_pid else None
+        base = depth[cur] if cur is not None and cur in depth else -1
+        for c in reversed(chain):
+            base += 1
+            depth[c] = base
+    return sorted(by_pid.values(), key=lambda i: depth.get(i[0], 0), reverse=deepest_first)
+
+
+def end(
+    find: Callable[[], Iterable[Identity]] | None = None,
+    *,
+    born_after: int | None,
+    targets: Iterable[Identity] = (),
+    grace: float = DEFAULT_GRACE,
+    freeze: bool = False,
+    member: bool | Callable[[Identity], bool] = True,
+    kill: Callable[[], object] | None = None,
+    kill_name: str = "SIGKILL",
+    kill_covers: Callable[[Identity], bool] | None = None,
+    polite: Callable[[list[Identity]], object] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_round: Callable[[], object] | None = None,
+    bound: float = KILL_BOUND,
+    quiet: float = 0.0,
+    send: Callable[..., bool] | None = None,
+) -> Ending:
+    """End what ``find()`` (and ``targets``) name; see the module doc.
+
+    ``born_after``: a tick (:func:`tether.identity.now_ticks`) no process in
+    scope was born before; ``None`` only where the caller proved each target
+    otherwise (the reaper: each from its own record). ``member``: the caller
+    vouches these are its job's (no uid check); a callable decides per process. ``kill``: the mechanism's
+    kernel-side kill, credited as ``kill_name`` for the processes it covers
+    (``kill_covers(identity)``; default: all of them); the rest get SIGKILL
+    at once, and anything the kill missed gets SIGKILL on the next round.
+    ``polite(targets)`` replaces the SIGTERM+SIGCONT round (Windows sends
+    CTRL_BREAK there); when it returns an empty list nothing could be asked,
+    and the grace is skipped. ``on_round()`` runs between looks (a keeper reaps
+    there). ``send`` replaces ``identity.send_signal`` (a test seam).
+    """
+    t0 = time.monotonic()
+    grace = check_grace(grace)
+    out = Ending()
+    send = send or identity.send_signal
+    seen: dict[tuple[int, int], Identity] = {}
+    how: dict[tuple[int, int], str] = {}
+    refused: set[tuple[int, int]] = set()
+    credit: dict[tuple[int, int], str] = {}  # the last step sent to each process
+    floor = born_after
+
+    attempted: set[tuple[int, int]] = set()  # handed to the gate at least once
+
+    def look() -> list[Identity]:
+        """In scope, not refused, not seen gone: what is still to be ended.
+        A process not yet signalled is listed without a look of our own: the
+        gate's identity check, at the moment of sending, decides."""
+        for i in (find() if find is not None else ()):
+            if floor is not None and i[1] < floor:
+                continue  # born before the scope began: never ours to end
+            k = _key(i)
+            if k not in seen and k not in refused:
+                seen[k] = i
+        live = []
+        for k, i in list(seen.items()):
+            if k in how or k in refused:
+                continue
+            if k not in attempted or identity.is_alive(i):
+                live.append(i)
+            else:
+                how[k] = credit.get(k, "exit")
+                out.ended.append((i, how[k]))
+        return live
+
+    def vouched(i: Identity) -> bool:
+        return member(i) if callable(member) else member
+
+    def signal(i: Identity, sig: int, step: str | None) -> bool:
+        k = _key(i)
+        attempted.add(k)
+        try:
+            ok = send(i, sig, member=vouched(i))
+        except SignalRefused as e:
+            refused.add(k)
+            out.refused.append((i, str(e)))
+            return False
+        except OSError:  # a transient failure (EMFILE, EAGAIN): tried again next round
+            return False
+        if ok and step is not None:
+            credit[k] = step
+        return bool(ok)
+
+    for i in targets:
+        if floor is None or i[1] >= floor:
+            seen.setdefault(_key(i), i)
+    frozen: list[Identity] = []
+    try:
+        live = look()
+        # 2. the polite round, and the grace
+        asked = False
+        if grace > 0 and live:
+            if polite is not None:
+                sent = polite(live)
+                asked = sent is None or bool(sent)  # nothing could be asked: no grace to give
+                for i in live:
+                    credit.setdefault(_key(i), "SIGTERM")
+            else:
+                for i in depth_order(live, deepest_first=True):
+                    if signal(i, _SIGTERM, "SIGTERM"):
+                        asked = True
+                        if _SIGCONT is not None:
+                            signal(i, _SIGCONT, None)
+        if asked:
+            deadline = time.monotonic() + grace
+            delay = 0.001
+            while True:
+                if on_round is not None:
+                    on_round()
+                live = look()
+                if not live or time.monotonic() >= deadline:
+                    break
+                if cancel is not None and cancel():
+                    break
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.05)
+        # 3. freeze, parents first, until nothing new appears
+        if freeze and _SIGSTOP is not None:
+            stopped: set[tuple[int, int]] = set()
+            for _ in range(_FREEZE_ROUNDS):
+                new = [i for i in look() if _key(i) not in stopped]
+                if not new:
+                    break
+                for i in depth_order(new, deepest_first=False):
+                    stopped.add(_key(i))
+                    if signal(i, _SIGSTOP, None):
+                        frozen.append(i)
+        # 4. the kill, repeated until quiet or the bound
+        deadline = time.monotonic() + bound
+        rounds = 0
+        quiet_since: float | None = None
+        while True:
+            live = look()
+            now = time.monotonic()
+            if not live:
+                if quiet_since is None:
+                    quiet_since = now
+                if now - quiet_since >= quiet or now >= deadline:
+                    break
+                time.sleep(0.005)
+                continue
+            quiet_since = None
+            if now >= deadline:
+                break
+            covered: set[tuple[int, int]] = set()
+            if kill is not None and rounds == 0:
+                covered = {_key(i) for i in live if kill_covers is None or kill_covers(i)}
+            for i in depth_order(live, deepest_first=True):
+                if _key(i) not in covered:
+                    signal(i, _SIGKILL, "SIGKILL")
+            if kill is not None:
+                kill()  # after the SIGKILLs: what they could not reach, the kernel ends
+                for k in covered:
+                    attempted.add(k)
+                    credit[k] = kill_name
+            rounds += 1
+            if on_round is not None:
+                on_round()
+            time.sleep(0.001 if rounds < 4 else 0.005)
+        out.survivors = look()
+    finally:
+        # On any error, leave nothing frozen.
+        if frozen and _SIGCONT is not None:
+            for i in frozen:
+                if _key(i) not in how and identity.is_alive(i):
+                    try:
+                        send(i, _SIGCONT, member=member)
+                    except (SignalRefused, OSError):
+                        pass
+        out.elapsed = time.monotonic() - t0
+    return out

@@ -1,0 +1,263 @@
+"""The one reader from the audit log to runs: who ran what, and what proves it.
+
+``read_runs(state_dir)`` streams every rotated copy of the spawn-audit log
+(``tether.audit.read_records``) into :class:`Run` objects: one per owner's
+run, with its owner's identity, its jobs (name, mechanism, session, cgroup,
+keeper, background/detached flags, opened and closed), and the processes it
+recorded that may still be alive. The reaper (``tether reap`` and the host's
+start and resume rule), ``tether ps`` and the host all read the log through
+here, so they agree on what a record means.
+
+What is kept, so memory follows what may still be alive rather than the
+log's length:
+
+* a ``spawn`` record only while its pid is among the processes that were
+  running when the read began (a process that is gone never comes back; one
+  whose pid was since reused is told apart later by its start ticks);
+* an ``exit`` record removes its process;
+* records of another boot are dropped (nothing of it is alive).
+
+Every app's runs are read, always: a run that is not being reaped still
+protects its processes from a walk that starts at another run's leftover.
+
+Proof is left to the callers, with the rules in one place each: a run is
+over when its owner, by identity, is gone (:meth:`Run.state`); a recorded
+process is the one recorded only if pid, start ticks and boot id match.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import identity
+from .audit import parse_pid, parse_start
+from .identity import Identity
+
+__all__ = ["Proc", "JobInfo", "Run", "read_runs", "SOURCES", "LIVE", "OVER", "UNKNOWN"]
+
+#: The events that say something about runs (reap and error records prove nothing).
+SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end"))
+LIVE, OVER, UNKNOWN = "live", "over", "unknown"
+
+
+class Proc:
+    """A recorded process (a ``spawn`` record) that may still be alive."""
+
+    __slots__ = ("pid", "start", "job", "session", "background", "detached", "cgroup", "argv",
+                 "label", "ts")
+
+    def __init__(self, pid: int, start: int, job: str | None, session: str | None,
+                 background: bool, detached: bool, cgroup: str | None,
+                 argv: list[str] | None, label: str | None, ts: float | None) -> None:
+        self.pid = pid
+        self.start = start  # kernel start ticks; -1 when the record has none
+        self.job = job
+        self.session = session
+        self.background = background
+        self.detached = detached
+        self.cgroup = cgroup
+        self.argv = argv  # only when the app opted in for that spawn
+        self.label = label  # the app's name for it (popen(..., label=...))
+        self.ts = ts
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
+
+    def __repr__(self) -> str:
+        return f"<Proc {self.pid}@{self.start} job={self.job} session={self.session}>"
+
+
+class JobInfo:
+    """What the log says of one job."""
+
+    __slots__ = ("job", "name", "mechanism", "session", "background", "detached", "cgroup",
+                 "keeper", "opened", "closed", "label")
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.name: str | None = None
+        self.mechanism: str | None = None
+        self.session: str | None = None
+        self.background = False
+        self.detached = False
+        self.cgroup: str | None = None
+        self.keeper: Identity | None = None
+        self.opened: float | None = None  # ts of its job-open record
+        self.closed = False
+        self.label: str | None = None
+
+
+class Run:
+    """One owner's run: its owner's identity, its jobs, its recorded processes."""
+
+    __slots__ = ("run", "owner", "owner_conflict", "app", "end_ts", "jobs", "procs", "cgroups")
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.owner: Identity | None = None
+        self.owner_conflict = False  # two owners claim one run id: trust neither
+        self.app: str | None = None
+        self.end_ts: float | None = None  # ts of its run-end record, if any
+        self.jobs: dict[str, JobInfo] = {}
+        self.procs: dict[tuple[int, int], Proc] = {}
+        self.cgroups: set[str] = set()
+
+    def job_flag(self, job: str | None, key: str) -> bool:
+        info = self.jobs.get(job) if job is not None else None
+        return bool(info is not None and getattr(info, key))
+
+    def job_session(self, job: str | None) -> str | None:
+        info = self.jobs.get(job) if job is not None else None
+        return info.session if info is not None else None
+
+    def session_of(self, p: Proc) -> str | None:
+        return p.session or self.job_session(p.job)
+
+    def state(self) -> str:
+        """``live`` (its owner, by identity, runs), ``over`` (gone: exited, a
+        zombie, its pid now another process, another boot) or ``unknown``
+        (no owner identity, or two)."""
+        if self.owner is None or self.owner_conflict:
+            return UNKNOWN
+        return LIVE if identity.is_alive(self.owner) else OVER
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run} app={self.app} jobs={len(self.jobs)} procs={len(self.procs)}>"
+
+
+def _str(v: Any) -> str | None:
+    return v if type(v) is str and v else None
+
+
+def _ident(v: Any, boot: str, cache: dict) -> Identity | None:
+    """The identity an ``owner``/``keeper`` field names: ``{"pid", "start"}``."""
+    if type(v) is not dict:
+        return None
+    raw = (v.get("pid"), v.get("start"))
+    try:
+        return cache[raw]
+    except KeyError:
+        pass
+    except TypeError:
+        return None  # unhashable values: not an identity
+    pid = parse_pid(raw[0])
+    tok = parse_start(raw[1])
+    ident = Identity(pid, tok[0], tok[1]) if pid is not None and tok is not None else None
+    if len(cache) < 65536:
+        cache[raw] = ident
+    return ident
+
+
+def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
+              notes: list[str] | None = None) -> dict[str, Run]:
+    """Every run the log in ``state_dir`` records, by run id (see the module doc).
+
+    ``stats``: a ``tether.audit.ReadStats`` to fill. ``notes``: a list that
+    gets one line per thing that limited the reading. Raises
+    ``tether.audit.AuditDirError`` for an unsafe directory; a missing or
+    empty log gives ``{}``.
+    """
+    from . import audit
+
+    boot = identity.boot_id()
+    alive = identity.pids()
+    runs: dict[str, Run] = {}
+    cache: dict = {}
+    unusable = 0
+    for rec in audit.read_records(state_dir, stats=stats):
+        if rec.get("event") not in SOURCES:
+            continue
+        try:
+            _absorb(rec, runs, boot, cache, alive)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
+    if unusable and notes is not None:
+        notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
+    return runs
+
+
+def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
+            alive: set[int] | None) -> None:
+    event = rec["event"]
+    owner = _ident(rec.get("owner"), boot, cache)
+    run_id = _str(rec.get("run"))
+    if run_id is None:
+        if owner is None:
+            return
+        run_id = f"{owner.pid}-{owner.start}"
+    if owner is not None and owner.boot != boot:
+        return  # an earlier boot: every process it knew is gone
+    run = runs.get(run_id)
+    if run is None:
+        run = runs[run_id] = Run(run_id)
+    if owner is not None and run.owner is not owner:
+        if run.owner is None:
+            run.owner = owner
+        elif not run.owner.same_process(owner):
+            run.owner_conflict = True
+    if run.app is None:
+        run.app = _str(rec.get("app"))
+    job = _str(rec.get("job"))
+    cg = _str(rec.get("cgroup"))
+    if cg is not None:
+        run.cgroups.add(cg)
+    info = None
+    if job is not None:
+        info = run.jobs.get(job)
+        if info is None:
+            info = run.jobs[job] = JobInfo(job)
+        for key in ("name", "mechanism", "session", "label"):
+            v = _str(rec.get(key))
+            if v is not None and getattr(info, key) is None:
+                setattr(info, key, v)
+        if rec.get("background") is True and event != "spawn":
+            info.background = True
+        if rec.get("detached") is True and event != "spawn":
+            info.detached = True
+        if cg is not None:
+            info.cgroup = cg
+        keeper = _ident(rec.get("keeper"), boot, cache)
+        if keeper is not None and keeper.boot == boot:
+            info.keeper = keeper
+    if event == "spawn" or event == "exit":
+        pid = parse_pid(rec.get("pid"))
+        if pid is None:
+            return
+        tok = parse_start(rec.get("start"), rec.get("boot"))
+        if tok is None:
+            key = (pid, -1)  # no start, no identity: remembered only to be reported
+        elif tok[1] != boot:
+            return
+        else:
+            key = (pid, tok[0])
+        if event == "exit":
+            run.procs.pop(key, None)  # it exited on record; nothing to look for
+            return
+        if alive is not None and pid not in alive:
+            return  # gone before this read began: it never comes back
+        prev = run.procs.get(key)
+        argv = rec.get("argv")
+        argv = [a for a in argv if type(a) is str] if type(argv) is list else None
+        ts = rec.get("ts")
+        run.procs[key] = Proc(
+            pid, key[1], job,
+            _str(rec.get("session")) or (prev.session if prev else None),
+            rec.get("background") is True or bool(prev and prev.background),
+            rec.get("detached") is True or bool(prev and prev.detached),
+            cg, argv or (prev.argv if prev else None),
+            _str(rec.get("label")) or (prev.label if prev else None),
+            float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None,
+        )
+    elif event == "run-end":
+        ts = rec.get("ts")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            run.end_ts = float(ts)
+    elif event == "job-open" and info is not None:
+        ts = rec.get("ts")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            info.opened = float(ts)
+        info.closed = False
+    elif event == "job-close" and info is not None:
+        info.closed = True
