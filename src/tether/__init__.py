@@ -4,8 +4,20 @@
     with Job(name="session-7") as job:
         p = job.popen(["node", "server.js"])
 
-Imports are lazy so that `tether-shell` and other hot paths load only what
-they use.
+The rooms, and which way data flows (callers on the left, leaves on the
+right; nothing on the right imports anything to its left)::
+
+    cli, shell, host, pty, runner  ->  job  ->  platform (one module per mechanism)
+                                         \\          \\
+                                          ->  identity  (the one process reader; the signal gate)
+                                              cgroupfs  (cgroup v2 files and tether's names)
+                                              ending    (the one way to end processes)
+                                              audit, runs (the log, and the one reader to runs)
+    reaper, ps  ->  runs, identity, cgroupfs, ending
+
+Imports are lazy so that ``tether-shell`` and other hot paths load only
+what they use; type checkers see every public name through the
+``TYPE_CHECKING`` block below.
 """
 
 from __future__ import annotations
@@ -14,20 +26,49 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .errors import (
+        HostClosed,
+        JobClosed,
+        JobExpired,
+        JobRefused,
+        ShellNotFound,
+        SignalRefused,
+        TetherError,
+        Unavailable,
+        UsageError,
+    )
+    from .host import Host, Session
+    from .identity import Identity
+    from .job import Job
+    from .platform import choose, probe_all
+    from .platform.base import Guarantee
+    from .pty import PtySession
+    from .reaper import ReapReport, reap
+    from .stops import EndedWork
+
 __version__ = "0.1.0"
-__all__ = ["Job", "JobRefused", "JobClosed", "TetherError", "Guarantee", "probe_all", "choose",
-           "Host", "__version__"]
+__all__ = [
+    "Job", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
+    "Guarantee", "probe_all", "choose", "TetherError", "JobRefused", "JobClosed",
+    "HostClosed", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound", "Unavailable",
+    "__version__",
+]
 
 _LAZY = {
     "Job": ("tether.job", "Job"),
-    "JobRefused": ("tether.errors", "JobRefused"),
-    "JobClosed": ("tether.errors", "JobClosed"),
-    "TetherError": ("tether.errors", "TetherError"),
-    "SignalRefused": ("tether.errors", "SignalRefused"),
+    "Host": ("tether.host", "Host"),
+    "Session": ("tether.host", "Session"),
+    "PtySession": ("tether.pty", "PtySession"),
+    "reap": ("tether.reaper", "reap"),
+    "ReapReport": ("tether.reaper", "ReapReport"),
+    "EndedWork": ("tether.stops", "EndedWork"),
+    "Identity": ("tether.identity", "Identity"),
     "Guarantee": ("tether.platform.base", "Guarantee"),
     "probe_all": ("tether.platform", "probe_all"),
     "choose": ("tether.platform", "choose"),
-    "Host": ("tether.host", "Host"),
+    **{name: ("tether.errors", name) for name in (
+        "TetherError", "JobRefused", "JobClosed", "HostClosed", "JobExpired", "SignalRefused",
+        "UsageError", "ShellNotFound", "Unavailable")},
 }
 
 
@@ -41,3 +82,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(mod), attr)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -707,7 +707,7 @@ class AuditWriter:
             else:
                 sys.stderr.write(msg + "\n")
                 sys.stderr.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 - an app's on_loss callback must not break a write
             pass  # reporting must not break the caller either
 
     def close(self) -> None:
@@ -736,7 +736,7 @@ class AuditWriter:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - nothing may escape a finalizer
             pass
 
 

@@ -226,9 +226,11 @@ def _tree_after(born: int, marker: str):
 
 
 def demo(mechanism: str = "auto", control: bool = False, as_json: bool = False) -> int:
+    from .errors import TetherError
+
     try:
         res = run_tree(mechanism, control)
-    except Exception as exc:  # noqa: BLE001
+    except (TetherError, OSError, RuntimeError, ValueError) as exc:
         print(f"tether demo: {exc}", file=sys.stderr)
         return 125
     if as_json:

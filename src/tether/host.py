@@ -62,7 +62,7 @@ from typing import Any
 from . import identity
 from . import job as _job
 from .ending import DEFAULT_GRACE, check_grace
-from .errors import HostClosed, JobExpired, JobRefused
+from .errors import HostClosed, JobExpired, JobRefused, TetherError
 from .identity import Identity
 from .job import Job
 from .ledger import Ledger, Task
@@ -491,7 +491,7 @@ class Host:
             from .runs import read_runs
 
             self._runs = read_runs(self.state_dir)
-        except Exception as exc:  # noqa: BLE001 - an unreadable log must not stop the app
+        except (TetherError, OSError, ValueError) as exc:  # an unreadable log must not stop the app
             self._resume_error = self.reap_error = f"{type(exc).__name__}: {exc}"
             logger.warning("tether host %r: cannot read the audit log: %s", self.app,
                            self._resume_error)
@@ -517,7 +517,7 @@ class Host:
         try:
             self.reap_report = reap(self.state_dir, app=self.app, grace=self.grace,
                                     exclude_runs={self.run}, runs=self._runs)
-        except Exception as exc:  # noqa: BLE001 - a failed reap must not stop the app
+        except (TetherError, OSError, ValueError) as exc:  # a failed reap must not stop the app
             self.reap_error = f"{type(exc).__name__}: {exc}"
             logger.warning("tether host %r: reaping earlier runs failed: %s", self.app,
                            self.reap_error)
@@ -645,7 +645,7 @@ class Host:
         try:
             rep = reap(self.state_dir, app=self.app, session=key, grace=self.grace,
                        exclude_runs={self.run}, runs=self._runs, announce=announce)
-        except Exception as exc:  # noqa: BLE001 - a failed resume must not stop the session
+        except (TetherError, OSError, ValueError) as exc:  # must not stop the session
             report.note = f"resume check failed: {type(exc).__name__}: {exc}"
             return report
         report.processes.extend(_ended_process(e) for e in rep.ended)

@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 
+from .errors import TetherError
+
 SI_KERNEL = 0x80
 # Windows has neither SIGHUP nor SIGQUIT: keep the ones this platform has.
 _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -171,7 +173,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
 def _terminate_quietly(job, grace: float) -> None:
     try:
         job.terminate(grace)
-    except Exception:  # noqa: BLE001 - the caller terminates and closes the job again
+    except (TetherError, OSError):  # the caller terminates and closes the job again
         pass
 
 

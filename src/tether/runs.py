@@ -170,7 +170,8 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         if rec.get("event") not in SOURCES:
             continue
         try:
-            _absorb(rec, runs, boot, cache, alive)
+            if not _absorb(rec, runs, boot, cache, alive):
+                unusable += 1
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
     if unusable and notes is not None:
@@ -179,16 +180,17 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
 
 
 def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
-            alive: set[int] | None) -> None:
+            alive: set[int] | None) -> bool:
+    """Take one record in; False when its fields are of the wrong shape."""
     event = rec["event"]
     owner = _ident(rec.get("owner"), boot, cache)
     run_id = _str(rec.get("run"))
     if run_id is None:
         if owner is None:
-            return
+            return False
         run_id = f"{owner.pid}-{owner.start}"
     if owner is not None and owner.boot != boot:
-        return  # an earlier boot: every process it knew is gone
+        return True  # an earlier boot: every process it knew is gone
     run = runs.get(run_id)
     if run is None:
         run = runs[run_id] = Run(run_id)
@@ -224,19 +226,22 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
     if event == "spawn" or event == "exit":
         pid = parse_pid(rec.get("pid"))
         if pid is None:
-            return
-        tok = parse_start(rec.get("start"), rec.get("boot"))
+            return False
+        raw = rec.get("start")
+        tok = parse_start(raw, rec.get("boot"))
         if tok is None:
+            if raw is not None:
+                return False  # a start of the wrong shape: no identity to prove anything
             key = (pid, -1)  # no start, no identity: remembered only to be reported
         elif tok[1] != boot:
-            return
+            return True
         else:
             key = (pid, tok[0])
         if event == "exit":
             run.procs.pop(key, None)  # it exited on record; nothing to look for
-            return
+            return True
         if alive is not None and pid not in alive:
-            return  # gone before this read began: it never comes back
+            return True  # gone before this read began: it never comes back
         prev = run.procs.get(key)
         argv = rec.get("argv")
         argv = [a for a in argv if type(a) is str] if type(argv) is list else None
@@ -261,3 +266,4 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         info.closed = False
     elif event == "job-close" and info is not None:
         info.closed = True
+    return True

@@ -443,13 +443,16 @@ def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> in
 
 
 def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
+    import subprocess
     import time
+
+    from .errors import TetherError
 
     try:
         from .job import Job
 
         job = Job(name="tether-shell", mechanism=mech, grace=grace)
-    except Exception as exc:  # noqa: BLE001 - JobRefused, fork EAGAIN...: one line, exit 125
+    except (TetherError, OSError, ValueError) as exc:  # JobRefused, fork EAGAIN: one line, 125
         _say(f"cannot create a job, nothing was run: {exc}")
         if log is not None:
             log.write("error", child=None, mode=parsed.mode, mechanism=mech,
@@ -474,7 +477,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
                 log.write("error", child=None, mode=parsed.mode, mechanism=job.mechanism,
                           detail={"error": _errcode(exc)})
             return code
-        except Exception as exc:  # noqa: BLE001 - a refused spawn (JobRefused): nothing ran
+        except (TetherError, ValueError) as exc:  # a refused spawn (JobRefused): nothing ran
             _say(f"cannot start the shell in a job: {exc}")
             if log is not None:
                 log.write("error", child=None, mode=parsed.mode, mechanism=job.mechanism,
@@ -489,7 +492,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
             job.terminate(grace)
             try:
                 p.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - status unknown: report the stop signal
+            except (subprocess.TimeoutExpired, TetherError):  # status unknown: report the stop
                 pass
         leftovers = job.terminate(grace)
     finally:

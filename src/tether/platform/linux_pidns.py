@@ -139,7 +139,7 @@ def guarantee(options: JobOptions | None = None) -> Guarantee:
     visible = ["the job's processes see their own PIDs: `echo $!` prints a PID the outside "
                "does not know; `kill` of a PID read from /proc or of a server started "
                "outside the job (kill $(pgrep -f devserver)) fails"]
-    if os.geteuid() != 0:
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
         visible.append("runs in a user namespace: setuid programs (sudo) do not work; "
                        "the user keeps its uid (mapped to itself)")
     return Guarantee(

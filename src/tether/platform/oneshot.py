@@ -165,7 +165,8 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Res
     except OSError as exc:
         for fd in (owner_fd, rep_r, rep_w, ctl_r, ctl_w):
             os.close(fd)
-        raise JobRefused(f"cannot start the job's keeper: {exc.strerror}") from None
+        raise JobRefused(f"cannot start the job's keeper: {exc.strerror}",
+                         reason=exc.strerror, mechanism=mechanism) from None
     if keeper == 0:
         code = 1
         try:
@@ -238,7 +239,7 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Res
         kind, err, text = failure
         if kind == b"exec":
             raise OSError(err, os.strerror(err), executable)
-        raise JobRefused(text or os.strerror(err))
+        raise JobRefused(text or os.strerror(err), mechanism=mechanism)
     return res
 
 

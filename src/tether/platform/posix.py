@@ -21,7 +21,7 @@ import time
 
 from .. import identity
 from ..ending import KILL_BOUND
-from ..errors import JobClosed, JobRefused
+from ..errors import JobClosed, JobRefused, SignalRefused
 from . import _proto, keeper_mechanism
 from ._keeper import RESTORED, fork_keeper
 from ._posix_base import KeeperMechanism
@@ -203,7 +203,7 @@ class KeeperJob(JobBackend):
             try:
                 if identity.send_signal(ident, sig, member=True):
                     sent.append(pid)
-            except Exception:  # noqa: BLE001 - one refusal must not stop the rest
+            except SignalRefused:  # one refusal must not stop the rest
                 continue
         return sent
 

@@ -345,7 +345,7 @@ class WindowsJob(JobBackend):
             if self._disabled:
                 raise JobRefused(
                     f"job {self.options.name!r}: kill-on-close DISABLED: {self._disabled}; "
-                    "nothing is started outside a job"
+                    "nothing is started outside a job", reason=self._disabled, mechanism=JOBOBJECT
                 )
             if self._parent is not None and self._parent._closed:
                 raise JobClosed(f"parent job {self._parent.options.name!r} is closed")
@@ -525,7 +525,7 @@ class WindowsJob(JobBackend):
             proc.wait(5)
             raise JobRefused(
                 f"job {self.options.name!r}: the child could not be placed in the job "
-                f"({e}); it was terminated before it ran"
+                f"({e}); it was terminated before it ran", reason=str(e), mechanism=JOBOBJECT
             ) from e
         return proc
 
@@ -788,7 +788,7 @@ def _create_suspended_then_assign(
                 pass
         raise JobRefused(
             f"job {job.options.name!r}: the child could not be placed in the job ({e}); "
-            "it was terminated before it ran"
+            "it was terminated before it ran", reason=str(e), mechanism=JOBOBJECT
         ) from e
     return hp, ht, pid, tid
 

@@ -1,0 +1,147 @@
+"""Contract tests of the one reader from the audit log to runs (tether.runs):
+every rotated copy, truncated and corrupt lines, records of the wrong shape
+or of another boot, and what it keeps of processes that are gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether import audit, identity
+from tether.runs import LIVE, OVER, UNKNOWN, read_runs
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+]
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def _dead_identity() -> identity.Identity:
+    p = subprocess.Popen(["true"])
+    ident = identity.read(p.pid)
+    p.wait()
+    assert ident is not None
+    return ident
+
+
+def _owner(ident: identity.Identity) -> dict:
+    return {"pid": ident.pid, "start": ident.token()}
+
+
+@pytest.fixture
+def live_child():
+    p = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    try:
+        yield identity.read(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_runs_from_every_rotated_copy_with_their_jobs_and_live_processes(state, live_child):
+    me = identity.read(os.getpid())
+    gone = _dead_identity()
+    dead_proc = _dead_identity()
+    # Small files: the records spread over several rotated copies.
+    w = audit.AuditWriter(state, max_bytes=400, keep_files=50)
+    w.write("run-start", run="r-live", owner=_owner(me), app="appA")
+    w.write("job-open", run="r-live", owner=_owner(me), app="appA", job="j1", name="agent",
+            mechanism="cgroup", session="chat-1", cgroup="/sys/fs/cgroup/x/tether-1-2/j1",
+            keeper={"pid": live_child.pid, "start": live_child.token()})
+    w.write("spawn", run="r-live", owner=_owner(me), app="appA", job="j1", session="chat-1",
+            pid=live_child.pid, start=live_child.token(), label="claude")
+    w.write("spawn", run="r-live", owner=_owner(me), job="j1", pid=dead_proc.pid,
+            start=dead_proc.token())  # gone before the read: never comes back
+    w.write("job-open", run="r-over", owner=_owner(gone), app="appB", job="j9",
+            background=True)
+    w.write("spawn", run="r-over", owner=_owner(gone), job="j9", pid=live_child.pid,
+            start=live_child.token())
+    w.write("exit", run="r-over", owner=_owner(gone), job="j9", pid=live_child.pid,
+            start=live_child.token(), status=0)  # exited on record
+    w.write("job-close", run="r-over", owner=_owner(gone), job="j9")
+    w.write("run-end", run="r-over", owner=_owner(gone))
+    w.close()
+    assert len(audit.log_files(state)) >= 3  # rotated: the reader must read them all
+    stats = audit.ReadStats()
+    notes: list[str] = []
+    runs = read_runs(state, stats=stats, notes=notes)
+    assert set(runs) == {"r-live", "r-over"} and notes == []
+    assert stats.files == len(audit.log_files(state)) and stats.corrupt == 0
+    live, over = runs["r-live"], runs["r-over"]
+    assert live.owner.same_process(me) and live.app == "appA" and live.state() == LIVE
+    assert over.owner.same_process(gone) and over.state() == OVER and over.end_ts is not None
+    j1 = live.jobs["j1"]
+    assert (j1.name, j1.mechanism, j1.session, j1.closed) == ("agent", "cgroup", "chat-1", False)
+    assert j1.keeper.same_process(live_child) and j1.opened is not None
+    assert j1.cgroup.endswith("/j1") and j1.cgroup in live.cgroups
+    # Only what may still be alive is kept: the live child, not the dead one.
+    assert list(live.procs) == [(live_child.pid, live_child.start)]
+    p = live.procs[(live_child.pid, live_child.start)]
+    assert (p.job, p.session, p.label) == ("j1", "chat-1", "claude")
+    assert live.session_of(p) == "chat-1"
+    assert over.procs == {} and over.jobs["j9"].background and over.jobs["j9"].closed
+
+
+def test_truncated_corrupt_and_foreign_lines_are_skipped_and_counted(state, live_child):
+    me = identity.read(os.getpid())
+    good = {"v": 1, "ts": 1.0, "event": "spawn", "run": "r1", "owner": _owner(me), "job": "j",
+            "pid": live_child.pid, "start": live_child.token()}
+    lines = [
+        json.dumps(good),
+        "this is not json",
+        json.dumps([1, 2, 3]),  # JSON, not an object
+        json.dumps({"v": 1, "ts": 2.0, "event": "spawn", "run": "r1", "pid": "12",
+                    "start": {"x": 1}}),  # the wrong types: ignored, the read goes on
+        json.dumps({"v": 1, "ts": 3.0, "event": "spawn", "run": "r2",
+                    "owner": {"pid": me.pid, "start": f"{me.start}@another-boot"},
+                    "pid": live_child.pid, "start": f"{live_child.start}@another-boot"}),
+        json.dumps({"v": 99, "ts": 4.0, "event": "job-open", "run": "r1", "job": "j",
+                    "name": "from the future", "new_field": [1]}),  # newer schema: read
+        json.dumps({"v": 1, "ts": 5.0, "event": "reap", "run": "r1", "pid": 1}),  # proves nothing
+    ]
+    (state / "audit.jsonl.1").write_text("\n".join(lines) + "\n")
+    (state / "audit.jsonl").write_text(json.dumps({**good, "ts": 6.0}) + '\n{"v": 1, "ev')
+    stats = audit.ReadStats()
+    notes: list[str] = []
+    runs = read_runs(state, stats=stats, notes=notes)
+    assert stats.corrupt == 2 and stats.truncated == 1 and stats.newer == 1
+    assert stats.files == 2
+    assert set(runs) == {"r1"}  # r2 is of another boot: nothing of it is alive
+    r1 = runs["r1"]
+    assert r1.jobs["j"].name == "from the future"
+    assert list(r1.procs) == [(live_child.pid, live_child.start)]
+    assert any("wrong type" in n for n in notes)
+
+
+def test_no_owner_or_two_owners_is_unknown(state):
+    me = identity.read(os.getpid())
+    gone = _dead_identity()
+    w = audit.AuditWriter(state)
+    w.write("run-start", run="noowner")
+    w.write("run-start", run="two", owner=_owner(me))
+    w.write("run-start", run="two", owner=_owner(gone))
+    w.close()
+    runs = read_runs(state)
+    assert runs["noowner"].state() == UNKNOWN
+    assert runs["two"].owner_conflict and runs["two"].state() == UNKNOWN
+
+
+def test_a_missing_log_is_empty_and_an_unsafe_dir_is_refused(tmp_path):
+    assert read_runs(tmp_path / "nothing-here") == {}
+    bad = tmp_path / "bad"
+    bad.mkdir(mode=0o777)
+    os.chmod(bad, 0o777)
+    with pytest.raises(audit.AuditDirError):
+        read_runs(bad)
