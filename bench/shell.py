@@ -25,7 +25,11 @@ Bytecode caches: this environment sets PYTHONDONTWRITEBYTECODE=1; the bench
 unsets it for every command it times and pre-compiles the package
 (``compileall``), as an installed package is used.
 
-usage: python3 bench/shell.py [--n 200] [--quick] [--venv DIR]
+usage: python3 bench/shell.py [--n 200] [--quick] [--venv DIR] [--baseline CHECKOUT]
+
+``--baseline CHECKOUT`` (another checkout of tether, e.g. a ``git worktree``
+of an earlier commit) adds that tree's ``tether-shell`` to the same
+interleaved rounds, in a venv of its own: a before/after in one run.
 """
 
 from __future__ import annotations
@@ -47,14 +51,14 @@ RESULTS = os.path.join(REPO, "bench", "results", "shell.json")
 TARGET_MS = 15.0
 
 
-def ensure_venv(venv: str) -> str:
-    """A venv with this repo installed (editable); returns its tether-shell path."""
+def ensure_venv(venv: str, repo: str = REPO) -> str:
+    """A venv with ``repo`` installed (editable); returns its tether-shell path."""
     ts = os.path.join(venv, "bin", "tether-shell")
     if os.access(ts, os.X_OK):
         return ts
-    print(f"creating {venv} and installing {REPO} into it ...", flush=True)
+    print(f"creating {venv} and installing {repo} into it ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "-e", REPO]
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "-e", repo]
     if subprocess.run(pip).returncode != 0:
         # an offline machine: build with the venv's own setuptools
         subprocess.run(pip + ["--no-build-isolation"], check=True)
@@ -114,6 +118,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--venv", default=os.path.join(tempfile.gettempdir(), "tether-bench-shell-venv"))
+    ap.add_argument("--baseline", default=None, metavar="CHECKOUT",
+                    help="another tether checkout to time in the same rounds (before/after)")
     a = ap.parse_args()
     n = 40 if a.quick else a.n
     ts = ensure_venv(a.venv)
@@ -154,6 +160,16 @@ def main() -> int:
     cases["tether-shell (launcher w/o re)"] = ([nore, "-c", "true"], env)
     gen_state = os.path.join(state, "generic")
     cases["tether-shell (generic Job)"] = ([ts, "-c", "true"], {**env, "TETHER_STATE_DIR": gen_state})
+    if a.baseline:
+        base_repo = os.path.abspath(a.baseline)
+        base_ts = ensure_venv(a.venv + "-baseline", base_repo)
+        base_py = os.path.join(a.venv + "-baseline", "bin", "python")
+        subprocess.run([base_py, "-m", "compileall", "-q", os.path.join(base_repo, "src", "tether")],
+                       env=env, check=True)
+        cases["baseline: tether-shell -c true"] = ([base_ts, "-c", "true"], env)
+        if auto != "subreaper" and probe("subreaper").available:
+            cases["baseline: tether-shell (subreaper)"] = (
+                [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper"})
     real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip()
 
@@ -197,6 +213,7 @@ def main() -> int:
            "uid": os.geteuid(), "auto": auto, "real_shell": real_shell,
            "load_avg_start": load_start, "load_avg": os.getloadavg(), "bytecode_caches": True,
            "cpus": os.cpu_count(), "target_minus_sh_ms": TARGET_MS, "meets_target": over <= TARGET_MS,
+           "baseline": os.path.abspath(a.baseline) if a.baseline else None,
            "commands": rows, "phases_ms": phase_ms,
            "imports_top": ([r for r in imports if r["module"].startswith("tether")]
                            + [r for r in imports[:20] if not r["module"].startswith("tether")])}
@@ -208,10 +225,10 @@ def main() -> int:
     print(f"start-up, {n} interleaved rounds (auto = {auto}, real shell = {real_shell}, "
           f"load {load_start[0]:.1f} -> {out['load_avg'][0]:.1f} on {out['cpus']} cpus; "
           "bytecode caches on)")
-    print(f"  {'command':<30} {'median':>8} {'p90':>8} {'min':>8} {'-sh':>8} {'x sh':>6}"
+    print(f"  {'command':<36} {'median':>8} {'p90':>8} {'min':>8} {'-sh':>8} {'x sh':>6}"
           f" {'cpu':>7} {'cpu/py':>6}")
     for name, r in rows.items():
-        print(f"  {name:<30} {r['median_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['min_ms']:>8.2f} "
+        print(f"  {name:<36} {r['median_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['min_ms']:>8.2f} "
               f"{r['minus_sh_ms']:>+8.2f} {r['ratio_to_sh']:>6.2f} {r['cpu_median_ms']:>7.2f}"
               f" {r['cpu_over_python_floor']:>6.2f}")
     print("  (ms; cpu = user+sys of the whole tree; cpu/py = cpu over `python -c pass`'s)")

@@ -47,13 +47,13 @@ mech, sd = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
 if os.environ.get("NAME_KEEPER") == "0":
     # Keepers name themselves "tether-keeper"; the control un-names this one
     # (as a keeper of an older tether would be) to show the name is the trace.
-    from tether.platform import _keeper
-    _serve = _keeper.Keeper.serve
+    from tether.platform import _keeper_socket
+    _serve = _keeper_socket.SocketKeeper.serve
     def serve(self, ctl):
         with open("/proc/self/comm", "w") as f:
             f.write("python3")
         return _serve(self, ctl)
-    _keeper.Keeper.serve = serve
+    _keeper_socket.SocketKeeper.serve = serve
 job = Job(name="ps-test", mechanism=mech, state_dir=sd)
 if os.environ.get("START") == "0":  # a job that has not started anything yet
     p = q = None

@@ -853,7 +853,8 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
     # The process reader (tether.identity) is import-light on purpose and may load.
     heavy = {"subprocess", "socket", "threading", "dataclasses", "inspect", "json", "signal",
              "enum", "tether.job", "tether.platform.base", "tether.platform.posix",
-             "tether.platform._keeper", "tether.platform._proto"}
+             "tether.platform._keeper", "tether.platform._keeper_socket", "tether.platform._proto",
+             "__future__", "importlib", "warnings"}
     code = ("import sys; before = set(sys.modules); from tether.shell import cli; "
             "rc = cli(['-c', 'true']); "
             f"print(rc, ' '.join(sorted((set(sys.modules) - before) & {heavy!r})))")

@@ -20,8 +20,6 @@ what they use; type checkers see every public name through the
 ``TYPE_CHECKING`` block below.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -72,7 +70,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     try:
         mod, attr = _LAZY[name]
     except KeyError:

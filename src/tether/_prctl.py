@@ -4,8 +4,6 @@ Import-light (``os``; ``ctypes`` only inside :func:`set_subreaper`, ~3 ms):
 the shell wrapper's keeper and ``tether init`` use it.
 """
 
-from __future__ import annotations
-
 import os
 
 PR_SET_CHILD_SUBREAPER = 36

@@ -17,8 +17,6 @@ Anything else - an unknown flag, a missing command, a script operand - is a
 ``UsageError`` (exit 2, one line); one mode never falls through to the other.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -52,8 +50,8 @@ class Parsed:
 
     __slots__ = ("mode", "login", "command", "args", "flags")
 
-    def __init__(self, mode: str, command: str, args: Sequence[str] = (), login: bool = False,
-                 flags: Sequence[str] = ()) -> None:
+    def __init__(self, mode: str, command: str, args: "Sequence[str]" = (), login: bool = False,
+                 flags: "Sequence[str]" = ()) -> None:
         self.mode = mode
         self.command = command
         self.args = tuple(args)
@@ -75,7 +73,7 @@ def is_comspec_flag(arg: str) -> bool:
     return len(arg) == 2 and arg[0] == "/" and (arg[1].isalpha() or arg[1] == "?")
 
 
-def parse(argv: Sequence[str]) -> Parsed:
+def parse(argv: "Sequence[str]") -> "Parsed":
     """Parse the arguments after the program name; raise ``UsageError``."""
     if not argv:
         raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
@@ -84,7 +82,7 @@ def parse(argv: Sequence[str]) -> Parsed:
     return _parse_shell(argv)
 
 
-def _parse_shell(argv: Sequence[str]) -> Parsed:
+def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     login = False
     saw_c = False
     i = 0
@@ -119,7 +117,7 @@ def _parse_shell(argv: Sequence[str]) -> Parsed:
     return Parsed(SHELL, argv[i], argv[i + 1:], login=login)
 
 
-def _parse_comspec(argv: Sequence[str]) -> Parsed:
+def _parse_comspec(argv: "Sequence[str]") -> "Parsed":
     flags: list[str] = []
     for i, arg in enumerate(argv):
         low = arg.lower()
@@ -213,7 +211,7 @@ def split_windows(cmdline: str) -> list[tuple[str, int, int]]:
         out.append(("".join(word), start, i))
 
 
-def comspec_tail(cmdline: str, user_args: Sequence[str]) -> str | None:
+def comspec_tail(cmdline: str, user_args: "Sequence[str]") -> str | None:
     """The raw text of a COMSPEC invocation, from its first flag to the end.
 
     ``cmdline`` is the process's whole command line (``GetCommandLineW``),
@@ -292,7 +290,7 @@ class SelfCheck:
     console script from another environment, or a wrapper that execs it.
     """
 
-    def __init__(self, self_paths: Sequence[str]) -> None:
+    def __init__(self, self_paths: "Sequence[str]") -> None:
         self.paths = [p for p in self_paths if p and os.path.isfile(p)]
         self._real = {os.path.realpath(p) for p in self.paths}
         self._bytes: dict[str, bytes] = {}
@@ -327,7 +325,7 @@ class SelfCheck:
         return False
 
 
-def check_tether_shell(value: str, is_self: Callable[[str], bool], windows: bool = False) -> str:
+def check_tether_shell(value: str, is_self: "Callable[[str], bool]", windows: bool = False) -> str:
     """Validate ``$TETHER_SHELL``: absolute, existing, executable, not tether-shell."""
     if not (os.path.isabs(value) if not windows else _win_isabs(value)):
         raise UsageError(f"TETHER_SHELL must be an absolute path, not {value!r}")
@@ -358,7 +356,7 @@ def login_shell() -> str | None:
         return None
 
 
-def find_posix_shell(env: Mapping[str, str], is_self: Callable[[str], bool],
+def find_posix_shell(env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
                      login: str | None = None, fallback: str = "/bin/sh") -> str:
     """The documented POSIX search: login shell (if not tether-shell), bash on PATH, /bin/sh."""
     cands: list[str | None] = [
@@ -402,7 +400,7 @@ def pwsh_major(path: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def find_windows_shell(env: Mapping[str, str], is_self: Callable[[str], bool],
+def find_windows_shell(env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
                        pathsep: str = ";", sep: str = "\\") -> str:
     """The documented Windows SHELL-mode search: pwsh >= 7 on PATH, then
     ``%ProgramFiles%\\PowerShell\\7\\pwsh.exe``.
@@ -429,13 +427,13 @@ def find_windows_shell(env: Mapping[str, str], is_self: Callable[[str], bool],
                         "%ProgramFiles%\\PowerShell\\7); set TETHER_SHELL to a shell's full path")
 
 
-def comspec_path(env: Mapping[str, str]) -> str:
+def comspec_path(env: "Mapping[str, str]") -> str:
     """``%SystemRoot%\\System32\\cmd.exe`` - never ``%COMSPEC%``, which is us."""
     root = _env_get(env, "SystemRoot") or _env_get(env, "windir") or "C:\\Windows"
     return _win_join(root, "System32", "cmd.exe")
 
 
-def _env_get(env: Mapping[str, str], name: str) -> str | None:
+def _env_get(env: "Mapping[str, str]", name: str) -> str | None:
     # Windows environment names are case-insensitive.
     if name in env:
         return env[name]
@@ -465,7 +463,7 @@ def shell_flavour(path: str) -> str:
     return "posix"
 
 
-def shell_argv(shell: str, parsed: Parsed, windows: bool = False) -> list[str]:
+def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]:
     """The real shell's argv for a SHELL-mode invocation.
 
     POSIX shells get ``[shell, -l, -c, CMD, ARG0, ...]`` (``-l`` only when
@@ -487,7 +485,7 @@ def shell_argv(shell: str, parsed: Parsed, windows: bool = False) -> list[str]:
     return argv + ["-c", parsed.command, *parsed.args]
 
 
-def resolve(parsed: Parsed, env: Mapping[str, str], is_self: Callable[[str], bool],
+def resolve(parsed: "Parsed", env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
             windows: bool | None = None, login: str | None = None) -> str:
     """The program to run for ``parsed``: ``TETHER_SHELL``, else the documented search.
 

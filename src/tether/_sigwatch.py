@@ -16,8 +16,6 @@ Imports only ``os`` and ``_signal`` (``signal`` pulls in ``enum``): this is on
 the wrapper's start-up path.
 """
 
-from __future__ import annotations
-
 import _signal
 import os
 
@@ -29,7 +27,7 @@ if TYPE_CHECKING:
 class SignalWatch:
     """Record ``stops`` and ``defers`` (signal numbers) as they arrive."""
 
-    def __init__(self, stops: Iterable[int], defers: Iterable[int], *,
+    def __init__(self, stops: "Iterable[int]", defers: "Iterable[int]", *,
                  need_wakeup: bool = False) -> None:
         self.got: list[int] = []
         self.stops: set[int] = set()

@@ -24,13 +24,11 @@ period (5.7 ms median here): a hot path avoids moves.
 Import-light (``os``, ``time``): the shell wrapper's one-command path uses it.
 """
 
-from __future__ import annotations
-
 import os
 import time
 
 __all__ = [
-    "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "base_dir",
+    "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
     "remove_stale_run_dirs", "is_member",
@@ -85,18 +83,28 @@ def own_dir(pid: int | str = "self") -> str | None:
     return None if rel is None else path_of(rel)
 
 
-def base_dir() -> tuple[str | None, str]:
+def where(pid: int | str = "self") -> tuple[str, str, str] | None:
+    """``(mount, own cgroup as /proc names it, its directory)`` of ``pid``,
+    from one read of each file; None without cgroup v2."""
+    m = mount()
+    rel = own(pid) if m is not None else None
+    if m is None or rel is None:
+        return None
+    return m, rel, path_of(rel, m)
+
+
+def base_dir(loc: tuple[str, str, str] | None = None) -> tuple[str | None, str]:
     """Where this process may create job cgroups (its own cgroup's directory),
-    or ``(None, why not)``."""
-    where = mount()
-    if where is None:
-        return None, "no cgroup v2 hierarchy is mounted"
-    rel = own()
-    if rel is None:
+    or ``(None, why not)``. ``loc``: :func:`where`, if already read."""
+    if loc is None:
+        loc = where()
+    if loc is None:
+        if mount() is None:
+            return None, "no cgroup v2 hierarchy is mounted"
         return None, "this process has no cgroup v2 membership (/proc/self/cgroup has no 0:: line)"
-    if not os.path.exists(os.path.join(where, "cgroup.procs")):
-        return None, f"{where} is not a cgroup v2 mount"
-    d = path_of(rel, where)
+    m, _rel, d = loc
+    if not os.path.exists(os.path.join(m, "cgroup.procs")):
+        return None, f"{m} is not a cgroup v2 mount"
     if not os.access(d, os.W_OK) or not os.access(os.path.join(d, "cgroup.procs"), os.W_OK):
         return None, (f"no writable cgroup v2: {d} is not writable by uid {os.geteuid()} "
                       f"(needs root or a delegated subtree such as "

@@ -21,8 +21,6 @@ The tree::
     └── Unavailable      the one-command path cannot run here (nothing started)
 """
 
-from __future__ import annotations
-
 __all__ = ["TetherError", "JobRefused", "JobClosed", "HostClosed", "JobExpired",
            "SignalRefused", "UsageError", "ShellNotFound", "Unavailable"]
 

@@ -39,8 +39,6 @@ one-command path is unavailable (no pidfd, a multi-threaded caller of
 ``cli``), on other POSIX systems and on Windows.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -79,7 +77,7 @@ def _say(msg: str) -> None:
 
 # -- the per-day audit log ---------------------------------------------------------
 
-def log_dir(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+def log_dir(env: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     """Where the log lives: ``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``,
     else ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``) - the same
     state directory as tether's spawn-audit log."""
@@ -145,7 +143,7 @@ class ShellLog:
         self.off = False
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> ShellLog | None:
+    def from_env(cls, env: "dict[str, str] | os._Environ[str] | None" = None) -> "ShellLog | None":
         env = os.environ if env is None else env
         if env.get("TETHER_SHELL_LOG", "").lower() in ("0", "off", "no", "false"):
             return None
@@ -261,7 +259,7 @@ class ShellLog:
 _CAP_RESERVE = 128  # > the length of the "capped" record
 
 
-def _safe_dir(st: os.stat_result) -> bool:
+def _safe_dir(st: "os.stat_result") -> bool:
     if (st.st_mode & 0o170000) != 0o040000:  # a directory, not a symlink to one
         return False
     if sys.platform == "win32":
@@ -285,7 +283,7 @@ def _float_env(env, name: str, default: float) -> float:
         return default
 
 
-def _errcode(exc: BaseException) -> str:
+def _errcode(exc: "BaseException") -> str:
     if isinstance(exc, OSError) and exc.errno:
         import errno
 
@@ -360,7 +358,7 @@ def cli(argv: list[str]) -> int:
 
 
 def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
-         log: ShellLog | None) -> int:
+         log: "ShellLog | None") -> int:
     import time
 
     t0 = time.monotonic()
@@ -521,7 +519,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
     return rc
 
 
-def _wait(p, sigs: SignalWatch) -> int | None:
+def _wait(p, sigs: "SignalWatch") -> int | None:
     """Wait for the shell; return None, or the stop signal (SIGTERM/SIGHUP) we received.
 
     SIGINT and SIGQUIT are recorded but not acted on, like a shell waiting for

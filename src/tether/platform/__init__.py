@@ -11,8 +11,6 @@ Import-light: names only here (the shell wrapper's one-command path imports
 this package); each mechanism module is imported on first use.
 """
 
-from __future__ import annotations
-
 import sys
 
 from ..errors import JobRefused
@@ -26,8 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ._posix_base import KeeperMechanism
-    from .base import Availability, Guarantee, JobBackend, JobOptions
+    from .base import Availability, Guarantee, JobBackend, JobOptions, KeeperMechanism
 
 
 def __getattr__(name: str):
@@ -59,7 +56,7 @@ AUTO_ORDER = (JOBOBJECT,) if IS_WINDOWS else (CGROUP, SUBREAPER, PGROUP)
 STRICT_ORDER = (JOBOBJECT,) if IS_WINDOWS else (PIDNS,)
 KERNEL_ENFORCED = frozenset({PIDNS, JOBOBJECT})
 
-_cache: dict[str, Availability] = {}
+_cache: "dict[str, Availability]" = {}
 
 
 def _check(name: str) -> None:
@@ -67,15 +64,17 @@ def _check(name: str) -> None:
         raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISM_NAMES)}")
 
 
-def module(name: str) -> ModuleType:
+def module(name: str) -> "ModuleType":
     """The module that implements mechanism ``name`` (imported now)."""
     _check(name)
-    import importlib
+    full = f"{__name__}.{TABLE[name][0]}"
+    # __import__, not importlib: the package `importlib` (and `warnings`) cost
+    # ~0.5 ms to load, and the shell wrapper's keeper asks for one mechanism.
+    __import__(full)
+    return sys.modules[full]
 
-    return importlib.import_module(f"{__name__}.{TABLE[name][0]}")
 
-
-def probe(name: str) -> Availability:
+def probe(name: str) -> "Availability":
     """Whether mechanism ``name`` is available here, and why not (cached)."""
     _check(name)
     av = _cache.get(name)
@@ -90,16 +89,16 @@ def probe(name: str) -> Availability:
     return av
 
 
-def probe_all() -> list[Availability]:
+def probe_all() -> "list[Availability]":
     return [probe(n) for n in LISTED]
 
 
-def guarantee(name: str, options: JobOptions | None = None) -> Guarantee:
+def guarantee(name: str, options: "JobOptions | None" = None) -> "Guarantee":
     """What a job of mechanism ``name`` guarantees (``options`` for one job)."""
     return module(name).guarantee(options)
 
 
-def keeper_mechanism(name: str) -> type[KeeperMechanism]:
+def keeper_mechanism(name: str) -> "type[KeeperMechanism]":
     """The ``KeeperMechanism`` class of a POSIX keeper mechanism."""
     _check(name)
     if TABLE[name][1] != "keeper":
@@ -134,7 +133,7 @@ def choose(mechanism: str = AUTO, require: str | None = None) -> str:
     return mechanism
 
 
-def open_job(mechanism: str, options: JobOptions) -> JobBackend:
+def open_job(mechanism: str, options: "JobOptions") -> "JobBackend":
     """Open one job of ``mechanism`` (a name ``choose`` returned)."""
     _check(mechanism)
     if TABLE[mechanism][1] == "keeper":

@@ -12,7 +12,8 @@ def main() -> None:
     from .. import identity
     from .._prctl import name_process
     from . import _proto, keeper_mechanism
-    from ._keeper import close_other_fds, detach_signals, fork_keeper
+    from ._keeper import close_other_fds, detach_signals
+    from ._keeper_socket import fork_keeper
     from .base import JobOptions
 
     fd = int(os.environ.pop("TETHER_WARDEN_FD"))

@@ -15,7 +15,7 @@ Modules (the table that maps a name to its module is ``tether.platform``):
 
 Every mechanism module has ``probe() -> Availability`` and ``guarantee(options=None)
 -> Guarantee`` (what a job of it guarantees; ``tether doctor`` prints it), and
-either ``Mechanism`` (a ``_posix_base.KeeperMechanism``: the POSIX keeper
+either ``Mechanism`` (a ``KeeperMechanism``, below: the POSIX keeper
 runs it) or ``Backend`` (a ``JobBackend`` of its own).
 
 Rules for implementers:
@@ -30,11 +30,7 @@ Rules for implementers:
   * No module here imports ``tether.job``, ``tether.host`` or ``tether.cli``.
 """
 
-from __future__ import annotations
-
 import abc
-
-from ..ending import KILL_BOUND
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: subprocess and typing cost start-up time
@@ -62,9 +58,9 @@ class _Record:
     """
 
     __slots__ = ()
-    _defaults: dict[str, Any] = {}
+    _defaults: "dict[str, Any]" = {}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: "Any", **kwargs: "Any") -> None:
         names = self.__slots__
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__}() takes {len(names)} arguments")
@@ -85,7 +81,7 @@ class _Record:
                 raise TypeError(f"{type(self).__name__}() missing argument {k!r}")
             object.__setattr__(self, k, v)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: "Any") -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __eq__(self, other: object) -> bool:
@@ -100,14 +96,14 @@ class _Record:
         inner = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
         return f"{type(self).__name__}({inner})"
 
-    def replace(self, **changes: Any) -> Any:
+    def replace(self, **changes: "Any") -> "Any":
         """A copy with ``changes`` applied."""
         values = {k: getattr(self, k) for k in self.__slots__}
         values.update(changes)
         return type(self)(**values)
 
 
-def _hashable(v: Any) -> Any:
+def _hashable(v: "Any") -> "Any":
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
@@ -119,9 +115,9 @@ class Availability(_Record):
     mechanism: str
     available: bool
     reason: str  # why not (or a note when available), one line
-    detail: dict[str, Any]
+    detail: "dict[str, Any]"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> "dict[str, Any]":
         return {
             "mechanism": self.mechanism,
             "available": self.available,
@@ -153,7 +149,7 @@ class Guarantee(_Record):
     not_covered: tuple[str, ...]
     disabled: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> "dict[str, Any]":
         return {
             "mechanism": self.mechanism,
             "kernel_enforced": self.kernel_enforced,
@@ -184,7 +180,7 @@ class JobOptions(_Record):
                  "low_priority": False, "reason": None}
     name: str
     job_id: str  # unique per owner run, safe in file names
-    parent: JobBackend | None  # nested job: ends when the parent ends
+    parent: "JobBackend | None"  # nested job: ends when the parent ends
     background: bool  # not ended with the owner (host background jobs)
     cpu_percent: int | None  # hard CPU cap for background jobs
     low_priority: bool
@@ -201,18 +197,18 @@ class JobBackend(abc.ABC):
     """
 
     mechanism: str
-    options: JobOptions
+    options: "JobOptions"
     #: Set by an auditing Job: each child's identity is read at spawn, before
     #: anything can reap it, and kept as ``popen(...).tether_identity``.
     record_identity: bool = False
 
     @property
     @abc.abstractmethod
-    def guarantee(self) -> Guarantee:
+    def guarantee(self) -> "Guarantee":
         """Which mechanism protects this job and what it does not cover."""
 
     @abc.abstractmethod
-    def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
+    def popen(self, args: "Any", kwargs: "dict[str, Any]") -> "subprocess.Popen":
         """Start ``args`` inside the job with ``subprocess.Popen`` keywords.
 
         Raises ``JobRefused`` if the child could not be placed in the job
@@ -230,10 +226,10 @@ class JobBackend(abc.ABC):
         """Send ``sig`` to every member (identity-checked); return the PIDs signalled."""
 
     @abc.abstractmethod
-    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+    def kill_all(self, timeout: float | None = None) -> None:
         """End every member now, the mechanism's own way (``cgroup.kill``, a
         kill loop, ``TerminateJobObject``), and return once none is left
-        (bounded by ``timeout``)."""
+        (bounded by ``timeout``; None: ``tether.ending.KILL_BOUND``)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -250,6 +246,96 @@ class JobBackend(abc.ABC):
         this one is nested in is about to end everything in it; they step back
         in when this job next starts a process."""
 
-    def trace(self) -> dict[str, Any]:
+    def trace(self) -> "dict[str, Any]":
         """Mechanism traces for the audit log and `tether ps` (cgroup path, keeper pid...)."""
+        return {}
+
+
+# -- the POSIX keeper's side of the contract ------------------------------------------
+#
+# cgroup, subreaper, pgroup and pidns are run by one keeper (``_keeper``): a
+# ``KeeperMechanism`` is built in the owner (where ``prepare`` may create
+# kernel objects such as a cgroup and so fail early, before anything runs)
+# and reaches the keeper by fork, or is rebuilt in the warden from
+# ``params``; the one-command path (``oneshot``) builds it in its keeper.
+
+
+class _NoContext:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+class KeeperMechanism:
+    """One job's mechanism, as seen by its keeper and by the owner."""
+
+    name = "?"
+    keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
+    exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
+    kernel_enforced = False
+    transparent = True
+
+    def __init__(self, options: "JobOptions", owner_pid: int, owner_start: int, **params: "Any"):
+        self.options = options
+        self.owner_pid = owner_pid
+        self.owner_start = owner_start
+        self.params = params
+        self.born_after = params.get("born_after", 0)
+
+    # owner side ---------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create what the job needs before the keeper starts; raise OSError to refuse."""
+
+    def params_for_keeper(self) -> "dict[str, Any]":
+        return dict(self.params)
+
+    def note_spawn(self, pid: int) -> None:
+        """The owner learnt of a new direct child (pid as the owner sees it)."""
+
+    def member_pids(self, keeper_pid: int) -> list[int]:
+        raise NotImplementedError
+
+    def guarantee(self) -> "Guarantee":
+        """What this job guarantees: its mechanism module's ``guarantee``."""
+        import sys
+
+        return sys.modules[type(self).__module__].guarantee(self.options)
+
+    def owner_cleanup(self) -> None:
+        """Owner-side cleanup after the keeper is gone (best effort)."""
+
+    # keeper side --------------------------------------------------------------
+    def keeper_setup(self, keeper) -> None:
+        pass
+
+    def spawn_context(self):
+        return _NoContext()
+
+    def spawn_attrs(self, msg: dict) -> "dict[str, Any]":
+        return {}
+
+    def kill_all(self, keeper, timeout: float) -> None:
+        raise NotImplementedError
+
+    def step_aside(self) -> None:
+        """Keeper side of ``JobBackend.step_aside``."""
+
+    def end_for_dead_owner(self, keeper) -> None:
+        """The owner is gone: end every member at once, no grace."""
+        from ..ending import KILL_BOUND
+
+        try:
+            self.kill_all(keeper, timeout=KILL_BOUND)
+        finally:
+            keeper.reap()
+            self.cleanup(keeper)
+
+    def cleanup(self, keeper) -> None:
+        pass
+
+    def trace(self) -> "dict[str, Any]":
         return {}

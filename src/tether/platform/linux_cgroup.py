@@ -19,20 +19,17 @@ Pitfalls:
   the cgroup: the stale directory is proof enough for ``tether reap``.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 import time
 
 from .. import cgroupfs as cg
-from ._posix_base import KeeperMechanism, _NoContext
-from .base import CGROUP, Availability, Guarantee, JobOptions
+from .base import CGROUP, Availability, Guarantee, JobOptions, KeeperMechanism, _NoContext
 
 MECHANISM = CGROUP
 
 
-def probe() -> Availability:
+def probe() -> "Availability":
     if not sys.platform.startswith("linux"):
         return Availability(CGROUP, False, "not Linux")
     base, why = cg.base_dir()
@@ -55,7 +52,7 @@ def probe() -> Availability:
                         {"base": base, "cgroup_kill": has_kill})
 
 
-def guarantee(options: JobOptions | None = None) -> Guarantee:
+def guarantee(options: "JobOptions | None" = None) -> "Guarantee":
     return Guarantee(
         mechanism=CGROUP,
         kernel_enforced=False,
@@ -82,10 +79,11 @@ class Mechanism(KeeperMechanism):
         # without an audit log.
         leaf = self.options.job_id + (cg.BACKGROUND_SUFFIX if self.options.background else "")
         made_run = None
+        loc = cg.where()
         if parent_path:
             path = os.path.join(parent_path, leaf)
         else:
-            base, why = cg.base_dir()
+            base, why = cg.base_dir(loc)
             if base is None:
                 raise OSError(why)
             if self.params.get("sweep", True):
@@ -107,8 +105,8 @@ class Mechanism(KeeperMechanism):
                     pass
             raise
         self.params["cgroup_path"] = path
-        self.params["home_cgroup"] = cg.own() or "/"
-        self.params["mount"] = cg.mount()
+        self.params["home_cgroup"] = loc[1] if loc else "/"
+        self.params["mount"] = loc[0] if loc else None
 
     @property
     def path(self) -> str:

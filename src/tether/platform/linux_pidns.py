@@ -26,8 +26,7 @@ import os
 import sys
 
 from .. import identity
-from ._posix_base import KeeperMechanism
-from .base import PIDNS, Availability, Guarantee, JobOptions
+from .base import PIDNS, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PIDNS
 

@@ -14,22 +14,19 @@ round of reaping (not after each single reap, which is quadratic).
 Available to any user on Linux >= 3.4.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 import time
 
 from .. import identity
 from .._prctl import set_subreaper
-from ._posix_base import KeeperMechanism
-from .base import SUBREAPER, Availability, Guarantee, JobOptions
+from .base import SUBREAPER, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = SUBREAPER
 _SIGKILL = 9
 
 
-def probe() -> Availability:
+def probe() -> "Availability":
     if not sys.platform.startswith("linux"):
         return Availability(SUBREAPER, False, "not Linux (PR_SET_CHILD_SUBREAPER is Linux-only)")
     if not os.path.exists("/proc/self/task"):
@@ -39,7 +36,7 @@ def probe() -> Availability:
     return Availability(SUBREAPER, True, "any user; guardian-enforced")
 
 
-def guarantee(options: JobOptions | None = None) -> Guarantee:
+def guarantee(options: "JobOptions | None" = None) -> "Guarantee":
     return Guarantee(
         mechanism=SUBREAPER,
         kernel_enforced=False,

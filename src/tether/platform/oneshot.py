@@ -38,8 +38,6 @@ job's members survive but stay listed in the stale cgroup (``tether reap``
 ends them), a subreaper job's members survive.
 """
 
-from __future__ import annotations
-
 import _signal
 import os
 import select
@@ -106,7 +104,7 @@ def _start_ticks() -> int:
 
 
 def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: float = 0.5,
-        on_start=None, stop_signals=STOP_SIGNALS, defer_signals=DEFER_SIGNALS) -> Result:
+        on_start=None, stop_signals=STOP_SIGNALS, defer_signals=DEFER_SIGNALS) -> "Result":
     """Run ``argv`` (``executable``, an absolute path) in a job of its own; wait.
 
     ``mechanism``: ``auto`` (cgroup v2 where writable, else a subreaper),
@@ -135,7 +133,7 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
         sigs.restore()
 
 
-def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Result:
+def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "Result":
     res = Result()
     try:
         threads, ign, _blocked = _self_status()
@@ -150,7 +148,8 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Res
     owner = os.getpid()
     owner_start = _start_ticks()
     pgid = os.getpgrp()
-    ignored = {s for s in range(1, 65) if ign & (1 << (s - 1))} - set(_RESTORED)
+    owner_ignores = {s for s in range(1, 65) if ign & (1 << (s - 1))}
+    ignored = owner_ignores - set(_RESTORED)
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     early = sigs.first(any_kind=True)
@@ -171,8 +170,15 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Res
         code = 1
         try:
             code = _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid,
-                                ignored, owner_fd, rep_w, ctl_r,
+                                ignored, owner_ignores, owner_fd, rep_w, ctl_r,
                                 (sigs.rfd, sigs.wfd, rep_r, ctl_w))
+        except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
+            try:
+                import traceback
+
+                traceback.print_exc()
+            except BaseException:  # noqa: BLE001 - printing may fail too; exit anyway
+                pass
         finally:
             os._exit(code)  # a keeper never falls back into the owner's code
     os.close(owner_fd)
@@ -246,7 +252,7 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: SignalWatch) -> Res
 # -- the keeper's side ---------------------------------------------------------------
 
 def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
-                 owner_fd, rep_w, ctl_r, inherited) -> int:
+                 owner_ignores, owner_fd, rep_w, ctl_r, inherited) -> int:
     """In the forked keeper: open the job, then ``Keeper.run_one``."""
     from . import _keeper as kp
 
@@ -264,7 +270,9 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
         os.setpgid(0, 0)
     except OSError:
         pass
-    kp.name_process(kp.KEEPER_COMM)
+    from .._prctl import name_process
+
+    name_process(kp.KEEPER_COMM)
     try:
         keeper = _open_job(kp, mechanism, owner, owner_start, owner_fd)
     except OSError as exc:
@@ -273,6 +281,8 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
     except Exception as exc:  # noqa: BLE001 - reported; the owner raises JobRefused
         say(f"E job 0 cannot create the job ({mechanism}): {exc}")
         return 0
+    # What this keeper ignores now: what it inherited, and what it ignores itself.
+    keeper.ignoring = tuple(sorted((owner_ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
     try:
         return keeper.run_one(executable, argv, pgid=pgid, ignored=ignored, grace=grace,
                               rep_w=rep_w, ctl_r=ctl_r)

@@ -23,9 +23,9 @@ from .. import identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused, SignalRefused
 from . import _proto, keeper_mechanism
-from ._keeper import RESTORED, fork_keeper
-from ._posix_base import KeeperMechanism
-from .base import PIDNS, Guarantee, JobBackend, JobOptions
+from ._keeper import RESTORED
+from ._keeper_socket import fork_keeper
+from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only

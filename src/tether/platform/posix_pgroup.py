@@ -16,8 +16,7 @@ from __future__ import annotations
 import os
 
 from .. import identity
-from ._posix_base import KeeperMechanism
-from .base import PGROUP, Availability, Guarantee, JobOptions
+from .base import PGROUP, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PGROUP
 
