@@ -128,14 +128,23 @@ def procs_here(path: str) -> list[int]:
     try:
         with open(os.path.join(path, "cgroup.procs"), "rb") as f:
             return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
+    except OSError as e:
+        if e.errno in (24, 23, 12):  # EMFILE, ENFILE, ENOMEM: an error, never "empty"
+            raise
+        return []  # the directory is gone
+    except ValueError:
         return []
+
+
+def _walk_error(e: OSError) -> None:
+    if e.errno in (24, 23, 12):  # out of fds or memory: an error, never "no members"
+        raise e
 
 
 def procs(path: str) -> list[int]:
     """The processes in cgroup ``path`` and every cgroup below it."""
     out: list[int] = []
-    for dirpath, _dirs, _files in os.walk(path):
+    for dirpath, _dirs, _files in os.walk(path, onerror=_walk_error):
         out.extend(procs_here(dirpath))
     return out
 

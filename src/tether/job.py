@@ -75,8 +75,11 @@ class Job:
         cpu_percent: int | None = None,
         session: str | None = None,
         reason: str | None = None,
+        cookie_var: str = identity.COOKIE_VAR,
     ) -> None:
         grace = check_grace(grace)
+        if not cookie_var or "=" in cookie_var or "\0" in cookie_var:
+            raise ValueError(f"cookie_var must be an environment variable name, not {cookie_var!r}")
         n = next(_counter)
         self.name = name or f"job-{n}"
         self.id = f"j{os.getpid()}-{n}"
@@ -89,6 +92,13 @@ class Job:
         self._closed = False
         self.started = time.time()
         self.born = identity.now_ticks()  # no member is older: the bound of every walk
+        import secrets
+
+        #: Put first in the environment of every process the job starts, as
+        #: ``cookie_var=cookie``: what proves a process is this job's when its
+        #: pid and start ticks alone cannot (see ``tether.identity.Proof``).
+        self.cookie = f"{run_id()}:{self.id}:{secrets.token_hex(8)}"
+        self.cookie_var = cookie_var
         opts = _base.JobOptions(
             name=self.name,
             job_id=self.id,
@@ -97,6 +107,8 @@ class Job:
             cpu_percent=cpu_percent,
             low_priority=background,
             reason=reason,
+            cookie=self.cookie,
+            cookie_var=cookie_var,
         )
         self._audit = _open_audit(state_dir)
         self._backend = open_job(self.mechanism, opts)
@@ -126,6 +138,8 @@ class Job:
             fields.setdefault("cgroup", tr["cgroup_path"])
         if event == "job-open":
             fields.setdefault("name", self.name)
+            fields.setdefault("cookie", self.cookie)
+            fields.setdefault("cookie_var", self.cookie_var)
             kp = tr.get("keeper_pid")
             ki = identity.read(kp) if kp else None
             if ki is not None:
@@ -328,10 +342,25 @@ class Job:
 
 
 def _open_audit(state_dir: Any):
-    if state_dir is None:
-        state_dir = os.environ.get("TETHER_STATE_DIR") or None
-    if state_dir is None:
-        return None
-    from .audit import AuditWriter
+    """The job's audit writer, or None. A state directory tether refuses to use
+    (a symlink, another user's, writable by others) never stops the job: it
+    runs with the log off, and one line on stderr says so."""
+    from .audit import AuditDirError, AuditWriter, state_dir_arg
 
-    return AuditWriter(state_dir)
+    if state_dir is None:
+        env = os.environ.get("TETHER_STATE_DIR")
+        if not env:
+            return None
+        state_dir = state_dir_arg(env, "TETHER_STATE_DIR")  # relative: a UsageError
+    else:
+        state_dir = os.path.abspath(os.fspath(state_dir))  # resolved once, here
+
+    try:
+        return AuditWriter(state_dir)
+    except AuditDirError as e:
+        try:
+            sys.stderr.write(f"tether: audit log disabled: {e}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # no stderr to say it on
+            pass
+        return None

@@ -165,7 +165,11 @@ def _read_audit(book: _Book, state_dir: str | os.PathLike[str], notes: list[str]
         notes.append(f"audit log not read: {e}")
         return
     for run in runs.values():
+        live_jobs = {p.job for p in run.procs.values()}
         for info in run.jobs.values():
+            if info.closed and info.job not in live_jobs and not (
+                    info.cgroup and os.path.isdir(info.cgroup)):
+                continue  # closed, and nothing of it may be alive: not listed anyway
             j = book.get(run.run, info.job)
             j.sources.add("audit")
             j.owner = j.owner or run.owner
@@ -543,9 +547,15 @@ def cli(argv: list[str]) -> int:
         args = p.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    from .audit import default_state_dir
+    from .audit import default_state_dir, state_dir_arg
+    from .errors import UsageError
 
-    state_dir = args.state_dir or str(default_state_dir())
+    try:
+        state_dir = str(state_dir_arg(args.state_dir) if args.state_dir is not None
+                        else default_state_dir())
+    except UsageError as e:
+        print(f"tether ps: {e}", file=sys.stderr)
+        return 2
     notes: list[str] = []
     jobs = collect(state_dir, notes=notes)
     out = sys.stdout

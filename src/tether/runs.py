@@ -73,7 +73,7 @@ class JobInfo:
     """What the log says of one job."""
 
     __slots__ = ("job", "name", "mechanism", "session", "background", "detached", "cgroup",
-                 "keeper", "opened", "closed", "label")
+                 "keeper", "opened", "closed", "label", "cookie", "cookie_var")
 
     def __init__(self, job: str) -> None:
         self.job = job
@@ -87,6 +87,14 @@ class JobInfo:
         self.opened: float | None = None  # ts of its job-open record
         self.closed = False
         self.label: str | None = None
+        self.cookie: str | None = None  # what every process of the job carries ...
+        self.cookie_var: str | None = None  # ... in its environment, under this name
+
+    def cookie_entry(self) -> bytes | None:
+        """The whole environment entry ``NAME=value`` of the job's cookie, if recorded."""
+        if not self.cookie:
+            return None
+        return f"{self.cookie_var or identity.COOKIE_VAR}={self.cookie}".encode()
 
 
 class Run:
@@ -161,6 +169,8 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     """
     from . import audit
 
+    if stats is None:
+        stats = audit.ReadStats()
     boot = identity.boot_id()
     alive = identity.pids()
     runs: dict[str, Run] = {}
@@ -174,8 +184,11 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
                 unusable += 1
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
-    if unusable and notes is not None:
-        notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
+    if notes is not None:
+        if unusable:
+            notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
+        for why in getattr(stats, "refusals", ()):
+            notes.append(f"audit file refused, not read: {why}")
     return runs
 
 
@@ -210,7 +223,7 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         info = run.jobs.get(job)
         if info is None:
             info = run.jobs[job] = JobInfo(job)
-        for key in ("name", "mechanism", "session", "label"):
+        for key in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
             v = _str(rec.get(key))
             if v is not None and getattr(info, key) is None:
                 setattr(info, key, v)
@@ -266,4 +279,10 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         info.closed = False
     elif event == "job-close" and info is not None:
         info.closed = True
+        # A closed job with nothing left that may be alive proves nothing
+        # more: forgotten now, so memory follows what may still be alive.
+        if not info.background and not info.detached \
+                and not any(p.job == job for p in run.procs.values()) \
+                and not (info.cgroup and os.path.isdir(info.cgroup)):
+            del run.jobs[job]
     return True
