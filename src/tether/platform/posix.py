@@ -22,7 +22,7 @@ import time
 from .. import identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused, SignalRefused
-from . import _proto, keeper_mechanism
+from . import _proto, keeper_mechanism, native
 from ._keeper import RESTORED
 from ._keeper_socket import fork_keeper
 from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism, with_cookie
@@ -65,8 +65,25 @@ class KeeperJob(JobBackend):
         self._exits: dict[int, int] = {}  # exit statuses the keeper pushed
         self._reap: list[int] = []
         self._sock, child = _proto.socketpair()
+        self.native = native.wanted(mechanism)
+        if self.native:
+            self.mech.keeper_inside = False  # it clones each child into the job instead
         try:
-            if single_threaded():
+            if self.native:
+                owner_fd = identity.open_pidfd(os.getpid())
+                try:
+                    self._reap.append(native.start(self.mech, child.fileno(), os.getpid(),
+                                                   owner_fd))
+                except OSError as exc:
+                    self._sock.close()
+                    self.mech.owner_cleanup()
+                    why = f"cannot start the native keeper: {exc.strerror or exc}"
+                    raise JobRefused(f"{mechanism}: {why}", reason=why,
+                                     mechanism=mechanism) from exc
+                finally:
+                    if owner_fd is not None:
+                        os.close(owner_fd)
+            elif single_threaded():
                 owner_fd = identity.open_pidfd(os.getpid())
                 try:
                     pid = fork_keeper(self.mech, child, os.getpid(), owner_fd)
@@ -181,7 +198,7 @@ class KeeperJob(JobBackend):
         return self.mech.guarantee()
 
     def trace(self) -> dict[str, Any]:
-        out = {"keeper_pid": self.keeper_pid}
+        out = {"keeper_pid": self.keeper_pid, "keeper": "native" if self.native else "python"}
         out.update(self.mech.trace())
         return out
 
@@ -210,7 +227,7 @@ class KeeperJob(JobBackend):
         """The job's members once its keeper is gone, found from here: what
         the job's cgroup holds, else every process of ours born since the job
         opened that carries its cookie (and what those started)."""
-        if self.mech.keeper_inside:  # a cgroup: the kernel still holds every member
+        if self.mech.kernel_keeps_members:  # a cgroup: the kernel still holds every member
             return [i for i in map(identity.read, self.mech.member_pids(-1)) if i is not None]
         o = self.options
         if not o.cookie:
@@ -228,7 +245,7 @@ class KeeperJob(JobBackend):
     def member_pids(self) -> list[int]:
         if self._closed:
             return []
-        if not self.mech.keeper_inside and not self.keeper_alive():
+        if not self.mech.kernel_keeps_members and not self.keeper_alive():
             return [i.pid for i in self._orphans()]
         return self.mech.member_pids(self.keeper_pid)
 
