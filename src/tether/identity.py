@@ -703,6 +703,20 @@ def cmdline(pid: int, limit: int = 4096) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
+def argv(pid: int, limit: int = 65536) -> list[str]:
+    """The arguments of ``pid`` as the kernel holds them (at most ``limit``
+    bytes read; undecodable bytes escaped); [] when they cannot be read."""
+    if not _LINUX:
+        return []
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/cmdline", os.O_RDONLY), limit)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]] \
+        if data.endswith(b"\0") else [a.decode("utf-8", "surrogateescape")
+                                       for a in data.split(b"\0")]
+
+
 _ENVIRON_CAP = 1 << 20  # an environment larger than this is not searched further
 # Test knob: take the portable (psutil) path on Linux too, as macOS/BSD do.
 _PORTABLE_ENVIRON = os.environ.get("_TETHER_PORTABLE_ENVIRON") == "1"

@@ -1119,7 +1119,7 @@ static void child_main(struct spawn_req *q)
  * ours and it moves itself in before exec (into_cgroup_by_hand). */
 static pid_t clone_child(struct spawn_req *q, int *pidfd)
 {
-    int into = K.mech == M_CGROUP && !K.born_killed;
+    int into = K.have_clone3 && K.mech == M_CGROUP && !K.born_killed;
     q->into_cgroup_by_hand = K.mech == M_CGROUP && !into;
     if (K.have_clone3) {
         struct clone_args ca;

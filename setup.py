@@ -1,0 +1,97 @@
+"""Build step for the native keeper; everything else is in pyproject.toml.
+
+``pip install .``, ``pip install -e .`` and ``python -m build`` compile
+``src/tether/_native/keeper.c`` into the program ``tether/_native/tether-keeper``
+(Linux only) with the C compiler of this machine: libc and kernel headers
+only, warnings as errors, nothing downloaded. Where it cannot be built (no
+compiler, no Linux headers, ``TETHER_NATIVE_BUILD=0``) the install goes on
+without it and says so once; tether then runs its Python keeper, with the
+same behaviour (``tether doctor`` says which keeper runs).
+
+The wheel is platform-specific because it carries that program (it needs no
+compiler to install); the Python code in it is the same everywhere.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import Distribution, setup
+from setuptools.command.build_ext import build_ext
+
+SOURCE = os.path.join("src", "tether", "_native", "keeper.c")
+PROGRAM = "tether-keeper"
+CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2",
+          "-fstack-protector-strong", "-fno-strict-aliasing"]
+
+
+def _compiler() -> list[str] | None:
+    for cand in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc", "gcc", "clang"):
+        if not cand:
+            continue
+        argv = shlex.split(cand)
+        if argv and shutil.which(argv[0]):
+            return argv
+    return None
+
+
+def compile_keeper(out: str) -> str | None:
+    """Compile the keeper to ``out``; None when it was built, else why not."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if os.environ.get("TETHER_NATIVE_BUILD", "1") == "0":
+        return "TETHER_NATIVE_BUILD=0"
+    cc = _compiler()
+    if cc is None:
+        return "no C compiler (install gcc)"
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = out + ".tmp"
+    why = ""
+    # Static first: no dynamic loader at each job's start (~0.1 ms per job
+    # here); a machine without libc.a gets the dynamic program.
+    for link in (["-static"], []):
+        r = subprocess.run([*cc, *CFLAGS, *link, "-o", tmp, SOURCE], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            os.replace(tmp, out)
+            return None
+        why = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["failed"]
+        why = why[0]
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    return f"{' '.join(cc)} failed: {why}"
+
+
+class build_native(build_ext):
+    """Compile the keeper program (not a Python extension)."""
+
+    def run(self) -> None:
+        inplace = self.inplace or getattr(self, "editable_mode", False)
+        base = os.path.join("src", "tether") if inplace else os.path.join(self.build_lib,
+                                                                          "tether")
+        out = os.path.join(base, "_native", PROGRAM)
+        why = compile_keeper(out)
+        if why is not None:
+            print(f"tether: the native keeper is not built ({why}); tether will run its "
+                  "Python keeper (the same behaviour, slower)", file=sys.stderr)
+        else:
+            self._outputs = [out]
+
+    def get_outputs(self) -> list[str]:
+        return list(getattr(self, "_outputs", []))
+
+    def get_source_files(self) -> list[str]:
+        return [SOURCE]
+
+
+class _WithProgram(Distribution):
+    def has_ext_modules(self) -> bool:  # a platform wheel: it carries a program
+        return sys.platform.startswith("linux")
+
+
+setup(cmdclass={"build_ext": build_native}, distclass=_WithProgram)
