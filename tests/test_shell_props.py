@@ -182,7 +182,7 @@ CMD_EXE = "C:\\Windows\\System32\\cmd.exe"
 def test_windows_command_line_for_cmd_keeps_the_command_as_written(cmd):
     """``/d /s /c "CMD"``: with /s, cmd.exe drops the first and the last quote
     after /c and runs the rest - which must be CMD, quotes and all."""
-    line = sa.windows_command_line(CMD_EXE, sa.parse(["-c", cmd]))
+    line = sa.windows_command_line(CMD_EXE, sa.Parsed(sa.SHELL, cmd))
     head = f'"{CMD_EXE}" /d /s /c "'
     assert line.startswith(head) and line.endswith('"')
     assert line[len(head):-1] == cmd
@@ -193,7 +193,7 @@ def test_windows_command_line_for_cmd_keeps_the_command_as_written(cmd):
 def test_windows_command_line_for_pwsh_is_one_c_runtime_argument(cmd, shell):
     """pwsh.exe splits its command line by C-runtime rules and runs the
     argument after -Command: it must come back as exactly CMD."""
-    line = sa.windows_command_line(shell, sa.parse(["-c", cmd]))
+    line = sa.windows_command_line(shell, sa.Parsed(sa.SHELL, cmd))
     assert [w for w, _, _ in sa.split_windows(line)] == [shell, "-NoLogo", "-Command", cmd]
 
 
