@@ -1,7 +1,8 @@
 """``tether-shell``: a SHELL / COMSPEC drop-in that runs every command in its own job.
 
 Agent CLIs run each command as ``$SHELL -c CMD`` (or ``%COMSPEC% /c CMD``).
-With ``SHELL=/path/to/tether-shell`` each command runs in the real shell,
+With ``SHELL=/path/to/tether-shell`` (Windows: ``COMSPEC`` or ``SHELL`` set to
+pip's ``Scripts\\tether-cmd.exe``) each command runs in the real shell,
 inside a tether job: when the command returns, whatever it left behind
 (``sleep 60 &``, ``nohup ... &``, a double-forked daemon) is ended within a
 short grace; when the wrapper is killed - alone or with its whole process
