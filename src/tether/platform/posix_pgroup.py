@@ -24,7 +24,7 @@ MECHANISM = PGROUP
 def probe() -> Availability:
     if os.name != "posix":
         return Availability(PGROUP, False, "not POSIX")
-    return Availability(PGROUP, True, "portable; guardian-enforced; misses double-forked escapees")
+    return Availability(PGROUP, True, "portable; keeper-enforced; misses double-forked escapees")
 
 
 def guarantee(options: JobOptions | None = None) -> Guarantee:
