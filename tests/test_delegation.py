@@ -19,7 +19,7 @@ import sys
 import uuid
 
 import pytest
-from procutil import SRC
+from procutil import SRC, unprivileged_blocker
 
 from tether import cgroupfs
 from tether.systemd import delegation, systemd_unit, user_manager_dir
@@ -113,13 +113,12 @@ def test_unit_property_is_asked_and_every_unknown_answer_refuses(sim, tmp_path):
 def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     # The system Python: an interpreter under root's home is not nobody's to run.
     py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-    cmd = ["runuser", "-u", "nobody", "--", py, "-c"]
-    env = dict(os.environ, PYTHONPATH=SRC)
-    probe = subprocess.run([*cmd, "import tether"], env=env, capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"user nobody cannot import tether from {SRC} with {py}: "
-                    f"{probe.stderr.strip()[-200:]}")
-    return subprocess.run([*cmd, code], env=env, capture_output=True, text=True, timeout=60)
+    why = unprivileged_blocker(py, NOBODY)
+    if why:
+        pytest.skip(why)
+    return subprocess.run(["runuser", "-u", "nobody", "--", py, "-c", code],
+                          env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_ownership_outside_a_user_manager_means_delegated(sim):
