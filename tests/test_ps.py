@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import pty
+import re
 import select
 import signal
 import subprocess
