@@ -146,8 +146,9 @@ except JobRefused as exc:
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() != 0,
                     reason="changing the owner's user needs root")
 def test_owner_that_changed_user_gets_no_child_as_the_old_user(procs):
+    # cwd /: the owner, as nobody, must be able to open its own working directory
     r = subprocess.run([sys.executable, "-c", CHANGED_USER, MECHS[0]], capture_output=True,
-                       text=True, timeout=60, env=procs.env())
+                       text=True, timeout=60, env=procs.env(), cwd="/")
     lines = r.stdout.splitlines()
     assert lines[:2] == ["0", "65534"], r.stdout + r.stderr  # the control: subprocess as nobody
     assert lines[2].startswith("JobRefused: spawn refused by the job's keeper: this process now "
