@@ -913,7 +913,7 @@ class Capture:
         """Every captured process below ``roots`` by ppid, breadth first.
 
         The roots themselves are not listed (but are walked, even this
-        process: a subreaper guardian lists its own descendants). With
+        process: a subreaper keeper lists its own descendants). With
         ``born_after``, only processes with ``start >= born_after`` are
         listed or walked through (a child is never older than its parent).
         Excluded processes (PID <= 2, this process, its ancestors) are
