@@ -22,6 +22,11 @@ import sysconfig
 from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's
+    from wheel.bdist_wheel import bdist_wheel
+
 SOURCE = os.path.join("src", "tether", "_native", "keeper.c")
 PROGRAM = "tether-keeper"
 CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2",
@@ -89,9 +94,18 @@ class build_native(build_ext):
         return [SOURCE]
 
 
+class bdist_program_wheel(bdist_wheel):
+    """py3-none-<platform>: the program needs this platform, not this Python."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        plat = super().get_tag()[2]
+        return ("py3", "none", plat) if plat != "any" else ("py3", "none", "any")
+
+
 class _WithProgram(Distribution):
     def has_ext_modules(self) -> bool:  # a platform wheel: it carries a program
         return sys.platform.startswith("linux")
 
 
-setup(cmdclass={"build_ext": build_native}, distclass=_WithProgram)
+setup(cmdclass={"build_ext": build_native, "bdist_wheel": bdist_program_wheel},
+      distclass=_WithProgram)

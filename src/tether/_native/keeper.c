@@ -510,12 +510,75 @@ static void w_int(writer *w, int64_t v)
     w_bytes(w, digs, (size_t)(2 * n));
 }
 
+/* Length of the well-formed UTF-8 sequence at p (as Python's strict
+ * decoder sees it: no overlong forms, no surrogates, nothing above
+ * U+10FFFF), or 0 where it is ill-formed. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || len > n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (c == 0xE0)
+        lo = 0xA0;
+    else if (c == 0xED)
+        hi = 0x9F;
+    else if (c == 0xF0)
+        lo = 0x90;
+    else if (c == 0xF4)
+        hi = 0x8F;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < len; k++)
+        if (p[k] < 0x80 || p[k] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* A str as Python decodes these bytes: "surrogateescape" (a file name: each
+ * undecodable byte becomes U+DC80..U+DCFF, which marshal carries
+ * surrogate-passed) or "backslashreplace" (a comm, as identity.read shows it). */
+enum undecodable { AS_SURROGATE, AS_BACKSLASH };
+
+static void w_text(writer *w, const char *s, size_t n, enum undecodable how)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t out = 0;
+    for (size_t k = 0; k < n;) {
+        size_t l = utf8_seq(p + k, n - k);
+        out += l ? l : how == AS_SURROGATE ? 3 : 4;
+        k += l ? l : 1;
+    }
+    w_byte(w, 'u');
+    w_i32raw(w, (int32_t)out);
+    for (size_t k = 0; k < n;) {
+        size_t l = utf8_seq(p + k, n - k);
+        if (l) {
+            w_bytes(w, p + k, l);
+            k += l;
+            continue;
+        }
+        unsigned b = p[k++];
+        if (how == AS_SURROGATE) {
+            unsigned code = 0xDC00 + b;
+            unsigned char e[3] = {(unsigned char)(0xE0 | (code >> 12)),
+                                  (unsigned char)(0x80 | ((code >> 6) & 0x3F)),
+                                  (unsigned char)(0x80 | (code & 0x3F))};
+            w_bytes(w, e, 3);
+        } else {
+            static const char hex[] = "0123456789abcdef";
+            char e[4] = {'\\', 'x', hex[b >> 4], hex[b & 15]};
+            w_bytes(w, e, 4);
+        }
+    }
+}
+
 static void w_str(writer *w, const char *s)
 {
-    size_t n = strlen(s);
-    w_byte(w, 'u');
-    w_i32raw(w, (int32_t)n);
-    w_bytes(w, s, n);
+    w_text(w, s, strlen(s), AS_SURROGATE);
 }
 
 static void w_key(writer *w, const char *k) { w_str(w, k); }
@@ -1216,7 +1279,7 @@ static int write_ident(writer *w, pid_t pid, int pidfd)
     w_int(w, f[3]);
     w_int(w, uid);
     w_str(w, st);
-    w_str(w, comm);
+    w_text(w, comm, strlen(comm), AS_BACKSLASH);
     return 1;
 }
 
@@ -1321,7 +1384,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     int base = 3;
     if (fdmap && fdmap->t == V_DICT)
         for (size_t k = 0; k < fdmap->len; k++)
-            if (fdmap->items[2 * k]->t == V_INT && fdmap->items[2 * k]->i + 1 > base)
+            if (fdmap->items[2 * k]->t == V_INT && fdmap->items[2 * k]->i + 1 > base &&
+                fdmap->items[2 * k]->i < 1 << 20) /* a bigger one is refused below */
                 base = (int)fdmap->items[2 * k]->i + 1;
     int lifted[MAX_FDS];
     int nlifted = 0;
@@ -1341,13 +1405,18 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             if (fds[k] == q->cwd_fd)
                 q->cwd_fd = lifted[k];
     if (fdmap && fdmap->t == V_DICT)
-        for (size_t k = 0; k < fdmap->len && q->nmap < MAX_FDS; k++) {
+        for (size_t k = 0; k < fdmap->len; k++) {
             const value *t = fdmap->items[2 * k], *i = fdmap->items[2 * k + 1];
-            if (t->t == V_INT && i->t == V_INT && i->i >= 0 && i->i < nfds && t->i >= 0) {
-                q->map_src[q->nmap] = lifted[i->i];
-                q->map_dst[q->nmap] = (int)t->i;
-                q->nmap++;
+            if (t->t != V_INT || i->t != V_INT || i->i < 0 || i->i >= nfds || t->i < 0 ||
+                t->i > 1 << 20 || q->nmap == MAX_FDS) {
+                for (int j = 0; j < nlifted; j++)
+                    close(lifted[j]);
+                reply_error("ValueError", 0, "malformed spawn request: a bad fd map", NULL);
+                return;
             }
+            q->map_src[q->nmap] = lifted[i->i];
+            q->map_dst[q->nmap] = (int)t->i;
+            q->nmap++;
         }
     q->setsid_ = dict_true(msg, "setsid");
     int64_t pg = dict_int(msg, "pgroup", -1);
@@ -1393,7 +1462,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     int pidfd = -1;
     pid_t pid;
     unsigned char b[6];
-    ssize_t n;
+    ssize_t n = 0;
     int err;
     for (;;) {
         q->errfd = pipefd[1];
@@ -1524,6 +1593,13 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
     if (mf && mf->t == V_INT && nfds > 0) {
         size_t size = (size_t)mf->i;
         int mfd = fds[--nfds];
+        struct stat sb;
+        if (fstat(mfd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < mf->i || mf->i < 0) {
+            /* a pipe would block this keeper for good: a memfd (a file) only */
+            close(mfd);
+            reply_error("ValueError", 0, "truncated memfd payload (or not a memfd)", NULL);
+            goto out;
+        }
         free(big);
         big = size < (1u << 30) ? malloc(size ? size : 1) : NULL;
         size_t got = 0;
@@ -1671,10 +1747,24 @@ static void serve(void)
                         memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
                 }
             }
-            if (got <= 0) { /* EOF: the owner's end closed, it is gone */
+            if (got <= 0) {
+                /* EOF (the owner's end closed: it is gone), or an empty
+                 * datagram, which only POLLHUP tells apart */
+                struct pollfd h = {K.ctl, POLLIN, 0};
+                if (got < 0 || (poll(&h, 1, 0) == 1 && (h.revents & (POLLHUP | POLLERR)))) {
+                    for (int k = 0; k < nfds; k++)
+                        close(fds[k]);
+                    end_for_dead_owner();
+                }
+            }
+            if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
                 for (int k = 0; k < nfds; k++)
                     close(fds[k]);
-                end_for_dead_owner();
+                reply_error("ValueError", 0,
+                            (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be"
+                                                       : "more file descriptors than a request may carry",
+                            NULL);
+                continue;
             }
             if (handle((unsigned char *)msgbuf, (size_t)got, fds, nfds)) {
                 _exit(0);

@@ -31,6 +31,10 @@ import os
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
                       "tether-keeper")
+# Test knob: another build of the same program (the sanitizer build in CI).
+HELPER = os.environ.get("_TETHER_NATIVE_HELPER") or HELPER
+# What a sanitizer build reads (it writes its reports where these say).
+_PASSED_ON = ("ASAN_OPTIONS", "UBSAN_OPTIONS")
 MECHANISMS = ("cgroup", "subreaper", "pidns")
 ENV = "TETHER_NATIVE"
 _WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "yes": "on", "true": "on",
@@ -107,5 +111,6 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
     if os.environ.get("_TETHER_NATIVE_LEGACY") == "1":  # tests: the old-kernel paths
         args.append("legacy=1")
     every = [s for s in _signal.valid_signals() if s not in (_signal.SIGKILL, _signal.SIGSTOP)]
-    return os.posix_spawn(HELPER, args, {}, file_actions=actions, setpgroup=0,
+    env = {k: os.environ[k] for k in _PASSED_ON if k in os.environ}
+    return os.posix_spawn(HELPER, args, env, file_actions=actions, setpgroup=0,
                           setsigmask=(), setsigdef=every)
