@@ -19,7 +19,8 @@ useradd -M -d "$WORK/home" -s /bin/bash "$USER_NAME"
 mkdir -p "$WORK/home"
 # A copy of the tree the user can read, and a venv from the system Python
 # (the root-only pyenv under /root is not readable by other users).
-cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/bin" "$ROOT/examples" "$ROOT/pyproject.toml" "$ROOT/README.md" "$WORK/"
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/bin" "$ROOT/examples" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/README.md" "$WORK/"
+rm -f "$WORK/src/tether/_native/tether-keeper"  # built again by the install below, as a user gets it
 /usr/bin/python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" install -q "$WORK[test]"
 chown -R "$USER_NAME" "$WORK/home" "$WORK/tests"

@@ -668,7 +668,12 @@ def self_status() -> tuple[int, int, int]:
 
 def mask_signals(mask: int) -> list[int]:
     """The signal numbers set in a ``SigIgn``/``SigBlk`` mask."""
-    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+    out = []
+    while mask:  # one step per set bit, not 64
+        low = mask & -mask
+        out.append(low.bit_length())
+        mask ^= low
+    return [n for n in out if n <= 64]
 
 
 def start_ticks(pid: int | str = "self") -> int | None:

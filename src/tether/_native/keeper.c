@@ -604,6 +604,8 @@ static struct {
     int cgfd;           /* O_PATH fd of it, for CLONE_INTO_CGROUP */
     int have_clone3;
     int born_killed;    /* a CLONE_INTO_CGROUP child was killed at birth: see op_spawn */
+    unsigned char ign[65];        /* the signals this keeper ignores */
+    struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
     char boot[64];
     /* direct children not yet reaped, and statuses not yet collected */
@@ -1089,6 +1091,19 @@ struct spawn_req {
     int into_cgroup_by_hand; /* no clone3: move ourselves in before exec */
 };
 
+/* sigaction by the raw system call: it reaches glibc's own 32 and 33 too
+ * (the library's sigaction refuses them). */
+static void raw_signal(int sig, void (*handler)(int))
+{
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } ka = {handler, 0, NULL, 0};
+    syscall(SYS_rt_sigaction, sig, &ka, NULL, sizeof(uint64_t));
+}
+
 static void child_fail(int errfd, char stage, int err) __attribute__((noreturn));
 static void child_fail(int errfd, char stage, int err)
 {
@@ -1136,19 +1151,12 @@ static void child_main(struct spawn_req *q)
     } else if (q->cwd_fd >= 0 && fchdir(q->cwd_fd) < 0) {
         child_fail(q->errfd, 'c', errno);
     }
-    /* Every handler back to the default but what the owner ignores; the raw
-     * call reaches glibc's own 32 and 33 too (sigaction refuses them). */
-    for (int s = 1; s < 65; s++) {
-        if (s == SIGKILL || s == SIGSTOP)
-            continue;
-        struct {
-            void *handler;
-            unsigned long flags;
-            void *restorer;
-            uint64_t mask;
-        } ka = {q->ign[s] ? SIG_IGN : SIG_DFL, 0, NULL, 0};
-        syscall(SYS_rt_sigaction, s, &ka, NULL, sizeof(uint64_t));
-    }
+    /* The owner's ignored signals, and nothing else: exec resets handled
+     * ones, so only what this keeper ignores and the owner does not (and
+     * the other way round) needs a call. */
+    for (int s = 1; s < 65; s++)
+        if (q->ign[s] != K.ign[s])
+            raw_signal(s, q->ign[s] ? SIG_IGN : SIG_DFL);
     sigprocmask(SIG_SETMASK, &q->mask, NULL);
     if (strchr(q->exe, '/')) {
         execve(q->exe, q->argv, q->envp);
@@ -1215,7 +1223,7 @@ static pid_t clone_child(struct spawn_req *q, int *pidfd)
 static int write_ident(writer *w, pid_t pid, int pidfd)
 {
     char path[64], stat[1024], status[2048];
-    if (pidfd >= 0) {
+    if (pidfd >= 0 && K.mech == M_PIDNS) {
         /* the pid as our /proc mount names it: the outer one in a PID
          * namespace (this init's own view says 2, 3, ...) */
         snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
@@ -1314,12 +1322,15 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         for (int k = 0; k < 4; k++)
             if (ids->items[k]->t != V_INT || ids->items[k]->i != want[k]) {
                 char why[512];
+                long long got[4];
+                for (int j = 0; j < 4; j++)
+                    got[j] = ids->items[j]->t == V_INT ? (long long)ids->items[j]->i : -1;
                 snprintf(why, sizeof why,
-                         "this process now runs as another uid/euid/gid/egid than the job's "
-                         "keeper (%lld/%lld/%lld/%lld, since the job opened): it would start "
-                         "the child as the wrong user; open the job after changing user",
-                         (long long)want[0], (long long)want[1], (long long)want[2],
-                         (long long)want[3]);
+                         "this process now runs as uid/euid/gid/egid %lld/%lld/%lld/%lld, not as "
+                         "the job's keeper (%lld/%lld/%lld/%lld, since the job opened): it would "
+                         "start the child as the wrong user; open the job after changing user",
+                         got[0], got[1], got[2], got[3], (long long)want[0], (long long)want[1],
+                         (long long)want[2], (long long)want[3]);
                 reply_error("refused", 0, why, NULL);
                 return;
             }
@@ -1443,11 +1454,15 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             const value *t = rl->items[k];
             if (t->t == V_LIST && t->len == 3 && t->items[0]->t == V_INT &&
                 t->items[1]->t == V_INT && t->items[2]->t == V_INT) {
-                q->lim_res[q->nlim] = (int)t->items[0]->i;
-                q->lim[q->nlim].rlim_cur =
-                    t->items[1]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[1]->i;
-                q->lim[q->nlim].rlim_max =
-                    t->items[2]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[2]->i;
+                int res = (int)t->items[0]->i;
+                rlim_t cur = t->items[1]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[1]->i;
+                rlim_t max = t->items[2]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[2]->i;
+                if (res >= 0 && res < RLIM_NLIMITS && K.lim[res].rlim_cur == cur &&
+                    K.lim[res].rlim_max == max)
+                    continue; /* the child has it from us already */
+                q->lim_res[q->nlim] = res;
+                q->lim[q->nlim].rlim_cur = cur;
+                q->lim[q->nlim].rlim_max = max;
                 q->nlim++;
             }
         }
@@ -1963,10 +1978,21 @@ int main(int argc, char **argv)
         fcntl(K.ownerfd, F_SETFD, FD_CLOEXEC);
     prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
     setpgid(0, 0); /* a caller killing the owner's group must not take us along */
+    /* A known signal state: everything default (an owner's posix_spawn on
+     * glibc < 2.38 leaves glibc's 32 and 33 ignored here), then ignore what
+     * a keeper must survive (the caller may kill the owner's group). */
+    for (int s = 1; s < 65; s++)
+        if (s != SIGKILL && s != SIGSTOP)
+            raw_signal(s, SIG_DFL);
     static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU,
                                   SIGPIPE};
-    for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++)
-        signal(ignored[k], SIG_IGN);
+    for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++) {
+        raw_signal(ignored[k], SIG_IGN);
+        K.ign[ignored[k]] = 1;
+    }
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        if (getrlimit(r, &K.lim[r]) < 0)
+            K.lim[r].rlim_cur = K.lim[r].rlim_max = 0; /* unknown: always set */
     if (chdir("/") < 0) { /* never pin a mount point; children chdir to the owner's cwd */
     }
     if (read_file("/proc/sys/kernel/random/boot_id", K.boot, sizeof K.boot) > 0) {
