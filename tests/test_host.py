@@ -656,8 +656,13 @@ def test_a_key_held_by_a_live_run_is_refused_or_taken_over(procs, tmp_path: Path
     assert read_line(holder).strip() == "s2 ok"
     # Two hosts of one process: the same rule (the lock is per host, not per pid).
     h3 = open_host(hosts, state)
-    with pytest.raises(SessionHeld):
+    with pytest.raises(SessionHeld) as mine:
         h3.session("s1")
+    assert mine.value.pid == os.getpid()
+    s1b = h3.session("s1", take_over=True)  # ends h2's copy by stopping it
+    assert s1.closed and "s1" not in h2.sessions and not s1b.closed
+    assert p.wait(5) is not None
+    assert str(s1b.resumed).startswith(f"Took over s1 from pid {os.getpid()}: ended its copy's ")
 
 
 def test_next_start_reaps_the_leftover_and_the_session_reports_it(
@@ -1056,3 +1061,24 @@ def test_ambient_tasks_never_hold_and_the_stream_keeps_the_live_set(procs, tmp_p
     assert not r.skipped and s.closed
     assert any(t.label == "watch files" and t.ambient for t in r.tasks)
     assert not str(r).startswith("Stopped (idle release): ended `watch files`")  # never headline
+
+
+def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "agent_host.py"
+    t0 = time.monotonic()
+    p = procs.popen([sys.executable, str(example)], stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    out, _ = p.communicate(timeout=45)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, out
+    for want in ("Resumed chat-42: ended the earlier copy's `npm run build` (running ",
+                 "and `claude` with 2 other processes", "idle release skipped: ",
+                 "tool call over: ", "still live: True; ambient `Watching for file changes` "
+                 "holds: False", "refused: session 'chat-7' of 'agent-host-example' is held by "
+                 "a live run (pid ", "Took over chat-7 from pid ", "was taken over by another run",
+                 "process-tree ownership could not be established before agent launch: ",
+                 "audit off, app running: ", "ended by its own timeout: True"):
+        assert want in out, (want, out)
+    assert took < 20, took
+    # Nothing it started is left (its background job ended by its own timeout).
+    assert procs.wait_all_dead(3.0) == []

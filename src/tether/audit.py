@@ -738,8 +738,7 @@ class AuditWriter:
         dropped. False when the carry could not be written."""
         from tether.runs import still_needed  # lazy: only a rotation that deletes needs it
 
-        fds: list[int] = []
-        try:
+        def blocks() -> Iterator[bytes]:  # whole lines; a line over max_line is dropped
             for name in doomed:
                 try:
                     fd = os.open(self._p(name), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
@@ -747,18 +746,32 @@ class AuditWriter:
                 except OSError:
                     continue
                 try:
-                    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    carry = b""
+                    skipping = False  # inside a line longer than max_line: it proves nothing
+                    while True:
+                        block = os.read(fd, _READ_BLOCK)
+                        if not block:
+                            break
+                        if skipping:
+                            nl = block.find(b"\n")
+                            if nl < 0:
+                                continue
+                            skipping, block = False, block[nl + 1:]
+                        data = carry + block
+                        cut = data.rfind(b"\n") + 1
+                        whole, carry = data[:cut], data[cut:]  # a torn last line: never
+                        if whole:
+                            yield whole
+                        if len(carry) > self.max_line:
+                            carry, skipping = b"", True
                 except OSError:
-                    regular = False
-                if not regular:
-                    os.close(fd)
                     continue
-                fds.append(fd)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        needed = still_needed(_records(fds, self.max_line, ReadStats()))
+                finally:
+                    os.close(fd)
+
+        needed = still_needed(blocks())
         if not needed:
             return True
         budget = self.max_bytes // 2

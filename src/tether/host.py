@@ -76,6 +76,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,11 @@ class _SessionLock:
             return True
 
 
+# The open sessions of this process by lock file: a key held by another Host of
+# this very process (same pid, same run id) is taken over by stopping it.
+_OPEN: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+
+
 class _LocalLock:
     """The lock when no directory can hold session locks: this process only."""
 
@@ -517,10 +523,13 @@ class Session:
 
     def _plan(self, reason: str, optional: bool) -> EndedWork:
         self.tasks.live()  # settles what the stream said finished
-        return _report(EndedWork, reason, self.key, self.members(),
-                       {k: label for k, (_i, label) in self._roots.items()},
+        members = self.members()
+        roots = {k: label for k, (_i, label) in self._roots.items()}
+        # A task that owns no process (a sub-agent) ends with the agent, if that is ending.
+        agent_ends = any(_key(m) in roots for m in members)
+        return _report(EndedWork, reason, self.key, members, roots,
                        [i for i, _ in self._roots.values()], self.tasks, identity.cmdline,
-                       with_idle_tasks=True, optional=optional, planned=True)
+                       with_idle_tasks=agent_ends, optional=optional, planned=True)
 
     def _end(self, plan: EndedWork, grace: float | None) -> EndedWork:
         grace = self.job.grace if grace is None else grace
@@ -553,7 +562,8 @@ def _report(cls: type[EndedWork], reason: str, key: str | None, members: list[Id
     One grouping for a live stop and for a resume after a crash (``ledger``
     then restored from the audit's last ``tasks`` record). ``with_idle_tasks``:
     also list open tasks that own no process (a sub-agent runs inside the
-    agent: ending the agent ends it).
+    agent: ending the agent ends it) - asked for when the agent is among
+    ``members``.
     """
     owners = {k: t for k, t in ledger.assign(members).items() if t.live}
     tasks: dict[str, EndedTask] = {}
@@ -1040,6 +1050,8 @@ class Host:
                 raise
             s = Session(self, key, job, resumed, lock)
             self._sessions[key] = s
+            if isinstance(lock, _SessionLock):
+                _OPEN[str(lock.path)] = s
             return s
 
     def _me(self, key: str) -> dict[str, Any]:
@@ -1059,7 +1071,15 @@ class Host:
         info, ino = held
         if not take_over:
             raise _held(self.app, key, info)
-        taken = self._take_over(key, info)
+        mine = _OPEN.get(str(lock.path)) if info.get("pid") == os.getpid() else None
+        if mine is not None and not mine.closed:
+            # Another Host of this process holds it: its run is ours, so no reap
+            # can tell the two apart - stop that session itself (announced).
+            ended = mine.stop(TAKE_OVER)
+            taken = Resumed(TAKE_OVER, key, tasks=ended.tasks, processes=ended.processes,
+                            holder=os.getpid())
+        else:
+            taken = self._take_over(key, info)
         if not lock.break_(ino) or lock.acquire(self._me(key)) is not None:
             raise _held(self.app, key, info, "it could not be taken over (held again at once)")
         return lock, taken

@@ -226,6 +226,10 @@ class _Plan:
         self.uid = os.getuid() if hasattr(os, "getuid") else None
         self.excluded_pids = identity.own_ancestors() | {os.getpid()}
         self._cap: identity.Capture | None = None
+        # A take-over's live job cgroups and keepers: looked at again while the
+        # ending runs (no cgroup.kill there: a fork during the grace must be found).
+        self.watch_dirs: list[tuple[Run | None, str, str]] = []
+        self.watch_keepers: list[_Target] = []
 
     def capture(self) -> identity.Capture:
         """The first full capture, shared by record lookup and the first descendant walk."""
@@ -399,7 +403,9 @@ def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: st
         cur = identity.read(info.keeper.pid)
         if cur is None or cur.start != info.keeper.start or cur.state in ("Z", "X", "x"):
             continue
-        _walk(plan, plan.capture(), _Target(cur, run.run, session, job))
+        keeper = _Target(cur, run.run, session, job)
+        _walk(plan, plan.capture(), keeper)
+        plan.watch_keepers.append(keeper)
 
 
 def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
@@ -582,6 +588,7 @@ def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
             # (never cgroup.kill: its keepers live there), the directories stay.
             for jd in _session_job_dirs(runs.get(run_id), rd, session):
                 _plan_job_cgroup(plan, runs.get(run_id), run_id, jd)
+                plan.watch_dirs.append((runs.get(run_id), run_id, jd))
             continue
         why = cgroupfs.prove_stale(rd)  # the one check before any cgroup.kill of it
         if why is not None:
@@ -637,7 +644,9 @@ def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) ->
 
     def find() -> list[Identity]:
         # What the walks add while it runs (a fork during the grace) joins in.
-        _expand(plan, list(plan.targets.values()), notes)
+        _expand(plan, list(plan.targets.values()) + plan.watch_keepers, notes)
+        for run, run_id, jd in plan.watch_dirs:
+            _plan_job_cgroup(plan, run, run_id, jd)
         return [t.ident for t in plan.targets.values()]
 
     def kill() -> None:

@@ -27,7 +27,9 @@ process is the one recorded only if pid, start ticks and boot id match.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from typing import Any
 
 from . import identity
@@ -294,6 +296,17 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
     return True
 
 
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        cut = line.rfind(b'{"v":')  # a torn fragment glued to a good record (tether.audit)
+        if cut <= 0:
+            return None
+        return _record(line[cut:])
+    return rec if isinstance(rec, dict) else None
+
+
 def _alive_record(rec: dict[str, Any], boot: str, alive: set[int] | None) -> bool:
     """Whether the process a ``spawn`` record names still runs (pid, start, boot)."""
     pid = parse_pid(rec.get("pid"))
@@ -303,9 +316,42 @@ def _alive_record(rec: dict[str, Any], boot: str, alive: set[int] | None) -> boo
     return identity.is_alive(Identity(pid, tok[0], boot))
 
 
-def still_needed(records: Any) -> list[dict[str, Any]]:
-    """The records of a rotated copy about to be deleted that still prove
-    something - what a rotation carries forward (``tether.audit``):
+_MAYBE = re.compile(rb'"event":"(?:job-open|tasks)"')
+
+
+def _candidates(blocks: Any, alive: set[int] | None) -> Any:
+    """The lines of ``blocks`` (bytes of whole lines) worth parsing: those that
+    name a process running now (``"pid":N``), and every ``job-open`` and
+    ``tasks`` record - one regular-expression pass per block, so that a copy of
+    records about processes long gone costs a scan, not a parse per line."""
+    if alive is None:
+        for block in blocks:
+            yield from block.split(b"\n")
+        return
+    pids = b"|".join(str(p).encode() for p in sorted(alive))
+    hit = re.compile(rb'"pid":(?:' + pids + rb')[,}]')
+    for block in blocks:
+        starts: set[int] = set()
+        for pat in (hit, _MAYBE):
+            pos = 0
+            while True:
+                m = pat.search(block, pos)
+                if m is None:
+                    break
+                start = block.rfind(b"\n", 0, m.start()) + 1
+                end = block.find(b"\n", m.end())
+                end = len(block) if end < 0 else end
+                starts.add(start)
+                pos = end
+        for start in sorted(starts):
+            end = block.find(b"\n", start)
+            yield block[start:] if end < 0 else block[start:end]
+
+
+def still_needed(blocks: Any) -> list[dict[str, Any]]:
+    """The records in ``blocks`` (bytes of whole lines of a rotated copy about
+    to be deleted) that still prove something - what a rotation carries forward
+    (``tether.audit``):
 
     * a ``spawn`` whose process (pid, start ticks, boot id) still runs: it is
       what ties a leftover (or a protected background/detached process) to
@@ -322,6 +368,7 @@ def still_needed(records: Any) -> list[dict[str, Any]]:
     """
     boot = identity.boot_id()
     alive = identity.pids()
+    records = (rec for rec in map(_record, _candidates(blocks, alive)) if rec is not None)
     cache: dict = {}
     owners: dict[Identity, bool] = {}
     first: list[dict[str, Any]] = []
