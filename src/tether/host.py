@@ -826,6 +826,8 @@ class Host:
         # the reaper, the resume rule filtered to one session key. Read before
         # this host writes anything, so that nothing of it is pruned first.
         self._runs: dict[str, Any] | None = None
+        self._read_stats = _audit.ReadStats()
+        self._read_notes: list[str] = []  # what limited the reading (a size cap's loss, ...)
         self._resume_error: str | None = None
         if self._audit is None:
             self._resume_error = self.reap_error = f"audit log off: {self.audit_error or 'asked'}"
@@ -833,7 +835,10 @@ class Host:
             try:
                 from .runs import read_runs
 
-                self._runs = read_runs(self.state_dir)
+                self._runs = read_runs(self.state_dir, stats=self._read_stats,
+                                       notes=self._read_notes)
+                for note in self._read_notes:
+                    logger.warning("tether host %r: audit log: %s", self.app, note)
             except (TetherError, OSError, ValueError) as exc:  # must not stop the app
                 self._resume_error = self.reap_error = f"{type(exc).__name__}: {exc}"
                 logger.warning("tether host %r: cannot read the audit log: %s", self.app,
@@ -914,6 +919,9 @@ class Host:
             logger.warning("tether host %r: reaping earlier runs failed: %s", self.app,
                            self.reap_error)
             return
+        # The reap used the log as read above: say what that read saw.
+        self.reap_report.log_stats = self._read_stats
+        self.reap_report.notes[:0] = self._read_notes
         for e in self.reap_report.ended:
             if e.session is not None:
                 self._reaped.setdefault(e.session, []).append(e)
