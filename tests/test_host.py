@@ -668,6 +668,30 @@ def test_a_key_held_by_a_live_run_is_refused_or_taken_over(procs, tmp_path: Path
     assert str(s1b.resumed).startswith(f"Took over s1 from pid {os.getpid()}: ended its copy's ")
 
 
+def test_a_live_run_without_a_session_lock_still_holds_its_key(procs, tmp_path: Path, hosts,
+                                                               stale_cgroups) -> None:
+    """A live run whose lock this host cannot see (an older tether, another lock
+    directory) but whose records prove processes of the key: refused, or taken over."""
+    from tether.errors import SessionHeld
+
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "s1")
+    note_cgroup(stale_cgroups, info)
+    for f in (state / "sessions").glob("*.lock"):
+        f.unlink()  # as if it held no lock here
+    tree = idents(info["sessions"]["s1"])
+    h2 = open_host(hosts, state)
+    with pytest.raises(SessionHeld, match="holds no session lock") as held:
+        h2.session("s1")
+    assert held.value.pid == p.pid and held.value.run == info["run"]
+    time.sleep(0.2)
+    assert len(alive(tree)) == len(tree)  # control: refused, untouched
+    s1 = h2.session("s1", take_over=True)
+    assert wait_until(lambda: not alive(tree), 5), alive(tree)
+    assert str(s1.resumed).startswith(f"Took over s1 from pid {p.pid}: ended its copy's ")
+    assert p.poll() is None  # the holder itself lives on
+
+
 def test_next_start_reaps_the_leftover_and_the_session_reports_it(
         procs, tmp_path: Path, hosts, stale_cgroups) -> None:
     pytest.importorskip("tether.reaper")

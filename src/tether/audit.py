@@ -748,24 +748,7 @@ class AuditWriter:
                 try:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
                         continue
-                    carry = b""
-                    skipping = False  # inside a line longer than max_line: it proves nothing
-                    while True:
-                        block = os.read(fd, _READ_BLOCK)
-                        if not block:
-                            break
-                        if skipping:
-                            nl = block.find(b"\n")
-                            if nl < 0:
-                                continue
-                            skipping, block = False, block[nl + 1:]
-                        data = carry + block
-                        cut = data.rfind(b"\n") + 1
-                        whole, carry = data[:cut], data[cut:]  # a torn last line: never
-                        if whole:
-                            yield whole
-                        if len(carry) > self.max_line:
-                            carry, skipping = b"", True
+                    yield from _line_blocks(lambda n, fd=fd: os.read(fd, n), self.max_line)
                 except OSError:
                     continue
                 finally:
@@ -1011,6 +994,40 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
     return fds
 
 
+def _line_blocks(read: Callable[[int], bytes], max_line: int,
+                 st: ReadStats | None = None) -> Iterator[bytes]:
+    """Chunks of whole lines (each up to its last newline) from ``read``, in
+    256 KiB blocks plus at most ``max_line`` of carry: a line longer than that
+    is skipped unread (counted in ``st.lines``/``st.too_long``), a last line
+    without its newline is never yielded (counted in ``st.truncated``)."""
+    carry = b""
+    skipping = False  # inside an over-long line, waiting for its newline
+    while True:
+        block = read(_READ_BLOCK)
+        if not block:
+            break
+        if skipping:
+            nl = block.find(b"\n")
+            if nl < 0:
+                continue
+            skipping = False
+            block = block[nl + 1 :]
+        data = carry + block if carry else block
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            yield data[:cut]
+        carry = data[cut:]
+        if len(carry) > max_line:
+            if st is not None:
+                st.lines += 1
+                st.too_long += 1
+            carry = b""
+            skipping = True
+    if carry.strip() and st is not None:
+        st.lines += 1
+        st.truncated += 1
+
+
 def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str, Any]]:
     import json
 
@@ -1039,22 +1056,8 @@ def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str,
             st.files += 1
             with open(fd, "rb", buffering=0, closefd=True) as f:
                 fds[i] = -1
-                carry = b""
-                skipping = False  # inside an over-long line, waiting for its newline
-                while True:
-                    block = f.read(_READ_BLOCK)
-                    if not block:
-                        break
-                    if skipping:
-                        nl = block.find(b"\n")
-                        if nl < 0:
-                            continue
-                        skipping = False
-                        block = block[nl + 1 :]
-                    data = carry + block if carry else block
-                    lines = data.split(b"\n")
-                    carry = lines.pop()
-                    for line in lines:
+                for whole in _line_blocks(f.read, max_line, st):
+                    for line in whole.split(b"\n"):
                         if not line.strip():
                             continue
                         st.lines += 1
@@ -1068,16 +1071,6 @@ def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str,
                             if type(v) is int and v > SCHEMA_VERSION:
                                 st.newer += 1
                             yield obj
-                    if len(carry) > max_line:
-                        st.lines += 1
-                        st.too_long += 1
-                        carry = b""
-                        skipping = True
-                if carry.strip():
-                    st.lines += 1
-                    st.truncated += 1
-                elif skipping:
-                    pass  # the over-long last line was already counted
     finally:
         for fd in fds:
             if fd >= 0:

@@ -1045,7 +1045,7 @@ class Host:
             g = self.grace if grace is None else check_grace(grace)
             lock, taken = self._hold_key(key, take_over)
             try:
-                resumed = self._resume(key, lock.previous, taken)
+                resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
                 if self.job.mechanism == "none":
                     job = self._job(name, mechanism="none", grace=g,
@@ -1120,7 +1120,8 @@ class Host:
                        f"{holder}: nothing of its copy was running")
         return out
 
-    def _resume(self, key: str, previous: dict[str, Any], taken: Resumed | None) -> Resumed:
+    def _resume(self, key: str, previous: dict[str, Any], taken: Resumed | None,
+                take_over: bool = False) -> Resumed:
         """The resume rule: end what an earlier run that is over left of
         session ``key`` - the reaper, filtered to that key."""
         if taken is not None:
@@ -1154,6 +1155,15 @@ class Host:
             return report
         report = self._resumed(RESUME, key, ended + rep.ended, runs)
         holders = sorted({s.run for s in rep.skipped if s.reason == OWNER_ALIVE})
+        if holders and take_over:
+            # A live run has processes of this key though it holds no lock (a
+            # tether without session locks, or another lock directory): asked
+            # to, take its copy over too.
+            parts = [report] + [self._take_over(key, {"run": run, "pid": _run_pid(run)})
+                                for run in holders]
+            return Resumed(TAKE_OVER, key, tasks=[t for r in parts for t in r.tasks],
+                           processes=[q for r in parts for q in r.processes],
+                           holder=_run_pid(holders[0]))
         if holders:
             # A live run has processes of this key though it holds no lock (a
             # tether without session locks, or another lock directory).
