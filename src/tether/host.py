@@ -252,6 +252,17 @@ class _SessionLock:
                     os.close(fd)
         raise OSError(f"session lock {self.path} kept changing")
 
+    def holder(self) -> dict[str, Any]:
+        """What the file now named says of its holder ({} if nothing)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        except OSError:
+            return {}
+        try:
+            return _read_info(fd)
+        finally:
+            os.close(fd)
+
     def lost(self) -> bool:
         """Whether the key was taken over (our file is no longer the one named)."""
         if self.fd < 0:
@@ -384,8 +395,14 @@ class Session:
         if self.job.closed:
             raise JobClosed(f"session {self.key!r} is stopped")
         if self._lock.lost():
+            now = self._lock.holder() if isinstance(self._lock, _SessionLock) else {}
+            pid = now.get("pid") if type(now.get("pid")) is int else None
+            by = f" (pid {pid})" if pid is not None else ""
             raise SessionHeld(f"session {self.key!r} of {self.host.app!r} was taken over by "
-                              "another run; nothing was started", session=self.key)
+                              f"another run{by}; nothing was started", session=self.key, pid=pid,
+                              run=now.get("run") if isinstance(now.get("run"), str) else None,
+                              start=now.get("start") if isinstance(now.get("start"), str)
+                              else None)
         disabled = self.job.guarantee.disabled
         if disabled and not self.host.allow_unprotected:
             raise JobRefused("process-tree ownership could not be established before agent "
@@ -1073,7 +1090,16 @@ class Host:
         if self._lock_dir is None:
             return _LocalLock(), None
         lock = _SessionLock(self._lock_dir, self.app, key)
-        held = lock.acquire(self._me(key))
+        try:
+            held = lock.acquire(self._me(key))
+        except OSError as exc:  # the directory went away (a cleaned /tmp): once more, then local
+            try:
+                _audit.check_dir(self._lock_dir)
+                held = lock.acquire(self._me(key))
+            except (TetherError, OSError):
+                logger.warning("tether host %r: session %r held within this process only: %s",
+                               self.app, key, exc)
+                return _LocalLock(), None
         if held is None:
             return lock, None
         info, ino = held

@@ -39,8 +39,8 @@ in a session of its own (Claude Code's bash tool call is a session leader,
 Codex calls ``setsid()``, Gemini, OpenCode and pi spawn with node's
 ``detached: true``). The agent's own groups are those of the processes the
 host started (the agent and, in its group, its MCP servers). Each entry has
-its leader's command line (read from ``/proc`` for this report only: the
-audit never stores it unless asked), start time and member count, and says
+its leader's command line (read from ``/proc`` for this list only: the
+audit never stores it), start time and member count, and says
 whether it ``outlived`` its tool call (its leader exited, or no longer has a
 parent on the agent's side) and which ledger task, if any, owns it.
 
@@ -113,7 +113,8 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "stopped", "killed"})
 
 # The mapping table above, as data (tests and docs read it from here).
 STREAM_MAPPING: dict[str, str] = {
-    "task_started": "started(task_id, description, kind=task_type)",
+    "task_started": "started(task_id, description, kind=task_type, ambient=ambient, "
+                    "backgrounded=is_backgrounded)",
     "task_progress": "progress(task_id)",
     "task_notification": "finished(task_id, status)",
     "task_updated": "finished(task_id, patch.status) when patch.status is terminal; "
@@ -494,9 +495,8 @@ class Ledger:
                 task.processes[m.pid] = m
                 owner[m.pid] = task
                 gained.add(task.task_id)
-        if given is None:
-            for tid in gained:  # a claim changes what a snapshot would say
-                self._notify(self._tasks[tid])
+        for tid in gained:  # a claim changes what a snapshot would say
+            self._notify(self._tasks[tid])
 
     def _window_task(self, m: Identity) -> Task | None:
         known = self._untasked.get(m.pid)
