@@ -24,6 +24,10 @@ SCENARIOS = {
                "[ $HOPS -gt 30000 ] && exit 0; export HOPS; echo $$ >> \"$HOPLOG\"; "
                "setsid sh -c \"$H\" & exit 0'; export H; setsid sh -c \"$H\" & sleep 0.3; exit 0"),
     "many": "i=0; while [ $i -lt ${N:-200} ]; do sleep 300 & i=$((i+1)); done; wait",
+    # A double-forked daemon that also clears its environment: no cookie, no
+    # test mark. It writes its pid first; the test records its identity.
+    "daemon-noenv": ("(setsid sh -c 'echo $$ >> \"$HOPLOG.noenv\"; exec env -i sleep 300' &) ; "
+                     "exit 0"),
 }
 
 

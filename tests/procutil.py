@@ -64,6 +64,7 @@ class Procs:
         self.born = identity.now_ticks()
         self.mark = uuid.uuid4().hex
         self.popens: list[subprocess.Popen] = []
+        self.tracked: list[identity.Identity] = []  # unmarked processes of the test's own
         import tempfile
 
         # A pid-hopper outruns any scan of /proc (each of its processes lives a few
@@ -114,6 +115,36 @@ class Procs:
             left = self.seen_alive(0.05, exclude)
         return left
 
+    def track(self, ident: identity.Identity) -> identity.Identity:
+        """Also end ``ident`` at cleanup: a process of the test's own that carries
+        no mark (it cleared its environment); recorded by identity, born after
+        the test began."""
+        assert ident.start >= self.born, "only a process born during the test"
+        self.tracked.append(ident)
+        return ident
+
+    def noenv_daemons(self, n: int = 1, timeout: float = 10.0) -> list[identity.Identity]:
+        """The env-clearing daemons of tests/_owner.py's daemon-noenv, tracked."""
+        path = self.hoplog + ".noenv"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(path) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                pids = []
+            found = [i for i in map(identity.read, pids) if i is not None and i.comm == "sleep"
+                     and i.start >= self.born]
+            if len(found) < n and pids:
+                # Written from inside a PID namespace: its own pid there (NSpid).
+                cap = identity.capture(born_after=self.born)
+                found = [i for i in cap.procs.values() if i.comm == "sleep"
+                         and (identity.nspid(i.pid) or [0])[-1] in pids]
+            if len(found) >= n:
+                return [self.track(i) for i in found if i.start >= self.born]
+            time.sleep(0.01)
+        raise AssertionError("the env-clearing daemon never started")
+
     def popen(self, args, **kw) -> subprocess.Popen:
         kw.setdefault("env", self.env())
         kw.setdefault("start_new_session", True)
@@ -132,7 +163,8 @@ class Procs:
             if p.poll() is None:
                 p.kill()
         deadline = time.monotonic() + 10
-        end(self.alive, born_after=self.born, grace=0, quiet=0.3, bound=10)
+        end(lambda: self.alive() + self.tracked, born_after=self.born, grace=0, quiet=0.3,
+            bound=10)
         # A hopper slips through scans: stop it by its own log (kill what it names).
         hop_quiet = time.monotonic()
         size = -1
@@ -159,7 +191,7 @@ class Procs:
                 break
             time.sleep(0.001)
         if time.monotonic() - hop_quiet > 0.3:  # else the stop file stays: it still ends the hopper
-            for path in (self.hoplog, self.hoplog + ".stop"):
+            for path in (self.hoplog, self.hoplog + ".stop", self.hoplog + ".noenv"):
                 try:
                     os.unlink(path)
                 except OSError:
@@ -205,3 +237,37 @@ def run_owner(procs: Procs, mechanism: str, script: str, *extra: str) -> tuple[s
     if not line:
         raise RuntimeError("owner died before reporting")
     return p, json.loads(line)
+
+
+def unprivileged_blocker(python: str = sys.executable, uid: int = 65534) -> str | None:
+    """Why user ``uid`` cannot run ``python`` and import this tree's tether
+    (a checkout or an interpreter in a directory only its owner may enter),
+    or None: a test that runs code as another user skips with this reason
+    instead of failing for where it is checked out."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return "setpriv is not installed: cannot run code as another user"
+    r = subprocess.run([setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python,
+                        "-c", "import tether"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=SRC))
+    if r.returncode == 0:
+        return None
+    closed = next((d for d in _parents(SRC) + _parents(python)
+                   if os.path.isdir(d) and not os.stat(d).st_mode & 0o001), None)
+    where = f" ({closed} is not searchable by other users)" if closed else ""
+    last = (r.stderr.strip().splitlines() or ["?"])[-1]
+    return f"uid {uid} cannot import tether from {SRC} with {python}{where}: {last}"
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    p = os.path.abspath(path)
+    while True:
+        out.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            return out[::-1]
+        p = parent
+

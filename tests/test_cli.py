@@ -190,3 +190,76 @@ def test_demo_nothing_survives_and_control_shows_survivors(procs):
     res = json.loads(r.stdout)
     assert r.returncode == 1
     assert res["survivors"] >= 4
+
+
+def _keeper_of_run(runner_pid: int, timeout: float = 10.0):
+    """The keeper of a `tether run` (its child named tether-keeper), by identity."""
+    from tether import identity
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in identity.children(runner_pid):
+            i = identity.read(c)
+            if i is not None and i.comm == "tether-keeper":
+                return i
+        time.sleep(0.01)
+    raise AssertionError("no keeper")
+
+
+@pytest.mark.parametrize("mech", ["cgroup", "subreaper", "pgroup"])
+def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(procs, mech, tmp_path):
+    """The keeper SIGKILLed mid-command: one line on stderr, the command's own
+    status (not 137), and what the command left is still ended."""
+    if not available(mech):
+        pytest.skip(f"{mech} not available here")
+    from tether import identity
+
+    mark = tmp_path / "left"
+    p = procs.popen(TETHER + ["run", "-m", mech, "--", "sh", "-c",
+                              f"sleep 300 & echo $! > {mark}; sleep 1; exit 5"],
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    keeper = _keeper_of_run(p.pid)
+    left = identity.read(int(_wait_file(mark)))
+    assert left is not None and left.comm == "sleep"
+    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    rc = p.wait(timeout=20)
+    err = p.stderr.read().decode()
+    assert rc == 5, err
+    assert err.splitlines() == ["tether: keeper died; the job is no longer guarded"], err
+    t0 = time.monotonic()
+    while identity.is_alive(left) and time.monotonic() - t0 < 3:
+        time.sleep(0.01)
+    assert not identity.is_alive(left), "tether walked away from the command's leftover"
+
+
+def test_control_keeper_and_runner_killed_leave_the_tree(procs, tmp_path):
+    """Control: with both the keeper and `tether run` SIGKILLed, nothing ends
+    the subreaper job's tree (the guarantee says so), so the checks above can fail."""
+    if not available("subreaper"):
+        pytest.skip("subreaper not available here")
+    from tether import identity
+
+    mark = tmp_path / "left"
+    p = procs.popen(TETHER + ["run", "-m", "subreaper", "--", "sh", "-c",
+                              f"sleep 300 & echo $! > {mark}; sleep 300"],
+                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    keeper = _keeper_of_run(p.pid)
+    left = identity.read(int(_wait_file(mark)))
+    identity.send_signal(keeper, signal.SIGKILL, member=True)
+    p.kill()
+    p.wait(timeout=10)
+    time.sleep(0.5)
+    assert identity.is_alive(left)
+
+
+def _wait_file(path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text().strip()
+            if text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never written")

@@ -1092,6 +1092,8 @@ def test_ambient_tasks_never_hold_and_the_stream_keeps_the_live_set(procs, tmp_p
 
 
 def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
+    import re
+
     example = Path(__file__).resolve().parent.parent / "examples" / "agent_host.py"
     t0 = time.monotonic()
     p = procs.popen([sys.executable, str(example)], stdout=subprocess.PIPE,
@@ -1110,3 +1112,20 @@ def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
     assert took < 20, took
     # Nothing it started is left (its background job ended by its own timeout).
     assert procs.wait_all_dead(3.0) == []
+    # docs/host.md pastes a real run's output: it still says what this run said
+    # (digits aside; the mechanism and its limits are this machine's).
+    page = Path(__file__).resolve().parent.parent / "docs" / "host.md"
+    if page.exists():
+        text = page.read_text()
+        start = text.index("```text\n1. an earlier run crashed") + len("```text\n")
+        pasted = text[start:text.index("```", start)].splitlines()
+        got = out.splitlines()
+        assert len(got) == len(pasted), (pasted, got)
+        for want, line in zip(pasted, got, strict=True):
+            if want.startswith(("2. this run is protected by ", "8. background job: ")):
+                want = want.split(": ", 1)[0] if want.startswith("8.") else "2. this run"
+                assert line.startswith(want), (want, line)
+                continue
+            pattern = r"\d+(?:\.\d+)?".join(re.escape(part)
+                                               for part in re.split(r"\d+(?:\.\d+)?", want))
+            assert re.fullmatch(pattern, line), (want, line)

@@ -272,7 +272,11 @@ def _start_probe(sessions, procs, tmp_path, shell: str, mechanism: str) -> tuple
     s.write("echo MARK-$((40+2))\n")
     s.read_until(b"MARK-42", 10)
     s.write("sleep 120 &\n")
-    s.write("setsid sleep 120 &\n")
+    # Under pgroup the setsid one also drops the job's cookie (it keeps the
+    # session's own): the mechanism alone cannot find it, only the close's
+    # capture can, which is what the pgroup cases prove.
+    s.write("setsid env -u TETHER_JOB sleep 120 &\n" if mechanism == "pgroup"
+            else "setsid sleep 120 &\n")
     s.write("echo READY-$((2+3))\n")
     s.read_until(b"READY-5", 10)
     sleeps = wait_until(lambda: (lambda x: x if len(x) == 2 else None)(

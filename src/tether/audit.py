@@ -139,6 +139,7 @@ __all__ = [
     "AuditWriter",
     "ReadStats",
     "default_state_dir",
+    "state_dir_arg",
     "check_dir",
     "iter_records",
     "read_records",
@@ -164,6 +165,10 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOINHERIT", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_BINARY = getattr(os, "O_BINARY", 0)
+# Every open of a log file, a rotated copy or the lock file is non-blocking
+# (a FIFO planted there must never hang anything) and never follows a link;
+# what it opened is checked through the fd before a byte is read or written.
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 # Directory-relative syscalls close the window in which the checked directory
 # could be swapped for a symlink; Windows has none, it uses paths.
 _DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and not _WINDOWS
@@ -179,12 +184,31 @@ class AuditDirError(TetherError):
 # where the log lives
 
 
+def state_dir_arg(value: str | os.PathLike[str], what: str = "--state-dir") -> Path:
+    """A state directory given by the user, checked: not empty, absolute (a
+    relative one would follow whatever directory each process runs in).
+    ``~`` is expanded. Raises :class:`tether.errors.UsageError` otherwise."""
+    from .errors import UsageError
+
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise UsageError(f"{what} must not be empty")
+    p = Path(text).expanduser()
+    if not p.is_absolute():
+        raise UsageError(f"{what} must be an absolute path, not {text!r}")
+    return p
+
+
 def default_state_dir() -> Path:
     """``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``, else
-    ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``)."""
+    ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``).
+    A relative ``$TETHER_STATE_DIR`` is a :class:`tether.errors.UsageError`
+    (an empty one means unset)."""
     env = os.environ.get("TETHER_STATE_DIR")
     if env:
-        return Path(env).expanduser()
+        return state_dir_arg(env, "TETHER_STATE_DIR")
     if _WINDOWS:
         base = os.environ.get("LOCALAPPDATA")
         if base:
@@ -195,6 +219,51 @@ def default_state_dir() -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "tether"
     return Path.home() / ".local" / "state" / "tether"
+
+
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER, _ACL_GROUP, _ACL_WRITE = 0x02, 0x08, 0x02
+
+
+def _acl_grants_write(target: int | str | Path) -> bool:
+    """Whether a POSIX ACL on ``target`` (an fd or a path) gives a named user
+    or group write access. Its binary form: a 4-byte version, then 8-byte
+    entries (tag u16, perm u16, id u32). The ACL mask is not applied: an
+    entry that would grant write once the mask is widened is refused too."""
+    getxattr = getattr(os, "getxattr", None)
+    if getxattr is None:
+        return False
+    try:
+        raw = getxattr(target, _ACL_XATTR) if isinstance(target, int) else \
+            getxattr(os.fspath(target), _ACL_XATTR, follow_symlinks=False)
+    except OSError:  # ENODATA: no ACL; ENOTSUP: a file system without them
+        return False
+    euid = os.geteuid()
+    for off in range(4, len(raw) - 7, 8):
+        tag = int.from_bytes(raw[off:off + 2], "little")
+        perm = int.from_bytes(raw[off + 2:off + 4], "little")
+        ident = int.from_bytes(raw[off + 4:off + 8], "little")
+        if perm & _ACL_WRITE and (tag == _ACL_GROUP or (tag == _ACL_USER and ident != euid)):
+            return True
+    return False
+
+
+def file_refusal(st: os.stat_result, fd: int | None = None) -> str | None:
+    """Why an opened log file, rotated copy or lock file (its fstat, and its
+    fd for the ACL) must not be read or written, or None: it is not a regular
+    file (a FIFO, a socket, a device), another user owns it, or another user
+    can write it (group/other mode bits, or an ACL)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if _WINDOWS:
+        return None
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if fd is not None and _acl_grants_write(fd):
+        return "an ACL lets another user write it"
+    return None
 
 
 def _refusal(path: Path | str, st: os.stat_result) -> str | None:
@@ -216,6 +285,9 @@ def _refusal(path: Path | str, st: os.stat_result) -> str | None:
             f"audit directory {path} is writable by group or others "
             f"(mode {stat.S_IMODE(st.st_mode):04o}); refusing to use it (chmod 700 it)"
         )
+    if _acl_grants_write(path):
+        return (f"audit directory {path} has an ACL that lets another user write it; "
+                "refusing to use it (setfacl -b it)")
     return None
 
 
@@ -617,12 +689,14 @@ class AuditWriter:
                     os.close(lock)
 
     def _open_file(self) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+                 | _O_NONBLOCK)
         fd = os.open(self._p(self.filename), flags, 0o600, **self._kw())
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise AuditDirError(f"audit log {self.path} is not a regular file")
+            why = file_refusal(st, fd)
+            if why is not None:
+                raise AuditDirError(f"audit log {self.path}: {why}; refusing to write it")
             if self._fd >= 0:
                 # dup2 keeps the fd number: a racing thread can never write
                 # into an unrelated file that reused a closed number.
@@ -690,10 +764,13 @@ class AuditWriter:
             return -1
         fd = os.open(
             self._p(self.filename + ".lock"),
-            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
             0o600,
             **self._kw(),
         )
+        if file_refusal(os.fstat(fd), fd) is not None:
+            os.close(fd)  # not ours to lock on: rotate without the lock (see _rotate)
+            return -1
         for _ in range(_LOCK_TRIES):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -862,17 +939,24 @@ class ReadStats:
         "truncated",  # last line of a file without its newline
         "too_long",  # longer than max_line, skipped unread
         "newer",  # yielded records with v > SCHEMA_VERSION
-        "refused_files",  # not a regular file, or not ours
+        "refused_files",  # not a regular file, not ours, writable by others, a link
+        "refusals",  # "name: why" for each refused file (not a count)
     )
 
     def __init__(self, **counts: int) -> None:
         for name in self.__slots__:
-            setattr(self, name, counts.pop(name, 0))
+            setattr(self, name, counts.pop(name, [] if name == "refusals" else 0))
         if counts:
             raise TypeError(f"unknown ReadStats fields: {sorted(counts)}")
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    def refused(self, name: str, why: str) -> None:
+        """Count one refused file, and say why."""
+        self.refused_files += 1
+        self.refusals.append(f"{name}: {why}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: (list(getattr(self, name)) if name == "refusals" else getattr(self, name))
+                for name in self.__slots__}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReadStats):
@@ -950,8 +1034,13 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
         import fcntl
 
         try:
-            lock = os.open(d / (filename + ".lock"), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            lock = os.open(d / (filename + ".lock"),
+                           os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK)
         except OSError:
+            lock = -1
+        if lock >= 0 and file_refusal(os.fstat(lock), lock) is not None:
+            st.refused(f"{filename}.lock", file_refusal(os.fstat(lock), lock) or "")
+            os.close(lock)  # a FIFO or a hostile file: read without the shared lock
             lock = -1
         if lock >= 0:
             for _ in range(_LOCK_TRIES):
@@ -966,17 +1055,20 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
     fds: list[int] = []
     seen: set[tuple[int, int]] = set()
     try:
-        euid = None if _WINDOWS else os.geteuid()
         for path in log_files(d, filename=filename):
             try:
-                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY)
-            except OSError:
-                st.refused_files += 1  # a symlink, vanished, unreadable
+                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+                             | _O_NONBLOCK)
+            except FileNotFoundError:
+                continue  # rotated away since the listing
+            except OSError as e:
+                st.refused(path.name, e.strerror or str(e))  # a symlink (ELOOP), unreadable
                 continue
             fst = os.fstat(fd)
-            if not stat.S_ISREG(fst.st_mode) or (euid is not None and fst.st_uid != euid):
+            why = file_refusal(fst, fd)
+            if why is not None:
                 os.close(fd)
-                st.refused_files += 1
+                st.refused(path.name, why)
                 continue
             if (fst.st_dev, fst.st_ino) in seen:
                 # Listed under two names by a rotation we could not lock out.

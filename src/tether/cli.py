@@ -15,7 +15,7 @@ _DELEGATED = {
     "shell": ("tether.shell", "Run a command through tether-shell (SHELL/COMSPEC drop-in)."),
     "reap": ("tether.reaper", "End leftovers of earlier runs that the audit log proves are ours."),
     "ps": ("tether.ps", "List the live jobs tether knows of, with their member trees."),
-    "init": ("tether.init", "Run CMD as PID 1 of a container: reap zombies, forward signals, end all on exit."),
+    "init": ("tether.init", "Be a container's PID 1, CMD its child: reap zombies, forward signals, end all on exit."),
 }
 
 
@@ -82,8 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_TETHER_FAILURE
         from .runner import run_command
 
+        state_dir = args.state_dir
+        if state_dir is not None:
+            from .audit import state_dir_arg
+            from .errors import UsageError
+
+            try:
+                state_dir = str(state_dir_arg(state_dir))
+            except UsageError as e:
+                print(f"tether run: {e}", file=sys.stderr)
+                return EXIT_TETHER_FAILURE
         return run_command(cmd, mechanism=args.mechanism, require=args.require, grace=args.grace,
-                           state_dir=args.state_dir, die_with_stdin=args.die_with_stdin,
+                           state_dir=state_dir, die_with_stdin=args.die_with_stdin,
                            verbose=args.verbose)
     if args.command == "doctor":
         from .doctor import doctor

@@ -44,7 +44,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from .identity import Identity
+    from .identity import Identity, Proof
 
 __all__ = ["DEFAULT_GRACE", "MAX_GRACE", "KILL_BOUND", "Ending", "end", "check_grace", "grace_arg",
            "depth_order"]
@@ -162,6 +162,7 @@ def end(
     grace: float = DEFAULT_GRACE,
     freeze: bool = False,
     member: bool | Callable[[Identity], bool] = True,
+    proof: Callable[[Identity], Proof | None] | None = None,
     kill: Callable[[], object] | None = None,
     kill_name: str = "SIGKILL",
     kill_covers: Callable[[Identity], bool] | None = None,
@@ -177,7 +178,10 @@ def end(
     ``born_after``: a tick (:func:`tether.identity.now_ticks`) no process in
     scope was born before; ``None`` only where the caller proved each target
     otherwise (the reaper: each from its own record). ``member``: the caller
-    vouches these are its job's (no uid check); a callable decides per process. ``kill``: the mechanism's
+    vouches these are its job's (no uid check); a callable decides per process.
+    ``proof(identity)``: what else proves a process known from the past is
+    the one meant (:class:`tether.identity.Proof`: its job's cookie or
+    cgroup); one it does not prove is refused, never signalled. ``kill``: the mechanism's
     kernel-side kill, credited as ``kill_name`` for the processes it covers
     (``kill_covers(identity)``; default: all of them); the rest get SIGKILL
     at once, and anything the kill missed gets SIGKILL on the next round.
@@ -226,7 +230,10 @@ def end(
         k = _key(i)
         attempted.add(k)
         try:
-            ok = send(i, sig, member=vouched(i))
+            if proof is not None:
+                ok = send(i, sig, member=vouched(i), proof=proof(i))
+            else:
+                ok = send(i, sig, member=vouched(i))
         except SignalRefused as e:
             refused.add(k)
             out.refused.append((i, str(e)))

@@ -52,6 +52,7 @@ __all__ = [
     "is_alive",
     "children",
     "pids",
+    "newest_pids",
     "proc_is_ours",
     "descendant_pids",
     "descendants",
@@ -67,8 +68,11 @@ __all__ = [
     "pidfd_targets",
     "HAVE_PIDFD",
     "own_ancestors",
+    "parent_pid",
     "capture",
     "send_signal",
+    "Proof",
+    "COOKIE_VAR",
 ]
 
 _LINUX = sys.platform.startswith("linux")
@@ -234,6 +238,16 @@ def now_ticks() -> int:
 # Reading one process (Linux)
 
 
+# Out of file descriptors (or memory): an error to say, never "that process is gone".
+_EXHAUSTED = (24, 23, 12)  # EMFILE, ENFILE, ENOMEM
+
+
+def _missing(e: OSError) -> None:
+    """Re-raise ``e`` unless it only means "no such process (any more)"."""
+    if e.errno in _EXHAUSTED:
+        raise e
+
+
 def _read_fd(fd: int, size: int) -> bytes:
     try:
         return os.read(fd, size)
@@ -263,22 +277,40 @@ def _stat_linux(pid: int) -> "Identity | None":
     """Only /proc/PID/stat (uid -1): the cheapest look, for matches()."""
     try:
         data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
-    except OSError:  # ENOENT, or ESRCH when it died between open and read
+    except OSError as e:  # ENOENT, or ESRCH when it died between open and read
+        _missing(e)
         return None
     if not data:
         return None
     return _parse_stat(pid, data, boot_id(), -1)
 
 
+_PF_EXITING = 0x4  # task flag: do_exit has begun (its memory, environ included, is going)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is gone, a zombie, or inside exit (PF_EXITING)."""
+    if not _LINUX:
+        return read(pid) is None
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
+        f = data[data.rindex(b")") + 2 :].split(None, 7)
+        return f[_F_STATE] in (b"Z", b"X", b"x") or bool(int(f[6]) & _PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
+
+
 def _read_linux(pid: int) -> "Identity | None":
     try:
         sfd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except OSError:
+    except OSError as e:
+        _missing(e)
         return None
     try:
         tfd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-    except OSError:
+    except OSError as e:
         os.close(sfd)
+        _missing(e)
         return None
     # Both fds are open before either is read: an open /proc file pins the
     # process it was opened for (a read after its death fails with ESRCH), and
@@ -445,14 +477,16 @@ def children(pid: int) -> list[int]:
     base = f"/proc/{pid}/task"
     try:
         tids = os.listdir(base)
-    except OSError:
+    except OSError as e:
+        _missing(e)
         return []
     out: list[int] = []
     seen: set[int] = set()
     for tid in tids:
         try:
             fd = os.open(f"{base}/{tid}/children", os.O_RDONLY)
-        except OSError:
+        except OSError as e:
+            _missing(e)
             continue  # the thread exited meanwhile
         chunks = []
         try:
@@ -490,6 +524,27 @@ def pidfd_pid(fd: int) -> int | None:
             pid = int(line[4:])
             return pid if pid > 0 else None
     return None
+
+
+def newest_pids(span: int = 64) -> list[int]:
+    """The ``span`` pids the kernel handed out last, newest first (from the
+    last-pid field of /proc/loadavg, wrapping at pid_max); [] elsewhere. A
+    pid-hopper lives a millisecond at a pid: a scan of the whole table never
+    reaches it in time, a look at the newest pids does."""
+    if not _LINUX:
+        return []
+    try:
+        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
+        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
+    except (OSError, ValueError, IndexError):
+        return []
+    out = []
+    for back in range(span):
+        p = last - back
+        if p <= 1:
+            p += pid_max - 300  # wrapped: the kernel reuses from 300 on
+        out.append(p)
+    return out
 
 
 def proc_is_ours() -> bool:
@@ -650,13 +705,16 @@ def cmdline(pid: int, limit: int = 4096) -> str:
 
 
 _ENVIRON_CAP = 1 << 20  # an environment larger than this is not searched further
+# Test knob: take the portable (psutil) path on Linux too, as macOS/BSD do.
+_PORTABLE_ENVIRON = os.environ.get("_TETHER_PORTABLE_ENVIRON") == "1"
 
 
 def environ_has(pid: int, entry: bytes) -> bool | None:
     """Whether the environment of ``pid`` holds ``entry`` (a whole
     ``NAME=value``): True or False, or None when it cannot be read (gone,
-    another user's, not Linux). Reads at most 1 MiB."""
-    if not _LINUX:
+    another user's, exiting). Reads at most 1 MiB. Where there is no /proc,
+    psutil's ``environ()``."""
+    if not _LINUX or _PORTABLE_ENVIRON:
         return _environ_has_psutil(pid, entry)
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
@@ -672,20 +730,24 @@ def environ_has(pid: int, entry: bytes) -> bool | None:
             data += chunk
             if needle in data + b"\0":
                 return True
-        return False
+        # Nothing at all: a process that is exiting (its memory is gone) reads
+        # so, as does one that cleared its environment - not a "no".
+        return False if len(data) > 1 else None
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def _environ_has_psutil(pid: int, entry: bytes) -> bool | None:
+def _environ_has_psutil(pid: int, entry: bytes) -> "bool | None":
     ps = _psutil()
     name, _, value = os.fsdecode(entry).partition("=")
     try:
         env = ps.Process(pid).environ()
     except (ps.Error, OSError):
         return None
+    if not env:
+        return None  # exiting, or no environment to read: not a "no"
     return env.get(name) == value
 
 
@@ -728,13 +790,28 @@ def _ppid_of(pid: int) -> int:
     return cur[3] if cur is not None else 0
 
 
+def parent_pid() -> int:
+    """This process's parent pid: ``os.getppid()``, except on Windows, where
+    CPython 3.12+ asks ``PssCaptureSnapshot`` - missing under Wine, where the
+    call aborts the whole process - so the creator's pid is read with one
+    ``NtQueryInformationProcess`` instead (0 when none is known)."""
+    if sys.platform != "win32":
+        return os.getppid()
+    from tether.platform._winapi import parent_pid as _win_parent_pid
+
+    try:
+        return _win_parent_pid()
+    except OSError:
+        return 0
+
+
 def own_ancestors() -> frozenset[int]:
     """This process, every ancestor up to PID 1 (as far as this PID namespace
     shows them), and 0 and 1 always. Read fresh each call: ancestors change
     when a parent dies and we are reparented."""
     me = os.getpid()
     out = {0, 1, me}
-    pid = os.getppid()
+    pid = parent_pid()
     # Bounded in case /proc shows a ppid loop mid-reparenting.
     for _ in range(4096):
         if pid in out:
@@ -836,7 +913,7 @@ class Capture:
         """Every captured process below ``roots`` by ppid, breadth first.
 
         The roots themselves are not listed (but are walked, even this
-        process: a subreaper guardian lists its own descendants). With
+        process: a subreaper keeper lists its own descendants). With
         ``born_after``, only processes with ``start >= born_after`` are
         listed or walked through (a child is never older than its parent).
         Excluded processes (PID <= 2, this process, its ancestors) are
@@ -1023,7 +1100,59 @@ def _refuse(ident: "Identity", why: str) -> "SignalRefused":
     return SignalRefused(f"refusing to signal pid {ident[0]!r} ({why})")
 
 
-def send_signal(ident: "Identity", sig: int, *, member: bool = False) -> bool:
+#: The environment variable every process a tether job starts carries, first
+#: in its environment: ``TETHER_JOB=<the job's cookie>``. A ``Job`` can name
+#: it otherwise (``Job(cookie_var=...)``); the audit records the name.
+COOKIE_VAR = "TETHER_JOB"
+
+
+class Proof:
+    """What, besides pid + start ticks + boot id, proves a process is the one
+    meant: its job's cookie (a whole ``NAME=value`` environment entry) and/or
+    its job's cgroup directory.
+
+    Start ticks have a 10 ms resolution, and a PID namespace with a writable
+    ``ns_last_pid`` can hand a leftover's pid to a stranger within the same
+    tick; the stranger then matches pid, start and boot. So before a signal
+    to a process known from the past (an audit record, an earlier capture),
+    :func:`send_signal` also asks its cgroup (a member of the job's cgroup is
+    proven) or else its environment (it must carry the cookie). Where neither
+    can be read, the process is spared: "identity ambiguous".
+    """
+
+    __slots__ = ("cookie", "cgroup")
+
+    def __init__(self, cookie: "bytes | None" = None, cgroup: "str | None" = None) -> None:
+        self.cookie = cookie
+        self.cgroup = cgroup
+
+    def __repr__(self) -> str:
+        return f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r})"
+
+    def check(self, pid: int) -> "str | None":
+        """None when ``pid`` is proven to be the job's, else why not."""
+        if self.cgroup:
+            from . import cgroupfs  # only here: the wrapper's hot path never proves
+
+            rel = cgroupfs.own(pid)
+            if rel is not None:
+                if cgroupfs.is_member(pid, self.cgroup):
+                    return None
+                if self.cookie is None:
+                    return "not in its job's cgroup"
+        if self.cookie:
+            has = environ_has(pid, self.cookie)
+            if has:
+                return None
+            if has is False:
+                return "it does not carry its job's cookie"
+        if not self.cgroup and not self.cookie:
+            return None  # nothing to prove with: pid + start + boot is all there is
+        return "identity ambiguous: neither its cgroup nor its environment can be read"
+
+
+def send_signal(ident: "Identity", sig: int, *, member: bool = False,
+                proof: "Proof | None" = None) -> bool:
     """Send ``sig`` to the process ``ident`` names, if it is still that process.
 
     THE one way tether signals any process that is not its own direct
@@ -1046,7 +1175,9 @@ def send_signal(ident: "Identity", sig: int, *, member: bool = False) -> bool:
     the one named, and it held it at the open too: a process that took the pid
     over after the open would have a start tick at or after the open, which a
     recorded identity cannot have unless the old process died, was reaped and
-    its pid was reused all within that one 10 ms tick.)
+    its pid was reused all within that one 10 ms tick.) That last case is what
+    ``proof`` (a :class:`Proof`) closes: it is checked while the pidfd pins
+    the process, and a process it does not prove is refused.
     """
     pid = ident[0]
     if type(pid) is not int:
@@ -1083,6 +1214,12 @@ def send_signal(ident: "Identity", sig: int, *, member: bool = False) -> bool:
         cur = _stat_linux(pid) if (member and fd >= 0) else read(pid)
         if cur is None or cur[1] != ident[1]:
             return False
+        if proof is not None and cur[7] not in ("Z", "X", "x"):
+            why = proof.check(pid)
+            # A process inside exit has no environment left to read: a signal
+            # cannot hurt it any more, so it is sent (and counts) as to any.
+            if why is not None and not _exiting(pid):
+                raise _refuse(ident, why)
         if not member and _has_uid() and cur[6] != os.getuid():
             raise _refuse(
                 ident,

@@ -165,7 +165,11 @@ def _read_audit(book: _Book, state_dir: str | os.PathLike[str], notes: list[str]
         notes.append(f"audit log not read: {e}")
         return
     for run in runs.values():
+        live_jobs = {p.job for p in run.procs.values()}
         for info in run.jobs.values():
+            if info.closed and info.job not in live_jobs and not (
+                    info.cgroup and os.path.isdir(info.cgroup)):
+                continue  # closed, and nothing of it may be alive: not listed anyway
             j = book.get(run.run, info.job)
             j.sources.add("audit")
             j.owner = j.owner or run.owner
@@ -474,10 +478,18 @@ def render_tree(jobs: list[PsJob], width: int = 100) -> str:
     return "\n".join(lines)
 
 
+#: The first line of the plain view (when there is a job): what its two
+#: kinds of line hold, and in which units.
+PLAIN_HEADER = ("# job lines: job= mechanism= owner= owner_alive= age= members= [name= keeper= "
+                "cgroup= closed= background= parent=]; member lines below each job, indented "
+                "two spaces per level: PID COMM AGE CMDLINE; ages in seconds (s)")
+
+
 def render_plain(jobs: list[PsJob]) -> str:
-    """The piped view: ``key=value`` job lines, members indented two spaces a level."""
+    """The piped view: a ``#`` header line, then ``key=value`` job lines,
+    members indented two spaces a level; ages carry their unit (``12.5s``)."""
     now_wall, now_ticks, hz = _clock()
-    lines: list[str] = []
+    lines: list[str] = [PLAIN_HEADER] if jobs else []
     for j in jobs:
         age = j.age(now_wall, now_ticks, hz)
         fields = [
@@ -485,7 +497,7 @@ def render_plain(jobs: list[PsJob]) -> str:
             f"mechanism={j.mechanism or '?'}",
             f"owner={j.owner.pid if j.owner else '?'}",
             "owner_alive=" + ("?" if j.owner_alive is None else "yes" if j.owner_alive else "no"),
-            f"age={age:.1f}" if age is not None else "age=?",
+            f"age={age:.1f}s" if age is not None else "age=?",
             f"members={j.member_count}",
         ]
         if j.name:
@@ -505,7 +517,7 @@ def render_plain(jobs: list[PsJob]) -> str:
         def walk(ms: list[Member], depth: int) -> None:
             for m in ms:
                 age = (now_ticks - m.ident.start) / hz
-                lines.append(f"{'  ' * depth}{m.ident.pid} {_oneline(m.ident.comm)} {age:.1f} "
+                lines.append(f"{'  ' * depth}{m.ident.pid} {_oneline(m.ident.comm)} {age:.1f}s "
                              f"{_oneline(m.cmdline)}".rstrip())
                 walk(m.children, depth + 1)
 
@@ -543,9 +555,15 @@ def cli(argv: list[str]) -> int:
         args = p.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    from .audit import default_state_dir
+    from .audit import default_state_dir, state_dir_arg
+    from .errors import UsageError
 
-    state_dir = args.state_dir or str(default_state_dir())
+    try:
+        state_dir = str(state_dir_arg(args.state_dir) if args.state_dir is not None
+                        else default_state_dir())
+    except UsageError as e:
+        print(f"tether ps: {e}", file=sys.stderr)
+        return 2
     notes: list[str] = []
     jobs = collect(state_dir, notes=notes)
     out = sys.stdout

@@ -744,11 +744,11 @@ class PtySession:
         """The close's signal function for ``tether.ending``: one identity-checked
         signal (``self._send``), retried on a transient failure; a refusal by
         the identity layer is final. Both are recorded in ``res``."""
-        def send(ident: Identity, sig: int, member: bool = False) -> bool:
+        def send(ident: Identity, sig: int, member: bool = False, **kw: Any) -> bool:
             last = ""
             for attempt in range(3):
                 try:
-                    return self._send(ident, sig, member=member)
+                    return self._send(ident, sig, member=member, **kw)
                 except SignalRefused as exc:
                     res.refused.append((ident, str(exc)))
                     raise

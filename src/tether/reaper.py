@@ -49,6 +49,7 @@ from typing import Any
 
 from . import cgroupfs, identity
 from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
+from .errors import UsageError
 from .identity import Identity
 from .runs import LIVE, OVER, Run, read_runs
 from .stops import argv_label, format_duration
@@ -61,6 +62,7 @@ _LINUX = sys.platform.startswith("linux")
 PID_REUSED = "pid reused"
 OTHER_USER = "other user"
 OTHER_SESSION = "other session"
+UNPROVEN = "identity not proven"
 BACKGROUND = "background"
 DETACHED = "detached"
 OWNER_ALIVE = "owner alive"
@@ -209,6 +211,7 @@ class _Target:
     recorded: bool = False  # it has a spawn record of its own
     label: str | None = None
     how: str = ""
+    proof: identity.Proof | None = None  # its job's cookie / cgroup, checked at every signal
 
     @property
     def key(self) -> tuple[int, int]:
@@ -267,6 +270,13 @@ class _Plan:
         if self.foreign(ident):
             self.skip(ident, t.run, OTHER_USER, f"uid {ident.uid}", t.session, t.job)
             return False
+        if t.proof is not None:
+            why = t.proof.check(ident.pid)
+            if why is not None:
+                # Same pid, same start tick, yet not its job's: a stranger that
+                # was handed a leftover's pid within one clock tick.
+                self.skip(ident, t.run, UNPROVEN, why, t.session, t.job)
+                return False
         self.targets[t.key] = t
         return True
 
@@ -383,10 +393,23 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                           p.job)
                 continue
             label = p.label or (argv_label(p.argv) if p.argv else None)
-            t = _Target(cur, run.run, p_session, p.job, recorded=True, label=label)
+            t = _Target(cur, run.run, p_session, p.job, recorded=True, label=label,
+                        proof=_proof(run, p.job, p.cgroup))
             if plan.add(t):
                 roots.append(t)
     return roots
+
+
+def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Proof | None:
+    """What proves a process is its job's, from the records: the job's cookie
+    (every process it started carries it) and the job's cgroup. None for a
+    record of an older tether that wrote neither."""
+    info = run.jobs.get(job) if run is not None and job is not None else None
+    cookie = info.cookie_entry() if info is not None else None
+    cg = cgroup or (info.cgroup if info is not None else None)
+    if cookie is None and cg is None:
+        return None
+    return identity.Proof(cookie, cg)
 
 
 def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: str) -> None:
@@ -430,7 +453,7 @@ def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
         if cur is None or cur.start != d.start or cur.state in ("Z", "X", "x"):
             continue
         # cgroup stays None: only what cgroup.procs lists is ended by cgroup.kill.
-        t = _Target(cur, parent.run, parent.session, parent.job, via)
+        t = _Target(cur, parent.run, parent.session, parent.job, via, proof=parent.proof)
         if plan.add(t):
             out.append(t)
         else:
@@ -546,7 +569,8 @@ def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool
                 plan.skip(cur, run_id, plan.protected[key], f"its record says so; in {dirpath}",
                           session, job)
                 continue
-            t = plan.targets.get(key) or _Target(cur, run_id, session, job)
+            t = plan.targets.get(key) or _Target(cur, run_id, session, job,
+                                                 proof=identity.Proof(None, dirpath))
             if plan.add(t):
                 t.cgroup = dirpath
             else:
@@ -654,7 +678,11 @@ def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) ->
             if not cgroupfs.kill(jd, timeout=1.0):
                 notes.append(f"{jd} still populated after cgroup.kill")
 
-    ending = end(find, born_after=None, grace=grace, freeze=True, member=False,
+    def proof(i: Identity) -> identity.Proof | None:
+        t = plan.targets.get((i.pid, i.start))
+        return t.proof if t is not None else None
+
+    ending = end(find, born_after=None, grace=grace, freeze=True, member=False, proof=proof,
                  kill=kill if cg_jobs else None, kill_name="cgroup.kill",
                  kill_covers=lambda i: in_stale_cgroup(plan.targets.get((i.pid, i.start))))
     for ident, why in ending.refused:
@@ -881,10 +909,16 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--no-cgroups", action="store_true", help="do not look for stale cgroups")
     args = p.parse_args(argv)
     try:
-        report = reap(args.state_dir, app=args.app, session=args.session,
+        state = (audit.state_dir_arg(args.state_dir) if args.state_dir is not None
+                 else audit.default_state_dir())
+        report = reap(state, app=args.app, session=args.session,
                       dry_run=args.dry_run, grace=args.grace, cgroups=not args.no_cgroups)
-    except audit.AuditDirError as e:
+    except (audit.AuditDirError, UsageError) as e:
         print(f"tether reap: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an unreadable directory: not ours to read, not "survived"
+        print(f"tether reap: cannot read the audit log: {e.strerror or e}: "
+              f"{e.filename or args.state_dir}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=False))

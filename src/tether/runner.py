@@ -1,7 +1,16 @@
 """`tether run`: one command in a job, with the terminal and signals handled.
 
 Exit status: the command's; 128+N if it died of signal N; 127 command not
-found; 126 not executable; 125 tether's own failure (one line on stderr).
+found; 126 not executable; 125 tether's own failure, nothing ran (one line on
+stderr); 123 the guard was lost and so was the command's status (see below).
+
+If tether's keeper dies while the command runs (someone SIGKILLs it), tether
+says so at once - ``tether: keeper died; the job is no longer guarded`` - and
+keeps going: ``tether run`` is a child subreaper, so the command (and what it
+left) is re-parented to it; it waits for the command and returns the
+command's own status, then ends what is left from here (``cgroup.kill`` of
+the job's cgroup, or the processes that carry the job's cookie). Only if the
+status cannot be had is the exit 123.
 SIGINT/SIGTERM/SIGHUP sent *to tether* stop the job gracefully and tether
 exits 128+N. A Ctrl+C typed at the terminal is different: the kernel sends it
 to the whole foreground process group, the command included, so tether
@@ -21,6 +30,8 @@ import threading
 from .errors import TetherError
 
 SI_KERNEL = 0x80
+EXIT_GUARD_LOST = 123  # the keeper died and the command's exit status went with it
+KEEPER_DIED = "tether: keeper died; the job is no longer guarded"
 # Windows has neither SIGHUP nor SIGQUIT: keep the ones this platform has.
 _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 _KEYBOARD = tuple(getattr(signal, n) for n in ("SIGINT", "SIGQUIT") if hasattr(signal, n))
@@ -50,6 +61,15 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
     from .errors import JobRefused, TetherError
     from .job import Job
 
+    if not _WINDOWS:
+        # A child subreaper: should the job's keeper die, the command is
+        # re-parented to us, and its exit status is still ours to report.
+        from . import _prctl
+
+        try:
+            _prctl.set_subreaper()
+        except OSError:
+            pass  # not Linux: a keeper's death then loses the status (exit 123)
     try:
         job = Job(name=os.path.basename(cmd[0]), mechanism=mechanism, grace=grace, require=require,
                   state_dir=state_dir)
@@ -116,7 +136,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
     waited = set(_STOP_SIGNALS) | {signal.SIGQUIT, signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     main_id = threading.get_ident()
-    state = {"exited": False, "stdin_hup": False}
+    state = {"exited": False, "stdin_hup": False, "keeper_died": False}
 
     def wake() -> None:
         try:
@@ -124,8 +144,25 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
         except (OSError, ProcessLookupError):
             pass
 
+    keeper_fd = getattr(job._backend, "keeper_pidfd", lambda: None)()
+    child_fd = getattr(proc, "pidfd", None)
+
     def waiter() -> None:
         try:
+            if keeper_fd is not None and child_fd is not None:
+                import select
+
+                poller = select.poll()
+                poller.register(child_fd, select.POLLIN)
+                poller.register(keeper_fd, select.POLLIN)
+                while True:
+                    ready = {fd for fd, _ in poller.poll()}
+                    if keeper_fd in ready and not state["keeper_died"]:
+                        state["keeper_died"] = True
+                        print(KEEPER_DIED, file=sys.stderr, flush=True)
+                        poller.unregister(keeper_fd)
+                    if child_fd in ready:
+                        break
             proc.wait()
         finally:
             state["exited"] = True
@@ -165,8 +202,9 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
     rc = proc.returncode
     if stop_signal:
         return 128 + stop_signal
-    if rc is None:
-        return 125
+    if rc is None or getattr(proc, "tether_status_lost", False):
+        print("tether: the command's exit status was lost with its keeper", file=sys.stderr)
+        return EXIT_GUARD_LOST
     return 128 - rc if rc < 0 else rc
 
 
@@ -224,7 +262,9 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
 def _exit_status_windows(rc: int) -> int:
     """Windows exit codes are 32-bit DWORDs (0xC000013A after Ctrl+C): pass the same
     bits to ExitProcess, which SystemExit only takes as a signed 32-bit int."""
-    return rc - (1 << 32) if rc >= (1 << 31) else rc
+    from .platform._winapi import signed_exit_code
+
+    return signed_exit_code(rc)
 
 
 def _stdin_pipe_handle():

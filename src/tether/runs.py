@@ -77,7 +77,7 @@ class JobInfo:
     """What the log says of one job."""
 
     __slots__ = ("job", "name", "mechanism", "session", "background", "detached", "cgroup",
-                 "keeper", "opened", "closed", "label", "tasks")
+                 "keeper", "opened", "closed", "label", "cookie", "cookie_var", "tasks")
 
     def __init__(self, job: str) -> None:
         self.job = job
@@ -91,7 +91,15 @@ class JobInfo:
         self.opened: float | None = None  # ts of its job-open record
         self.closed = False
         self.label: str | None = None
+        self.cookie: str | None = None  # what every process of the job carries ...
+        self.cookie_var: str | None = None  # ... in its environment, under this name
         self.tasks: list[dict[str, Any]] | None = None  # the last ``tasks`` record's live tasks
+
+    def cookie_entry(self) -> bytes | None:
+        """The whole environment entry ``NAME=value`` of the job's cookie, if recorded."""
+        if not self.cookie:
+            return None
+        return f"{self.cookie_var or identity.COOKIE_VAR}={self.cookie}".encode()
 
 
 class Run:
@@ -166,6 +174,8 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     """
     from . import audit
 
+    if stats is None:
+        stats = audit.ReadStats()
     boot = identity.boot_id()
     alive = identity.pids()
     runs: dict[str, Run] = {}
@@ -183,11 +193,14 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
                 unusable += 1
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
-    if unusable and notes is not None:
-        notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
-    if lost and notes is not None:
-        notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would have "
-                     "carried forward: what they proved cannot be proven now")
+    if notes is not None:
+        if unusable:
+            notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
+        for why in getattr(stats, "refusals", ()):
+            notes.append(f"audit file refused, not read: {why}")
+        if lost:
+            notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
+                         "have carried forward: what they proved cannot be proven now")
     return runs
 
 
@@ -227,7 +240,12 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         info = run.jobs.get(job)
         if info is None:
             info = run.jobs[job] = JobInfo(job)
-        for key in ("name", "mechanism", "session", "label"):
+            if carried and event == "job-open":
+                # A job known only from a carried copy: open only while its keeper
+                # runs (its job-close, if any, may have been read and forgotten).
+                keeper = _ident(rec.get("keeper"), boot, cache)
+                info.closed = keeper is None or not identity.is_alive(keeper)
+        for key in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
             v = _str(rec.get(key))
             if v is not None and getattr(info, key) is None:
                 setattr(info, key, v)
@@ -293,6 +311,12 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             info.tasks = [t for t in tasks[:MAX_TASKS] if type(t) is dict]
     elif event == "job-close" and info is not None:
         info.closed = True
+        # A closed job with nothing left that may be alive proves nothing
+        # more: forgotten now, so memory follows what may still be alive.
+        if not info.background and not info.detached \
+                and not any(p.job == job for p in run.procs.values()) \
+                and not (info.cgroup and os.path.isdir(info.cgroup)):
+            del run.jobs[job]
     return True
 
 
@@ -356,8 +380,9 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
     * a ``spawn`` whose process (pid, start ticks, boot id) still runs: it is
       what ties a leftover (or a protected background/detached process) to
       its run;
-    * a ``job-open`` whose keeper still runs, or whose cgroup still exists
-      (a stale cgroup is proven by the run its records name);
+    * a ``job-open`` whose keeper still runs, whose cgroup still exists (a
+      stale cgroup is proven by the run its records name), or with a spawn
+      carried here (its cookie proves the job's processes);
     * a ``run-start`` whose owner still runs (the app name of a live run);
     * the last ``tasks`` record of a job, while its owner or one of the
       tasks' processes still runs (what a resume says it ended).
@@ -374,6 +399,8 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
     first: list[dict[str, Any]] = []
     later: list[dict[str, Any]] = []
     last_tasks: dict[tuple[Any, Any], tuple[bool, int]] = {}
+    opens: dict[tuple[Any, Any], tuple[dict[str, Any], bool]] = {}  # job-opens not needed yet
+    spawned: set[tuple[Any, Any]] = set()  # (run, job) of the spawns carried
 
     def owner_alive(ident: Identity | None) -> bool:
         if ident is None:
@@ -408,7 +435,11 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
         except (TypeError, ValueError, AttributeError):
             continue  # a record of the wrong shape proves nothing
         if not need:
+            if event == "job-open":
+                opens[(rec.get("run"), rec.get("job"))] = (rec, live)
             continue
+        if event == "spawn":
+            spawned.add((rec.get("run"), rec.get("job")))
         bucket = later if live else first
         if event == "tasks":
             k = (rec.get("run"), rec.get("job"))
@@ -419,4 +450,7 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
                 (later if prev[0] else first)[prev[1]] = {}
             last_tasks[k] = (live, len(bucket))
         bucket.append(rec)
+    for k in spawned & opens.keys():
+        rec, live = opens[k]
+        (later if live else first).append(rec)
     return [r for r in first + later if r]

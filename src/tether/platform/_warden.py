@@ -46,7 +46,8 @@ def main() -> None:
             child = socket.socket(fileno=fds[0])
             try:
                 options = JobOptions(name=msg["name"], job_id=msg["job_id"],
-                                     background=msg["background"])
+                                     background=msg["background"], cookie=msg.get("cookie"),
+                                     cookie_var=msg.get("cookie_var") or "TETHER_JOB")
                 mech = keeper_mechanism(msg["mech"])(options, msg["owner_pid"],
                                                      msg["owner_start"], **msg["params"])
                 fork_keeper(mech, child, owner, owner_fd, extra_keep=())

@@ -129,7 +129,7 @@ class Availability(_Record):
 class Guarantee(_Record):
     """What protects a job, on the two axes of the design brief.
 
-    * ``kernel_enforced``: the job ends even if tether's guardian is killed
+    * ``kernel_enforced``: the job ends even if tether's keeper is killed
       first (the kernel, not a process of ours, pulls the trigger).
     * ``transparent``: the job's processes see the same PIDs, users and /proc
       as without tether; ``visible`` lists what they would notice otherwise.
@@ -163,7 +163,7 @@ class Guarantee(_Record):
     def __str__(self) -> str:
         if self.disabled:
             return f"{self.mechanism}: kill-on-close DISABLED: {self.disabled}"
-        kind = "kernel-enforced" if self.kernel_enforced else "guardian-enforced"
+        kind = "kernel-enforced" if self.kernel_enforced else "keeper-enforced"
         seen = "transparent" if self.transparent else "visible: " + "; ".join(self.visible)
         text = f"{self.mechanism} ({kind}, {seen}); ended by {self.ends_job}"
         if self.not_covered:
@@ -175,9 +175,10 @@ class JobOptions(_Record):
     """Everything a backend needs to open one job."""
 
     __slots__ = ("name", "job_id", "parent", "background", "cpu_percent", "low_priority",
-                 "reason")
+                 "reason", "cookie", "cookie_var")
     _defaults = {"parent": None, "background": False, "cpu_percent": None,
-                 "low_priority": False, "reason": None}
+                 "low_priority": False, "reason": None, "cookie": None,
+                 "cookie_var": "TETHER_JOB"}
     name: str
     job_id: str  # unique per owner run, safe in file names
     parent: "JobBackend | None"  # nested job: ends when the parent ends
@@ -185,6 +186,21 @@ class JobOptions(_Record):
     cpu_percent: int | None  # hard CPU cap for background jobs
     low_priority: bool
     reason: str | None  # mechanism "none": why the job has no safety net
+    cookie: str | None  # put first in every spawned process's environment ...
+    cookie_var: str  # ... as cookie_var=cookie (tether.identity.COOKIE_VAR by default)
+
+
+def with_cookie(env: "dict", options: "JobOptions") -> "dict":
+    """``env`` (str or bytes keys, as given) with the job's cookie entry first."""
+    if not options.cookie:
+        return env
+    if env and isinstance(next(iter(env)), bytes):
+        key, value = options.cookie_var.encode(), options.cookie.encode()
+    else:
+        key, value = options.cookie_var, options.cookie
+    out = {key: value}
+    out.update((k, v) for k, v in env.items() if k != key)
+    return out
 
 
 class JobBackend(abc.ABC):
@@ -210,6 +226,11 @@ class JobBackend(abc.ABC):
     @abc.abstractmethod
     def popen(self, args: "Any", kwargs: "dict[str, Any]") -> "subprocess.Popen":
         """Start ``args`` inside the job with ``subprocess.Popen`` keywords.
+
+        The child's environment (``env=``, or this process's) gets
+        ``options.cookie_var=options.cookie`` as its first entry, replacing any
+        earlier value (:func:`with_cookie`): every process of the job, and what
+        it starts, carries the job's cookie unless it clears its environment.
 
         Raises ``JobRefused`` if the child could not be placed in the job
         (it is killed first), ``JobClosed`` if the job is closed, and the

@@ -14,13 +14,14 @@ dies - the audit log and the reaper's next start are the only net left.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
 from .. import identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, SignalRefused
-from .base import NONE, Availability, Guarantee, JobBackend, JobOptions
+from .base import NONE, Availability, Guarantee, JobBackend, JobOptions, with_cookie
 
 MECHANISM = NONE
 _GONE = ("Z", "X", "x")
@@ -59,6 +60,9 @@ class Backend(JobBackend):
     def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
         if self.closed:
             raise JobClosed(f"job {self.options.name!r} is closed", mechanism=NONE)
+        env = kwargs.get("env")
+        kwargs = {**kwargs, "env": with_cookie(dict(os.environ) if env is None else dict(env),
+                                             self.options)}
         p = subprocess.Popen(args, **kwargs)
         self.children.append(p)
         return p

@@ -25,7 +25,7 @@ from ..errors import JobClosed, JobRefused, SignalRefused
 from . import _proto, keeper_mechanism
 from ._keeper import RESTORED
 from ._keeper_socket import fork_keeper
-from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism
+from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism, with_cookie
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
@@ -104,6 +104,12 @@ class KeeperJob(JobBackend):
         if not self.keeper_pid:
             self.keeper_pid = msg["keeper"]
         self.keeper = identity.read(self.keeper_pid)
+        # A pidfd of the keeper, for noticing its death at once (keeper_pidfd).
+        self._keeper_fd = identity.open_pidfd(self.keeper_pid)
+        if self._keeper_fd is not None and (self.keeper is None or not identity.is_alive(
+                self.keeper)):
+            os.close(self._keeper_fd)
+            self._keeper_fd = None
         self._sock.settimeout(None)
         self._reap_children(block=False)
 
@@ -189,9 +195,41 @@ class KeeperJob(JobBackend):
                 "cwd=, env= or a wrapper command)")
         return JobPopen(self, args, **kwargs)
 
+    # -- the keeper's death ----------------------------------------------------------
+    def keeper_pidfd(self) -> int | None:
+        """A pidfd of the job's keeper (readable once it is gone), or None."""
+        return self._keeper_fd
+
+    def keeper_alive(self) -> bool:
+        if self._keeper_fd is not None:
+            r, _, _ = select.select([self._keeper_fd], [], [], 0)
+            return not r
+        return self.keeper is not None and identity.is_alive(self.keeper)
+
+    def _orphans(self) -> list[identity.Identity]:
+        """The job's members once its keeper is gone, found from here: what
+        the job's cgroup holds, else every process of ours born since the job
+        opened that carries its cookie (and what those started)."""
+        if self.mech.keeper_inside:  # a cgroup: the kernel still holds every member
+            return [i for i in map(identity.read, self.mech.member_pids(-1)) if i is not None]
+        o = self.options
+        if not o.cookie:
+            return []
+        entry = f"{o.cookie_var}={o.cookie}".encode()
+        cap = identity.capture(born_after=self.born_after)
+        uid = os.geteuid()
+        found = {i.pid: i for i in cap.procs.values()
+                 if i.state not in "ZXx" and (i.uid == uid or uid == 0)
+                 and identity.environ_has(i.pid, entry)}
+        for d in cap.descendants(list(found), born_after=self.born_after):
+            found.setdefault(d.pid, d)
+        return list(found.values())
+
     def member_pids(self) -> list[int]:
         if self._closed:
             return []
+        if not self.mech.keeper_inside and not self.keeper_alive():
+            return [i.pid for i in self._orphans()]
         return self.mech.member_pids(self.keeper_pid)
 
     def signal_all(self, sig: int) -> list[int]:
@@ -222,16 +260,37 @@ class KeeperJob(JobBackend):
         if self.mech.keeper_inside and not self._closed:
             self.request({"op": "step_aside"})
 
+    def _end_from_here(self, timeout: float) -> None:
+        """The keeper is gone: end the job from the owner - ``cgroup.kill`` of
+        its cgroup, or the members found by the job's cookie."""
+        from .. import cgroupfs
+        from ..ending import end
+
+        path = (self.mech.trace() or {}).get("cgroup_path")
+        if path:
+            cgroupfs.kill(path, timeout)
+        end(self._orphans, born_after=self.born_after, grace=0, bound=timeout,
+            on_round=lambda: self._reap_children(block=False))
+
     def kill_all(self, timeout: float = KILL_BOUND) -> None:
         if self.mechanism == PIDNS:
             self._kill_members_from_outside(timeout)
-        reply, fds = self.request({"op": "kill_all", "timeout": timeout})
+        if not self.keeper_alive():
+            self._end_from_here(timeout)
+            return
+        try:
+            reply, fds = self.request({"op": "kill_all", "timeout": timeout})
+        except JobClosed:  # it died while we asked
+            self._end_from_here(timeout)
+            return
         for fd in fds:
             os.close(fd)
 
     def close(self, timeout: float = KILL_BOUND) -> None:
         if self.mechanism == PIDNS and not self._closed:
             self._kill_members_from_outside(timeout)
+        if not self._closed and not self.keeper_alive():
+            self._end_from_here(timeout)
         with self._lock:
             if self._closed:
                 return
@@ -253,8 +312,20 @@ class KeeperJob(JobBackend):
                 pass
             finally:
                 self._sock.close()
+                if self._keeper_fd is not None:
+                    os.close(self._keeper_fd)
+                    self._keeper_fd = None
         self._reap_children(block=True)
         self.mech.owner_cleanup()
+
+    def has_status(self, inner_pid: int) -> bool:
+        """Whether the keeper already handed over this child's exit status."""
+        if inner_pid in self._final_status or inner_pid in self._exits:
+            return True
+        if not self._closed:
+            with self._lock:
+                self._drain_exits()
+        return inner_pid in self._exits
 
     def wait_status(self, inner_pid: int, block: bool) -> int | None:
         """Raw wait status of a direct child: pushed by the keeper, or asked for."""
@@ -297,6 +368,7 @@ class JobPopen(subprocess.Popen):
         self._pidfd: int | None = None
         self._inner_pid = 0
         self.tether_identity: identity.Identity | None = None
+        self.tether_status_lost = False
         super().__init__(args, **kwargs)
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
@@ -353,9 +425,12 @@ class JobPopen(subprocess.Popen):
                 if b"=" in k:
                     raise ValueError("illegal environment variable name")
                 env_b[k] = os.fsencode(v)
-        ignored = _ignored_signals()
+        env_b = with_cookie(env_b, self._tether_backend.options)
+        ignored, owner_umask = _ignored_signals_and_umask()
         if restore_signals:
             ignored = [s for s in ignored if s not in RESTORED]
+        # The child gets this process's state as of now, as subprocess's child
+        # would, not the keeper's copy from when the job opened.
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
@@ -367,9 +442,11 @@ class JobPopen(subprocess.Popen):
             "pgroup": process_group if process_group is not None else -1,
             "setsid": bool(start_new_session),
             "owner_pgid": os.getpgrp(),
-            "umask": umask,
+            "umask": umask if umask >= 0 else owner_umask,
             "ignored": ignored,
             "sigmask": [int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
+            "rlimits": _rlimits(),
+            "ids": (os.getuid(), os.geteuid(), os.getgid(), os.getegid()),
             "ctty": self._tether_ctty,
             "ident": self._tether_backend.record_identity,
         }
@@ -429,11 +506,28 @@ class JobPopen(subprocess.Popen):
         return bool(p.poll(ms))
 
     def _collect(self, block: bool) -> None:
-        st = self._tether_backend.wait_status(self._inner_pid, block)
+        backend = self._tether_backend
+        if backend.keeper_alive() or backend.has_status(self._inner_pid):
+            st = backend.wait_status(self._inner_pid, block)
+        else:
+            # The keeper died. If this process is a child subreaper (tether run
+            # makes itself one), the child was re-parented here: its status
+            # is ours to take. Otherwise it is lost with the keeper.
+            try:
+                pid, st = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid, st = -1, None
+            if pid == 0:
+                return  # still running
+            if pid != self.pid:
+                st = None
         if st is None and not block:
             return
         if st is None:
             st = signal.SIGKILL  # reaped behind our back (job closed): report a kill
+            #: True when the child's real exit status was lost (its keeper died
+            #: and nothing here could wait for it): returncode says SIGKILL.
+            self.tether_status_lost = not backend.keeper_alive()
         self.returncode = os.waitstatus_to_exitcode(st) if st >= 0 else st
         if self._pidfd is not None:
             os.close(self._pidfd)
@@ -504,12 +598,19 @@ class JobPopen(subprocess.Popen):
                 pass
 
 
-def _ignored_signals() -> list[int]:
-    """Signals this process ignores now (children inherit SIG_IGN across exec)."""
+def _ignored_signals_and_umask() -> tuple[list[int], int]:
+    """Signals this process ignores now (children inherit SIG_IGN across exec),
+    and its umask, from one read of its status (Linux >= 4.7 has ``Umask``)."""
+    f = identity.status_fields("self", b"SigIgn", b"Umask")
+    try:
+        mask = int(f[b"Umask"], 8)
+    except (KeyError, ValueError):
+        mask = os.umask(0o22)  # no thread-safe read here: set and put back at once
+        os.umask(mask)
     try:
         # One read of the kernel's mask; signal.getsignal per signal costs ~1 ms.
-        return identity.mask_signals(identity.self_status()[1])
-    except (OSError, ValueError):
+        return identity.mask_signals(int(f[b"SigIgn"], 16)), mask
+    except (KeyError, ValueError):
         pass
     out = []
     for s in signal.valid_signals():
@@ -518,7 +619,21 @@ def _ignored_signals() -> list[int]:
                 out.append(int(s))
         except (ValueError, OSError):
             continue
-    return out
+    return out, mask
+
+
+_RLIMITS: tuple[int, ...] | None = None
+
+
+def _rlimits() -> list[tuple[int, int, int]]:
+    """This process's resource limits, ``(resource, soft, hard)`` each."""
+    global _RLIMITS
+    import resource
+
+    if _RLIMITS is None:
+        _RLIMITS = tuple(sorted({getattr(resource, n) for n in dir(resource)
+                                 if n.startswith("RLIMIT_")}))
+    return [(r, *resource.getrlimit(r)) for r in _RLIMITS]
 
 
 def _list_fds() -> list[int]:
@@ -553,7 +668,8 @@ class _Warden:
     def create(self, mech: KeeperMechanism, child: socket.socket) -> None:
         o = mech.options
         msg = {"op": "create", "mech": mech.name, "name": o.name, "job_id": o.job_id,
-               "background": o.background, "owner_pid": mech.owner_pid,
+               "background": o.background, "cookie": o.cookie, "cookie_var": o.cookie_var,
+               "owner_pid": mech.owner_pid,
                "owner_start": mech.owner_start, "params": mech.params_for_keeper()}
         with self.lock:
             _proto.send(self.sock, msg, [child.fileno()])
