@@ -22,8 +22,8 @@ Proof, in order (see docs/reaper.md):
    marked background/detached, in which case only this user's unprotected
    members are ended, one by one, and the directory stays.
 
-Ending: SIGTERM (then SIGCONT, so a stopped process sees it) to every target,
-deepest first; up to ``grace`` seconds for them to exit; then the survivors
+Ending: SIGTERM to every target, parents first (then SIGCONT, so a stopped
+process sees it); up to ``grace`` seconds for them to exit; then the survivors
 are frozen with SIGSTOP (parents first) and the process table is read again
 until no new descendant appears (so nothing forks its way out of the kill),
 and SIGKILL goes to them deepest first, and ``cgroup.kill`` to stale cgroups.
