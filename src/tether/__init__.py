@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         JobClosed,
         JobExpired,
         JobRefused,
+        SessionHeld,
         ShellNotFound,
         SignalRefused,
         TetherError,
@@ -52,8 +53,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Job", "run", "Popen", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
     "Guarantee", "probe_all", "choose", "TetherError", "JobRefused", "JobClosed",
-    "HostClosed", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound", "Unavailable",
-    "__version__",
+    "HostClosed", "SessionHeld", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound",
+    "Unavailable", "__version__",
 ]
 
 _LAZY = {
@@ -71,8 +72,8 @@ _LAZY = {
     "probe_all": ("tether.platform", "probe_all"),
     "choose": ("tether.platform", "choose"),
     **{name: ("tether.errors", name) for name in (
-        "TetherError", "JobRefused", "JobClosed", "HostClosed", "JobExpired", "SignalRefused",
-        "UsageError", "ShellNotFound", "Unavailable")},
+        "TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
+        "SignalRefused", "UsageError", "ShellNotFound", "Unavailable")},
 }
 
 

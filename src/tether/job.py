@@ -114,7 +114,7 @@ class Job:
             cookie=self.cookie,
             cookie_var=cookie_var,
         )
-        self._audit = _open_audit(state_dir)
+        self._audit = self._audit_writer(state_dir)
         self._backend = open_job(self.mechanism, opts)
         self._backend.record_identity = self._audit is not None
         if parent is not None:
@@ -123,6 +123,10 @@ class Job:
         self._log("job-open")
 
     # -- audit ----------------------------------------------------------------------
+    def _audit_writer(self, state_dir: Any):
+        # A subclass (tether.Host's jobs) may choose the log's retention or turn it off.
+        return _open_audit(state_dir)
+
     def _log(self, event: str, **fields: Any) -> None:
         if self._audit is None:
             return
