@@ -96,17 +96,15 @@ class Keeper:
         if self.job is not None:
             self.job.close()
             return
-        try:
-            self.sock.close()
-        finally:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                done, _ = os.waitpid(self.pid, os.WNOHANG)
-                if done:
-                    return
-                time.sleep(0.01)
-            os.kill(self.pid, 9)  # our own child, not yet reaped: the pid is its
-            os.waitpid(self.pid, 0)
+        self.sock.close()  # EOF: the keeper ends its job and leaves
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                return
+            time.sleep(0.01)
+        os.kill(self.pid, 9)  # our own child, not yet reaped: the pid is its
+        os.waitpid(self.pid, 0)
 
 
 @pytest.fixture(params=["native", "python"])
