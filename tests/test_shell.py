@@ -213,6 +213,8 @@ def test_env_is_unchanged(procs, ts, env):
     seen = dict(kv.split(b"=", 1) for kv in out.split(b"\0") if kv)
     for k in (b"_", b"PWD", b"SHLVL", b"OLDPWD"):  # set by the shell itself
         seen.pop(k, None)
+    # ... and the job's cookie, which every process tether starts carries (issue 13)
+    assert seen.pop(b"TETHER_JOB").count(b":") == 2
     want = {k.encode(): v.encode() for k, v in env.items() if k not in ("_", "PWD", "SHLVL", "OLDPWD")}
     assert seen == want
 
@@ -289,8 +291,10 @@ def test_command_killed_by_signal_kills_wrapper_by_it(procs, ts, env, sig):
 
 # -- 2. bad invocations: exit 2, one line, nothing run -------------------------------
 
+# [] and ["-l"] were bad invocations until tether-shell served interactive
+# shells (issue 14): they are tested in section 10 now; "--" alone is still bad.
 @pytest.mark.parametrize("args", [
-    [], ["-c"], ["-l"], ["-x", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
+    ["--"], ["-c"], ["-l", "--"], ["-x", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
     ["--norc", "-c", "true"], ["script.sh"], ["-l", "script.sh"], ["/k", "dir"], ["/c"],
     ["/c", "echo hi"], ["/d", "/s", "/c", "echo hi"], ["/D", "/S", "/C", "echo hi"],
 ], ids=repr)

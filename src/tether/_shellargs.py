@@ -9,6 +9,11 @@ SHELL mode (what ``$SHELL -c CMD`` callers pass)::
     -c CMD [ARG0 [ARG...]]        -lc CMD    -l -c CMD    -lc -c CMD    -c -l CMD
     --login, -, -- accepted as bash does; ARG0 ARG... become $0 $1 ... as with sh -c
 
+INTERACTIVE mode (what a terminal that starts ``$SHELL`` passes)::
+
+    (no arguments)    -i    -l    --login    -il    -i -l ...
+    the real shell runs with the same arguments, on the same terminal
+
 COMSPEC mode (what ``%COMSPEC% /c CMD`` callers pass, Windows only)::
 
     /c CMD      /d /s /c CMD      (flags case-insensitive; /d and /s in any order)
@@ -28,6 +33,7 @@ if TYPE_CHECKING:  # collections.abc/typing cost milliseconds of start-up: hints
 
 SHELL = "shell"
 COMSPEC = "comspec"
+INTERACTIVE = "interactive"
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127
@@ -42,10 +48,12 @@ _PROBE = 4096
 class Parsed:
     """One parsed invocation.
 
-    ``mode``: ``"shell"`` or ``"comspec"``. ``login``: ``-l``/``--login`` was
-    given. ``command``: CMD. ``args``: what follows CMD (``$0 $1 ...``; in
-    COMSPEC mode the words after ``/c`` are joined into ``command`` instead).
-    ``flags``: the COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``.
+    ``mode``: ``"shell"``, ``"comspec"`` or ``"interactive"``. ``login``:
+    ``-l``/``--login`` was given. ``command``: CMD (``""`` in interactive
+    mode). ``args``: what follows CMD (``$0 $1 ...``; in COMSPEC mode the
+    words after ``/c`` are joined into ``command`` instead). ``flags``: the
+    COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``; in interactive mode
+    the arguments as given, which the real shell gets unchanged.
     """
 
     __slots__ = ("mode", "login", "command", "args", "flags")
@@ -76,42 +84,53 @@ def is_comspec_flag(arg: str) -> bool:
 def parse(argv: "Sequence[str]") -> "Parsed":
     """Parse the arguments after the program name; raise ``UsageError``."""
     if not argv:
-        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+        return Parsed(INTERACTIVE, "", ())
     if is_comspec_flag(argv[0]):
         return _parse_comspec(argv)
     return _parse_shell(argv)
 
 
+_SUPPORTED = "supported: -c CMD, -l, --login; -i, -l or --login alone for an interactive shell"
+
+
 def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     login = False
-    saw_c = False
+    saw_c = saw_i = ended = False
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg in ("--", "-"):
             i += 1
+            ended = True
             break
         if arg == "--login":
             login = True
         elif arg.startswith("--"):
-            raise UsageError(f"unrecognised option {arg!r} (supported: -c CMD, -l, --login)")
+            raise UsageError(f"unrecognised option {arg!r} ({_SUPPORTED})")
         elif arg.startswith("-"):
             for ch in arg[1:]:
                 if ch == "c":
                     saw_c = True
                 elif ch == "l":
                     login = True
+                elif ch == "i":
+                    saw_i = True
                 else:
-                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} "
-                                     "(supported: -c CMD, -l, --login)")
+                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} ({_SUPPORTED})")
         else:
             break
         i += 1
+    if saw_c and saw_i:
+        raise UsageError("unrecognised option '-i' with -c: tether-shell runs a command "
+                         "(-c CMD) or an interactive shell (-i, -l, --login alone)")
     if not saw_c:
         if i < len(argv):
-            raise UsageError("missing -c: tether-shell runs a command string (-c CMD), "
-                             "not a script or an interactive shell")
-        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+            raise UsageError("missing -c: tether-shell runs a command string (-c CMD) or an "
+                             "interactive shell, not a script")
+        if ended:
+            raise UsageError(f"missing -c CMD ({_SUPPORTED})")
+        # Only -i, -l, --login: an interactive shell, given the same arguments.
+        return Parsed(INTERACTIVE, "", (), login=login, flags=argv)
     if i >= len(argv):
         raise UsageError("-c requires a command")
     return Parsed(SHELL, argv[i], argv[i + 1:], login=login)
@@ -472,6 +491,12 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     Linux/macOS-only, so dropped on Windows); cmd.exe gets ``/d /c CMD``.
     """
     flavour = shell_flavour(shell)
+    if parsed.mode == INTERACTIVE:
+        # The same arguments, unchanged (a POSIX shell reads -i, -l, --login
+        # as tether-shell did); PowerShell only understands the login part.
+        if flavour == "posix":
+            return [shell, *parsed.flags]
+        return [shell, "-Login"] if parsed.login and flavour == "pwsh" and not windows else [shell]
     if flavour == "pwsh":
         argv = [shell, "-NoLogo"]
         if parsed.login and not windows:
@@ -485,9 +510,44 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     return argv + ["-c", parsed.command, *parsed.args]
 
 
+#: The names ``tether shell --install DIR`` gives tether-shell: run as
+#: ``DIR/bash``, it runs the real ``bash`` found on PATH after DIR.
+INSTALL_NAMES = ("bash", "zsh", "sh")
+
+
+def installed_name(argv0: str) -> "tuple[str, str] | None":
+    """``(name, directory)`` when tether-shell was started as an installed
+    shell name (``DIR/bash``: one of :data:`INSTALL_NAMES`), else None."""
+    name = os.path.basename(argv0)
+    if name not in INSTALL_NAMES:
+        return None
+    return name, os.path.dirname(os.path.abspath(argv0))
+
+
+def find_after(name: str, directory: str, path_env: str | None,
+               is_self: "Callable[[str], bool]") -> str:
+    """The real ``name`` on PATH after ``directory`` (all of PATH when it is
+    not on it), never tether-shell itself (another install of it included)."""
+    dirs = [d for d in (path_env or "").split(os.pathsep) if d and os.path.isabs(d)]
+    real = os.path.realpath(directory)
+    for k, d in enumerate(dirs):
+        if os.path.realpath(d) == real:
+            dirs = dirs[k + 1:]
+            break
+    for d in dirs:
+        cand = os.path.join(d, name)
+        if _is_exe_file(cand) and not is_self(cand):
+            return cand
+    raise ShellNotFound(f"no real {name} found on PATH after {directory}; "
+                        "put the directory of the real shell after it, or set TETHER_SHELL")
+
+
 def resolve(parsed: "Parsed", env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
-            windows: bool | None = None, login: str | None = None) -> str:
-    """The program to run for ``parsed``: ``TETHER_SHELL``, else the documented search.
+            windows: bool | None = None, login: str | None = None,
+            installed: "tuple[str, str] | None" = None) -> str:
+    """The program to run for ``parsed``: ``TETHER_SHELL``, else the real
+    shell of the installed name (``installed``, see :func:`installed_name`),
+    else the documented search.
 
     COMSPEC mode always runs ``%SystemRoot%\\System32\\cmd.exe``.
     """
@@ -501,6 +561,8 @@ def resolve(parsed: "Parsed", env: "Mapping[str, str]", is_self: "Callable[[str]
     value = _env_get(env, "TETHER_SHELL") if windows else env.get("TETHER_SHELL")
     if value:
         return check_tether_shell(value, is_self, windows)
+    if installed is not None and not windows:
+        return find_after(installed[0], installed[1], env.get("PATH", os.defpath), is_self)
     if windows:
         return find_windows_shell(env, is_self)
     return find_posix_shell(env, is_self, login if login is not None else login_shell())
