@@ -145,16 +145,17 @@ class Keeper:
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
 
-    def reap(self) -> None:
+    def reap(self) -> bool:
+        """Reap every exited child; False once there are no children left."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             except InterruptedError:
                 continue
             if pid == 0:
-                return
+                return True
             self.reaped(pid, status)
 
     def spawn(self, exe: bytes | str, argv: list, env, **kwargs) -> int:
@@ -358,25 +359,12 @@ class Keeper:
         poller = select.poll()
         poller.register(caller_fd, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
-        while self._has_children():
+        while self.reap():  # every orphan below us is our child: none left, none below
             for fd, _ev in poller.poll():
                 if fd == caller_fd:
                     self.mech.kill_all(self, timeout=KILL_BOUND)
                     return
                 self.drain_wakeups()
-
-    def _has_children(self) -> bool:
-        """Reap what exited; whether any child (every orphan below us is one) is left."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return False
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return True
-            self.reaped(pid, status)
 
     def _let_go(self, keep: set) -> None:
         """Drop what the command inherited from the owner: fds, stdio, the cwd."""
