@@ -876,10 +876,12 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
 @pytest.mark.mechanism
 @pytest.mark.parametrize("kill", ["sigkill", "leftovers"])
 def test_generic_path_still_ends_the_tree(procs, ts, env, kill):
-    # TETHER_STATE_DIR (the library's spawn-audit log) takes the generic Job path.
+    # The pgroup mechanism takes the generic Job path (TETHER_STATE_DIR did too
+    # until the one-command path wrote reapable records itself, issue 14).
     env["TETHER_STATE_DIR"] = str(env["XDG_STATE_HOME"])
+    env["TETHER_SHELL_MECHANISM"] = "pgroup"
     if kill == "sigkill":
-        p, tree = start_tree(procs, ts, env, "auto")
+        p, tree = start_tree(procs, ts, env, "pgroup")
         keeper = _keeper_of(tree[0])
         assert keeper.comm == "tether-keeper"
         assert keeper.ppid == p.pid  # forked by the (single-threaded) wrapper

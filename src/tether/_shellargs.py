@@ -281,22 +281,20 @@ def which(name: str, path_env: str | None) -> str | None:
 def _file_marks(path: str) -> bytes:
     """The first and last few KiB of a file (launchers put their script at one end)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(_PROBE)
-            size = os.fstat(f.fileno()).st_size
-            if size > 2 * _PROBE:
-                f.seek(size - _PROBE)
-                return head + f.read(_PROBE)
-            return head + f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return b""
-
-
-def same_file(a: str, b: str) -> bool:
     try:
-        return os.path.samefile(a, b)
+        head = os.read(fd, _PROBE)
+        size = os.fstat(fd).st_size
+        if size > 2 * _PROBE:
+            os.lseek(fd, size - _PROBE, os.SEEK_SET)
+            return head + os.read(fd, _PROBE)
+        return head + os.read(fd, _PROBE)
     except OSError:
-        return False
+        return b""
+    finally:
+        os.close(fd)
 
 
 class SelfCheck:
@@ -310,28 +308,40 @@ class SelfCheck:
     """
 
     def __init__(self, self_paths: "Sequence[str]") -> None:
-        self.paths = [p for p in self_paths if p and os.path.isfile(p)]
-        self._real = {os.path.realpath(p) for p in self.paths}
+        # One stat each: the same file (a symlink or hard link to it) is the
+        # same (device, inode); a copy has the same size. (Every check runs on
+        # every command: a stat beats a realpath, which lstats each component.)
+        self.paths: list[str] = []
+        self._ids: set[tuple[int, int]] = set()
+        self._sizes: dict[str, int] = {}
+        for p in self_paths:
+            try:
+                st = os.stat(p) if p else None
+            except OSError:
+                continue
+            if st is not None and (st.st_mode & 0o170000) == 0o100000:
+                self.paths.append(p)
+                self._ids.add((st.st_dev, st.st_ino))
+                self._sizes[p] = st.st_size
         self._bytes: dict[str, bytes] = {}
 
     def __call__(self, cand: str) -> bool:
         if os.path.basename(cand).lower() in ("tether-shell", "tether-shell.exe"):
             return True
-        if os.path.realpath(cand) in self._real:
+        try:
+            st = os.stat(cand)
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) in self._ids:
             return True
-        for p in self.paths:
-            if same_file(cand, p):
-                return True
         marks = _file_marks(cand)
         if any(m in marks for m in _MARKERS):
             return True
-        try:
-            size = os.path.getsize(cand)
-        except OSError:
+        if st is None:
             return False
         for p in self.paths:
             try:
-                if os.path.getsize(p) != size:
+                if self._sizes[p] != st.st_size:
                     continue
                 if p not in self._bytes:
                     with open(p, "rb") as f:
@@ -378,12 +388,9 @@ def login_shell() -> str | None:
 def find_posix_shell(env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
                      login: str | None = None, fallback: str = "/bin/sh") -> str:
     """The documented POSIX search: login shell (if not tether-shell), bash on PATH, /bin/sh."""
-    cands: list[str | None] = [
-        login,
-        which("bash", env.get("PATH", os.defpath)),
-        fallback,
-    ]
-    for c in cands:
+    for k in range(3):
+        # PATH is searched only when the login shell will not do (a stat per entry).
+        c = login if k == 0 else which("bash", env.get("PATH", os.defpath)) if k == 1 else fallback
         if not c or not os.path.isabs(c):
             continue
         if os.path.basename(c) in _NOT_SHELLS or not _is_exe_file(c):

@@ -53,7 +53,7 @@ one-command path is unavailable (no pidfd, a multi-threaded caller of
 import os
 import sys
 
-__all__ = ["main", "cli", "install", "ShellLog", "DEFAULT_GRACE", "log_dir"]
+__all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
 
 DEFAULT_GRACE = 0.5
 DEFAULT_LOG_DAYS = 14
@@ -112,6 +112,13 @@ def _json_value(v: object) -> str:
     # The log holds numbers, booleans, fixed identifiers we choose, ids and
     # paths - never command text, arguments or environment values - so a
     # tiny encoder does; json costs ~1 ms to import.
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return _json_str(v[:1024])
+    if t is dict:
+        return "{" + ",".join([f'"{k}":{_json_value(x)}' for k, x in v.items()]) + "}"
     if v is None:
         return "null"
     if v is True:
@@ -122,8 +129,6 @@ def _json_value(v: object) -> str:
         return str(int(v))
     if isinstance(v, float):
         return repr(round(v, 3))
-    if isinstance(v, dict):
-        return "{" + ",".join(f'"{k}":{_json_value(x)}' for k, x in v.items()) + "}"
     return _json_str(str(v)[:1024])
 
 
@@ -766,88 +771,6 @@ def _die_by(sig: int) -> int:
 
 _CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGSEGV",
                  "SIGXCPU", "SIGXFSZ", "SIGSYS")
-
-
-# -- tether shell --install DIR ------------------------------------------------------
-
-_LAUNCHER_MARK = "made by `tether shell --install`"
-
-
-def _launcher(name: str) -> str:
-    py = sys.executable or "/usr/bin/python3"
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # The kernel takes the first line as the interpreter only up to 127 bytes
-    # and without spaces; else a shell line finds it (one exec more).
-    if len(py) < 120 and " " not in py:
-        head = f"#!{py}\n"
-    else:
-        head = "#!/bin/sh\n''''exec \"" + py + "\" \"$0\" \"$@\" # '''\n"
-    return (f"{head}# tether-shell as {name!r}, {_LAUNCHER_MARK}: it runs the real {name}\n"
-            "# found on PATH after this directory, each command in a tether job.\n"
-            "import sys\n\n"
-            f"sys.path.insert(0, {src!r})\n"
-            "from tether.shell import main  # noqa: E402\n\n"
-            "sys.exit(main())\n")
-
-
-def install(directory: str, names: "tuple[str, ...] | None" = None) -> list[str]:
-    """Make ``directory/bash`` (and ``zsh``, ``sh``): launchers of tether-shell
-    that run the real shell of that name found on PATH after ``directory``
-    (never themselves). With ``PATH=DIR:$PATH SHELL=DIR/bash`` an agent sees
-    "bash". Returns the paths made; raises ``UsageError`` (nothing written)
-    for a name that is not one of ``_shellargs.INSTALL_NAMES`` or a file in
-    the way that is not such a launcher (a real shell is never replaced)."""
-    from . import _shellargs as sa
-    from .errors import UsageError
-
-    names = tuple(names or sa.INSTALL_NAMES)
-    for n in names:
-        if n not in sa.INSTALL_NAMES:
-            raise UsageError(f"cannot install as {n!r}: choose from {', '.join(sa.INSTALL_NAMES)}")
-    d = os.path.abspath(os.path.expanduser(directory))
-    for n in names:
-        target = os.path.join(d, n)
-        if os.path.lexists(target):
-            try:
-                with open(target, "rb") as f:
-                    ours = _LAUNCHER_MARK.encode() in f.read(4096)
-            except OSError:
-                ours = False
-            if not ours or os.path.islink(target):
-                raise UsageError(f"{target} exists and is not a tether-shell launcher; "
-                                 "refusing to replace it (install into an empty directory)")
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    made = []
-    for n in names:
-        target = os.path.join(d, n)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(_launcher(n))
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-        made.append(target)
-    return made
-
-
-def install_cli(argv: list[str]) -> int:
-    """``tether shell --install DIR [NAME...]``: exit 0, or 2 (one line) on bad input."""
-    from .errors import UsageError
-
-    if not argv or argv[0].startswith("-"):
-        _say("usage: tether shell --install DIR [bash|zsh|sh ...]")
-        return EXIT_USAGE
-    try:
-        made = install(argv[0], tuple(argv[1:]) or None)
-    except UsageError as exc:
-        _say(str(exc))
-        return EXIT_USAGE
-    except OSError as exc:
-        _say(f"cannot install into {argv[0]}: {exc.strerror or exc}")
-        return EXIT_USAGE
-    d = os.path.dirname(made[0])
-    print("made " + " ".join(made))
-    print(f"use:  PATH={d}:$PATH SHELL={made[0]} your-agent")
-    return 0
 
 
 def main() -> int:

@@ -137,13 +137,17 @@ def watch_caller() -> "tuple[int, int, int] | None":
         return None
     try:
         fd = os.pidfd_open(ppid)
+        sid = os.getsid(0)
+        if sid != os.getpid() and os.getsid(ppid) != sid:
+            os.close(fd)
+            return None
     except OSError:  # gone already (ESRCH): we are an orphan now
         return None
-    cur = identity.read(ppid)
-    if cur is None or (os.getsid(0) != os.getpid() and cur.sid != os.getsid(0)):
+    start = identity.start_ticks(ppid)
+    if start is None:
         os.close(fd)
         return None
-    return ppid, cur.start, fd
+    return ppid, start, fd
 
 
 # -- the owner's side --------------------------------------------------------------
