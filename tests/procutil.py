@@ -237,3 +237,37 @@ def run_owner(procs: Procs, mechanism: str, script: str, *extra: str) -> tuple[s
     if not line:
         raise RuntimeError("owner died before reporting")
     return p, json.loads(line)
+
+
+def unprivileged_blocker(python: str = sys.executable, uid: int = 65534) -> str | None:
+    """Why user ``uid`` cannot run ``python`` and import this tree's tether
+    (a checkout or an interpreter in a directory only its owner may enter),
+    or None: a test that runs code as another user skips with this reason
+    instead of failing for where it is checked out."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return "setpriv is not installed: cannot run code as another user"
+    r = subprocess.run([setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python,
+                        "-c", "import tether"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=SRC))
+    if r.returncode == 0:
+        return None
+    closed = next((d for d in _parents(SRC) + _parents(python)
+                   if os.path.isdir(d) and not os.stat(d).st_mode & 0o001), None)
+    where = f" ({closed} is not searchable by other users)" if closed else ""
+    last = (r.stderr.strip().splitlines() or ["?"])[-1]
+    return f"uid {uid} cannot import tether from {SRC} with {python}{where}: {last}"
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    p = os.path.abspath(path)
+    while True:
+        out.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            return out[::-1]
+        p = parent
+

@@ -244,12 +244,15 @@ def test_stopping_one_session_leaves_the_others(procs, tmp_path: Path, hosts) ->
     report = a.stop("user request")
     assert not alive(ta)
     assert len(alive(tb)) == len(tb)  # the other session is untouched
-    assert str(report).startswith("Stopped (user request): ended `sh -c ")
-    assert str(report).endswith(f"and {len(ta) - 1} other processes")
+    # Issue 15: the setsid escapee is live work of its own and is named first
+    # (it was counted among the processes, after the agent `sh -c ...`).
+    assert str(report) == f"Stopped (user request): ended `sleep 300` after 0s and {len(ta) - 1} other processes"
+    assert [t.kind for t in report.tasks] == ["work"]
+    assert [p.label[:6] for p in report.agent] == ["sh -c "]
     # Announced before anything ended: every process was still alive then.
     assert len(announced) == 1
     text, alive_then = announced[0]
-    assert text.startswith("Stopping (user request): ending `sh -c ")
+    assert text.startswith("Stopping (user request): ending `sleep 300` (running ")
     assert len(alive_then) == len(ta)
     assert a.closed and "a" not in h.sessions
     with pytest.raises(JobClosed):
@@ -340,10 +343,13 @@ def test_ended_work_of_real_stops_zero_one_many(procs, tmp_path: Path, hosts) ->
 
     many = h.session("many")
     tree = session_tree(procs, many)
-    many.tasks.started("bx1", "npm run build", pids=[tree[-1].pid])
+    # The task is the setsid escapee (issue 15: any other process group would be
+    # named as live work of its own; members() has no fixed order).
+    esc = next(i for i in tree if i.sid == i.pid)
+    many.tasks.started("bx1", "npm run build", pids=[esc.pid])
     r = many.stop("user request")
     assert str(r) == f"Stopped (user request): ended `npm run build` after 0s and {len(tree) - 1} other processes"
-    assert r.tasks[0].processes[0].pid == tree[-1].pid
+    assert r.tasks[0].processes[0].pid == esc.pid
 
 
 # ---------------------------------------------------------------------------
@@ -423,7 +429,10 @@ def test_optional_stop_proceeds_after_the_cap(procs, tmp_path: Path, hosts) -> N
     time.sleep(0.2)
     assert s.stop("idle release", optional=True).skipped  # still within the cap
     time.sleep(0.3)
-    r = s.stop("idle release", optional=True)  # held off for longer than the cap: proceeds
+    # Issue 15: a skip is never capped (it used to proceed here, past the cap).
+    assert s.stop("idle release", optional=True).skipped and not s.closed
+    # A wait is: held off for longer than the cap, it proceeds.
+    r = s.stop("idle release", optional=True, wait=True)
     assert not r.skipped and s.closed
     assert str(r).startswith("Stopped (idle release): ended `explore the repo` after ")
 
@@ -463,6 +472,77 @@ def test_stream_adapter_feeds_a_real_session(procs, tmp_path: Path, hosts) -> No
 
 
 # ---------------------------------------------------------------------------
+# the whole history proves: rotation carries what still proves something
+
+
+def test_leftovers_proven_only_by_the_audit_survive_three_retentions_of_traffic(
+        procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+    """A crash run's leftovers (guardians killed first: only the audit proves
+    them), then three times the default retention of later traffic, then a
+    restart: every leftover is ended, nothing else."""
+    from tether.reaper import reap
+
+    state = tmp_path / "state"
+    p, info = start_host_child(procs, state, "s1")
+    note_cgroup(stale_cgroups, info)
+    p2, info2 = start_host_child(procs, state, "live1")  # a live run: never touched
+    note_cgroup(stale_cgroups, info2)
+    stranger = procs.popen(["sleep", "300"], stdin=subprocess.DEVNULL)  # recorded nowhere
+    stranger_id = identity.read(stranger.pid)
+    kill_run_with_guardians(p, info)
+    tree = idents(info["sessions"]["s1"])
+    want = provable(tree, info)
+    live_tree = idents(info2["sessions"]["live1"])
+    detached = Identity.from_dict(info["detached"])
+    time.sleep(0.2)
+    assert len(alive(tree)) == len(tree)  # control: left over
+
+    # Later traffic: other runs of the app, long gone, writing through a writer
+    # with the default retention, three times over what that retention keeps.
+    gone = subprocess.Popen(["true"])
+    gone_id = identity.read(gone.pid)
+    gone.wait(10)
+    retention = (audit.DEFAULT_KEEP_FILES + 1) * audit.DEFAULT_MAX_BYTES
+    argv = ["node", "server.js", "--flag=" + "x" * 3000]
+    written = 0
+    t0 = time.monotonic()
+    with audit.AuditWriter(state) as w:
+        i = 0
+        while written < 3 * retention:
+            fields = audit.spawn_fields(identity=gone_id, job=f"j{i % 7}", session="s1",
+                                        app=APP, record_argv=argv)
+            assert w.write("spawn", run=f"later-{i // 50}", owner={"pid": gone_id.pid,
+                           "start": gone_id.token()}, **fields)
+            written += 3200
+            i += 1
+    traffic_s = time.monotonic() - t0
+    files = audit.log_files(state)
+    assert len(files) == audit.DEFAULT_KEEP_FILES + 1
+    assert sum(f.stat().st_size for f in files) <= (audit.DEFAULT_KEEP_FILES + 1.5) * \
+        audit.DEFAULT_MAX_BYTES
+    crash = [r for r in audit.iter_records(state) if r.get("run") == info["run"]]
+    assert crash and all(r.get("carried") is True for r in crash), "only carried copies are left"
+
+    # Control: without the carried records, nothing proves the leftovers any more.
+    bare = tmp_path / "bare"
+    bare.mkdir(mode=0o700)
+    for f in files:
+        keep = [ln for ln in f.read_bytes().splitlines(keepends=True) if b'"carried":true' not in ln]
+        (bare / f.name).write_bytes(b"".join(keep))
+    dry = reap(bare, app=APP, dry_run=True)
+    assert not {e.pid for e in dry.ended} & {i.pid for i in tree}
+
+    h = open_host(hosts, state)
+    ended = {e.pid for e in h.reap_report.ended}
+    assert not alive(want), alive(want)
+    assert {i.pid for i in want} <= ended
+    assert ended <= {i.pid for i in tree}, "nothing but the leftovers"
+    assert len(alive(live_tree)) == len(live_tree)
+    assert identity.is_alive(stranger_id) and identity.is_alive(detached)
+    assert traffic_s < 30, traffic_s
+
+
+# ---------------------------------------------------------------------------
 # the resume rule
 
 
@@ -483,33 +563,133 @@ def test_resume_takeover_across_two_host_runs(procs, tmp_path: Path, hosts, stal
     seen_at_announce: list[int] = []
 
     def announce(plan: EndedWork) -> None:
-        seen_at_announce.append(len(alive([q.identity for q in plan.processes])))
+        seen_at_announce.append(len(alive([q.identity for q in plan.all_processes])))
 
     h2.announce = announce
     want1, want2 = provable(leftovers["s1"], info), provable(leftovers["s2"], info)
     s1 = h2.session("s1")
     assert not alive(want1), alive(want1)
-    ended = {q.pid for q in s1.resumed.processes}
+    ended = {q.pid for q in s1.resumed.all_processes}
     assert {i.pid for i in want1} <= ended
-    assert str(s1.resumed).startswith("Stopped (resume): ended ")
+    # Issue 15: a resume reads like a stop report, in the app's words (was "Stopped (resume)").
+    assert str(s1.resumed).startswith("Resumed s1: ended the earlier copy's ")
     assert seen_at_announce == [len(want1)]  # announced while all still ran
     # Only that key's copy: s2's leftover is still there until s2 resumes.
     assert len(alive(leftovers["s2"])) == len(leftovers["s2"])
     # A key nobody had: nothing to take over.
     assert not h2.session("fresh").resumed
     s2 = h2.session("s2")
-    assert not alive(want2) and {i.pid for i in want2} <= {q.pid for q in s2.resumed.processes}
+    assert not alive(want2) and {i.pid for i in want2} <= {q.pid for q in s2.resumed.all_processes}
 
 
-def test_resume_leaves_a_copy_held_by_a_live_run(procs, tmp_path: Path, hosts, stale_cgroups) -> None:
+HOLDER_CHILD = r"""
+import json, subprocess, sys
+from tether import Host, identity
+state, app, tree = sys.argv[1], sys.argv[2], sys.argv[3]
+host = Host(app, state_dir=state, grace=0.2)
+out = {"run": host.run, "sessions": {}, "host_cgroup": host.job.trace().get("cgroup_path"),
+       "keepers": [host.job.trace().get("keeper_pid")]}
+ss = {k: host.session(k) for k in ("s1", "s2")}
+for k, s in ss.items():
+    s.popen(["/bin/sh", "-c", tree], stdin=subprocess.DEVNULL, label=f"agent-{k}")
+    out["keepers"].append(s.job.trace().get("keeper_pid"))
+import time
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and not all(
+        sorted(m.comm for m in s.members()) == ["sleep"] * 3 for s in ss.values()):
+    time.sleep(0.01)
+for k, s in ss.items():
+    out["sessions"][k] = [m.to_dict() for m in s.members()]
+print(json.dumps(out), flush=True)
+sys.stdin.readline()  # the test took s1 over: try to launch in it again
+try:
+    ss["s1"].popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    print("started", flush=True)
+except Exception as exc:
+    print(type(exc).__name__, flush=True)
+ss["s2"].popen(["sleep", "300"], stdin=subprocess.DEVNULL)  # its other session still works
+print("s2 ok", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_key_held_by_a_live_run_is_refused_or_taken_over(procs, tmp_path: Path, hosts,
+                                                          stale_cgroups) -> None:
+    """One copy per session key: a live holder is named (pid and start) and left alone,
+    unless the new host takes the key over - then only that copy ends."""
+    from tether.errors import SessionHeld
+
+    state = tmp_path / "state"
+    holder = procs.popen([sys.executable, "-c", HOLDER_CHILD, str(state), APP, TREE],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    info = json.loads(read_line(holder))
+    note_cgroup(stale_cgroups, info)
+    s1_tree, s2_tree = idents(info["sessions"]["s1"]), idents(info["sessions"]["s2"])
+    announced: list[EndedWork] = []
+    h2 = open_host(hosts, state, announce=announced.append)
+
+    with pytest.raises(SessionHeld) as held:
+        h2.session("s1")
+    me = identity.read(holder.pid)
+    assert held.value.pid == holder.pid and held.value.start == me.token()
+    assert held.value.run == info["run"] and held.value.session == "s1"
+    assert f"pid {holder.pid}, started " in str(held.value) and "take_over=True" in str(held.value)
+    time.sleep(0.2)
+    # Control for what follows: refused, the holder's copy is untouched.
+    assert len(alive(s1_tree)) == len(s1_tree) and "s1" not in h2.sessions and not announced
+
+    s1 = h2.session("s1", take_over=True)
+    assert wait_until(lambda: not alive(s1_tree), 5), alive(s1_tree)
+    assert len(announced) == 1 and announced[0].announcement().startswith(
+        f"Taking over s1 from pid {holder.pid}: ending its copy's ")
+    text = str(s1.resumed)
+    assert text.startswith(f"Took over s1 from pid {holder.pid}: ended its copy's ")
+    assert "`agent-s1`" in text and {i.pid for i in s1_tree} <= {
+        p.pid for p in s1.resumed.all_processes}
+    # Only that copy: the holder, its keepers and its other session live on.
+    assert identity.is_alive(me) and len(alive(s2_tree)) == len(s2_tree)
+    for pid in info["keepers"]:
+        assert identity.read(pid) is not None, pid
+    # The new copy runs; the old holder can no longer launch into s1, but into s2.
+    p = s1.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert p.poll() is None
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert read_line(holder).strip() == "SessionHeld"
+    assert read_line(holder).strip() == "s2 ok"
+    # Two hosts of one process: the same rule (the lock is per host, not per pid).
+    h3 = open_host(hosts, state)
+    with pytest.raises(SessionHeld) as mine:
+        h3.session("s1")
+    assert mine.value.pid == os.getpid()
+    s1b = h3.session("s1", take_over=True)  # ends h2's copy by stopping it
+    assert s1.closed and "s1" not in h2.sessions and not s1b.closed
+    assert p.wait(5) is not None
+    assert str(s1b.resumed).startswith(f"Took over s1 from pid {os.getpid()}: ended its copy's ")
+
+
+def test_a_live_run_without_a_session_lock_still_holds_its_key(procs, tmp_path: Path, hosts,
+                                                               stale_cgroups) -> None:
+    """A live run whose lock this host cannot see (an older tether, another lock
+    directory) but whose records prove processes of the key: refused, or taken over."""
+    from tether.errors import SessionHeld
+
     state = tmp_path / "state"
     p, info = start_host_child(procs, state, "s1")
     note_cgroup(stale_cgroups, info)
-    h2 = open_host(hosts, state)
-    s1 = h2.session("s1")
+    for f in (state / "sessions").glob("*.lock"):
+        f.unlink()  # as if it held no lock here
     tree = idents(info["sessions"]["s1"])
-    assert not s1.resumed and len(alive(tree)) == len(tree)
-    assert s1.resumed.held_by and "live run" in s1.resumed.note
+    h2 = open_host(hosts, state)
+    with pytest.raises(SessionHeld, match="holds no session lock") as held:
+        h2.session("s1")
+    assert held.value.pid == p.pid and held.value.run == info["run"]
+    time.sleep(0.2)
+    assert len(alive(tree)) == len(tree)  # control: refused, untouched
+    s1 = h2.session("s1", take_over=True)
+    assert wait_until(lambda: not alive(tree), 5), alive(tree)
+    assert str(s1.resumed).startswith(f"Took over s1 from pid {p.pid}: ended its copy's ")
+    assert p.poll() is None  # the holder itself lives on
 
 
 def test_next_start_reaps_the_leftover_and_the_session_reports_it(
@@ -528,8 +708,8 @@ def test_next_start_reaps_the_leftover_and_the_session_reports_it(
     assert {i.pid for i in want} <= {e.pid for e in h2.reap_report.ended}
     s1 = h2.session("s1")
     # What the start-up reap ended of s1 is reported as s1's.
-    assert info["roots"]["s1"] in {q.pid for q in s1.resumed.processes}
-    assert {i.pid for i in want} <= {q.pid for q in s1.resumed.processes}
+    assert info["roots"]["s1"] in {q.pid for q in s1.resumed.agent}
+    assert {i.pid for i in want} <= {q.pid for q in s1.resumed.all_processes}
     # The detached launch of the dead run is never reaped.
     assert identity.is_alive(Identity.from_dict(info["detached"]))
 
@@ -605,7 +785,9 @@ def test_background_job_timeout_and_close(procs, tmp_path: Path, hosts) -> None:
 def test_disabled_safety_net_warns_once_and_sessions_still_run(procs, tmp_path: Path, hosts) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        h = open_host(hosts, tmp_path / "state", mechanism="jobobject")  # not on Linux
+        # Issue 15: running unprotected is an opt-in now (allow_unprotected=True).
+        h = open_host(hosts, tmp_path / "state", mechanism="jobobject",  # not on Linux
+                      allow_unprotected=True)
     loud = [w for w in caught if issubclass(w.category, SafetyNetWarning)]
     assert len(loud) == 1
     assert str(loud[0].message).startswith("orphan-on-crash safety net DISABLED: ")
@@ -641,3 +823,309 @@ def test_require_kernel_sessions_are_kernel_enforced(procs, tmp_path: Path, host
     s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
     assert wait_until(lambda: len(s.members()) == 1)
     assert str(s.stop("user request")).startswith("Stopped (user request): ended ")
+
+
+def test_no_safety_net_refuses_every_agent_launch_and_starts_nothing(
+        procs, tmp_path: Path, hosts) -> None:
+    """Fail closed by default: what an agent-host app promises its users."""
+    import asyncio
+
+    state = tmp_path / "state"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = open_host(hosts, state, mechanism="jobobject")  # cannot be had on Linux
+    assert not [w for w in caught if issubclass(w.category, SafetyNetWarning)]
+    assert h.safety_net_disabled and h.guarantee.disabled
+    s = h.session("u")  # the session opens (its resume rule ran): launches are what refuse
+    marker = tmp_path / "ran"
+    before = set(identity.children(os.getpid()))
+    cmd = ["/bin/sh", "-c", f"touch {marker}; exec sleep 300"]
+    msg = "^process-tree ownership could not be established before agent launch: "
+    with pytest.raises(JobRefused, match=msg) as refused:
+        s.popen(cmd, stdin=subprocess.DEVNULL, env=procs.env())
+    assert refused.value.reason == h.safety_net_disabled and refused.value.mechanism == "none"
+    with pytest.raises(JobRefused, match=msg):
+        s.run(cmd, env=procs.env())
+    with pytest.raises(JobRefused, match=msg):
+        asyncio.run(s.create_subprocess_exec(*cmd, env=procs.env()))
+    time.sleep(0.2)
+    assert not marker.exists() and set(identity.children(os.getpid())) <= before
+    assert not s.members()
+    assert not [r for r in audit.iter_records(state) if r["event"] == "spawn"]
+    # Control: the same launch runs once the app opts in to unprotected sessions.
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        h2 = open_host(hosts, tmp_path / "state2", mechanism="jobobject", allow_unprotected=True)
+    p = h2.session("u").popen(cmd, stdin=subprocess.DEVNULL, env=procs.env())
+    assert wait_until(marker.exists, 5) and p.poll() is None
+    # What the app starts outside sessions is unchanged: not refused.
+    d = h.launch_detached(["sleep", "300"], env=procs.env())
+    bg = h.background_job("conv", timeout=30)
+    q = bg.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+    assert d.poll() is None and q.poll() is None
+    bg.close()
+
+
+def test_a_state_dir_tether_refuses_turns_auditing_off_not_the_app(
+        procs, tmp_path: Path, hosts) -> None:
+    from tether.audit import AuditDirError
+    from tether.host import AuditWarning
+
+    unsafe = tmp_path / "shared"
+    unsafe.mkdir()
+    os.chmod(unsafe, 0o777)  # writable by others: tether refuses to keep a log there
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = open_host(hosts, unsafe)
+    loud = [w for w in caught if issubclass(w.category, AuditWarning)]
+    assert len(loud) == 1 and "audit log OFF" in str(loud[0].message)
+    assert h.audit_error and "writable by group or others" in h.audit_error
+    assert h.reap_report is None and h.reap_error and "audit log off" in h.reap_error
+    s = h.session("k")
+    p = s.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env(), label="agent")
+    assert wait_until(lambda: len(s.members()) == 1) and not h.guarantee.disabled
+    assert str(s.stop("user request")) == "Stopped (user request): ended `agent` after 0s"
+    assert p.wait(5) is not None
+    assert os.listdir(unsafe) == []  # nothing written where tether refused to write
+    with pytest.raises(AuditDirError):
+        Host(APP, state_dir=unsafe, audit="required")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "state-real", target_is_directory=True)
+    (tmp_path / "state-real").mkdir(mode=0o700)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        h2 = open_host(hosts, link)
+    assert h2.audit_error and "symbolic link" in h2.audit_error
+
+
+# ---------------------------------------------------------------------------
+# a resume says what it ended, in the app's words
+
+CRASH_AGENT = r"""
+import json, subprocess, sys, time
+from tether import Host
+from tether.ledger import StreamAdapter
+state, app, agent = sys.argv[1], sys.argv[2], sys.argv[3]
+host = Host(app, state_dir=state, grace=0.2)
+s = host.session("chat-42")
+p = s.popen([sys.executable, agent, "--session-id", "chat-42", "--build", "300", "--think", "1"],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, label="claude")
+StreamAdapter(s.tasks).follow_in_thread(p.stdout)
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline and not (
+        s.tasks.live() and len(s.tasks.live()[0].live_processes()) >= 2 and len(s.members()) >= 5):
+    time.sleep(0.02)
+out = {"run": host.run, "host_cgroup": host.job.trace().get("cgroup_path"),
+       "keepers": [s.job.trace().get("keeper_pid"), host.job.trace().get("keeper_pid")],
+       "members": [m.to_dict() for m in s.members()], "agent": p.pid,
+       "task": [i.pid for i in s.tasks.live()[0].live_processes()]}
+print(json.dumps(out), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_resume_says_what_it_ended_in_the_apps_words(procs, tmp_path: Path, hosts,
+                                                       stale_cgroups) -> None:
+    """Labels and the ledger's live tasks are in the audit, so after a crash the
+    resume names the build and the agent, and tells agent and work apart."""
+    import re
+
+    agent_py = Path(__file__).resolve().parent.parent / "examples" / "fake_agent.py"
+    state = tmp_path / "state"
+    p = procs.popen([sys.executable, "-c", CRASH_AGENT, str(state), APP, str(agent_py)],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    info = json.loads(read_line(p))
+    note_cgroup(stale_cgroups, info)
+    kill_run_with_guardians(p, info)
+    tree = idents(info["members"])
+    time.sleep(0.2)
+    assert len(alive(tree)) == len(tree) == 5  # control: the crash left them all running
+    recs = list(audit.iter_records(state))
+    snaps = [r for r in recs if r["event"] == "tasks" and r.get("session") == "chat-42"]
+    assert snaps and snaps[-1]["tasks"][0]["label"] == "npm run build"
+    assert "sleep 300" not in json.dumps(recs)  # labels, never a command line
+
+    announced: list[EndedWork] = []
+    h = open_host(hosts, state, announce=announced.append)
+    s = h.session("chat-42")
+    assert not alive(tree)
+    text = str(s.resumed)
+    assert re.fullmatch(r"Resumed chat-42: ended the earlier copy's `npm run build` \(running \d+s\) "
+                        r"and `claude` with 2 other processes", text), text
+    assert [q.label for q in s.resumed.agent] == ["claude"]
+    assert [q.pid for q in s.resumed.agent] == [info["agent"]]
+    (task,) = s.resumed.tasks
+    # (A process that exits by itself while the others are ended - the build's
+    # shell once its sleep is gone - is not claimed as ended.)
+    assert task.label == "npm run build" and task.processes
+    assert {q.pid for q in task.processes} <= set(info["task"])
+    assert {q.pid for q in s.resumed.work} <= {i.pid for i in tree} - {info["agent"]}
+    assert len(s.resumed.work) >= 3
+    # Announced, in the same words, while they still ran (by the start-up reap).
+    assert [a.announcement()[:44] for a in announced] == [
+        "Resuming chat-42: ending the earlier copy's "]
+    assert "`npm run build`" in announced[0].announcement()
+
+
+# ---------------------------------------------------------------------------
+# live work, from the job itself
+
+AGENT_WITH_WORK = r"""
+import subprocess, sys, time
+mcp = subprocess.Popen(["sleep", "300"])                       # its own side (same group)
+call = subprocess.Popen(["sh", "-c", "exec sleep 301"], start_new_session=True)  # a tool call
+bg = subprocess.Popen(["sh", "-c", "sleep 302 & exit 0"], start_new_session=True)  # `... &`
+bg.wait()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def start_agent_with_work(procs, s) -> subprocess.Popen:
+    p = s.popen([sys.executable, "-c", AGENT_WITH_WORK], stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, text=True, env=procs.env(), label="agent")
+    assert read_line(p).strip() == "ready"
+    assert wait_until(lambda: sorted(m.comm for m in s.members()) == [
+        "python3", "sleep", "sleep", "sleep"] or sorted(m.comm for m in s.members())[1:] == [
+        "sleep", "sleep", "sleep"], 5), s.members()
+    return p
+
+
+def test_live_work_is_read_from_the_jobs_members(procs, tmp_path: Path, hosts) -> None:
+    state = tmp_path / "state"
+    h = open_host(hosts, state, task_cap=30)
+    s = h.session("w")
+    t0 = time.time()
+    agent = start_agent_with_work(procs, s)
+    agent_pgid = identity.read(agent.pid).pgid
+    work = s.live_work()
+    assert [(w.label, w.members, w.outlived) for w in sorted(work, key=lambda w: w.label)] == [
+        ("sleep 301", 1, False), ("sleep 302", 1, True)], work
+    for w in work:
+        assert t0 - 1 <= w.started <= time.time() and w.task_id is None
+        assert w.pgid == w.sid and w.pgid != agent_pgid
+    assert [w.label for w in s.live_work(outlived_only=True)] == ["sleep 302"]
+    # Optional stops hold for it, and say what holds them; never the command line in the log.
+    r = s.stop("idle release", optional=True)
+    assert r.skipped and set(r.held_by) == {"sleep 301", "sleep 302"}
+    assert "idle release skipped: `" in r.note
+    assert "sleep 30" not in (state / "audit.jsonl").read_text()
+    h.work_holds = "outlived"
+    assert s.stop("idle release", optional=True).held_by == ["sleep 302"]
+    # Every stop report names it.
+    h.work_holds = None
+    rep = s.stop("idle release", optional=True)
+    assert not rep.skipped and s.closed
+    assert sorted(t.label for t in rep.tasks) == ["sleep 301", "sleep 302"]
+    assert all(t.kind == "work" for t in rep.tasks)
+    assert str(rep).startswith("Stopped (idle release): ended `") and \
+        str(rep).endswith("and 1 other task and 2 other processes")
+    assert [q.label for q in rep.agent] == ["agent"]
+
+
+def _system(**fields) -> str:
+    return json.dumps({"type": "system", "session_id": "x", **fields})
+
+
+STARTER_AGENT = r"""
+import subprocess, sys
+kids = []
+for line in sys.stdin:  # one command per line: start it in a session of its own, say its pid
+    kids.append(subprocess.Popen(line.split(), start_new_session=True))
+    print(kids[-1].pid, flush=True)
+"""
+
+
+def test_ambient_tasks_never_hold_and_the_stream_keeps_the_live_set(procs, tmp_path: Path,
+                                                                    hosts) -> None:
+    """The Claude adapter: background_tasks_changed, is_backgrounded, ambient. An
+    ambient watcher holds no optional stop; the job's members still win."""
+    from tether.ledger import UNLISTED, StreamAdapter
+
+    h = open_host(hosts, tmp_path / "state", task_cap=30)
+    s = h.session("a")
+    agent = s.popen([sys.executable, "-c", STARTER_AGENT], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, text=True, env=procs.env(), label="agent")
+
+    def agent_starts(cmd: str) -> int:
+        agent.stdin.write(cmd + "\n")
+        agent.stdin.flush()
+        return int(read_line(agent))
+
+    ad = StreamAdapter(s.tasks)
+    # An ambient watcher (the CLI's own housekeeping), in a session of its own.
+    ad.feed(_system(subtype="task_started", task_id="w1", description="watch files",
+                    task_type="local_bash", ambient=True))
+    watcher = agent_starts("sleep 300")
+    assert [t.task_id for t in s.tasks.live()] == ["w1"] and s.tasks.holding() == []
+    assert watcher in s.tasks.get("w1").processes
+    (w,) = s.live_work()
+    assert w.ambient and w.task_id == "w1"  # live work, but only an ambient task's
+    # A foreground task, moved to the background, listed, then dropped from the live set.
+    ad.feed(_system(subtype="task_started", task_id="b1", description="npm run build",
+                    task_type="local_bash"))
+    build = agent_starts("sleep 301")
+    ad.feed(_system(subtype="task_updated", task_id="b1", patch={"is_backgrounded": True}))
+    s.tasks.live()  # claims what was born since
+    assert s.tasks.get("b1").backgrounded and build in s.tasks.get("b1").processes
+    ad.feed(_system(subtype="background_tasks_changed", tasks=[
+        {"task_id": "b1", "task_type": "local_bash", "description": "npm run build"},
+        {"task_id": "w1", "task_type": "local_bash", "description": "watch files",
+         "ambient": True},
+        {"task_id": "ahead", "task_type": "local_agent", "description": "explore"}]))
+    assert s.tasks.get("ahead").live and s.tasks.get("ahead").backgrounded  # one step ahead
+    ad.feed(_system(subtype="background_tasks_changed", tasks=[
+        {"task_id": "w1", "task_type": "local_bash", "description": "watch files",
+         "ambient": True}]))
+    b1 = s.tasks.get("b1")
+    assert b1.status == UNLISTED and b1.live  # said finished, but its process runs
+    assert s.tasks.get("ahead").said_finished is not None and not s.tasks.get("ahead").live
+    assert [t.task_id for t in s.tasks.holding()] == ["b1"]
+    r = s.stop("idle release", optional=True)
+    assert r.skipped and r.held_by == ["npm run build"]  # the build holds; the watcher never
+    os.kill(build, signal.SIGKILL)  # the agent's own child, by the pid it just reported
+    assert wait_until(lambda: not s.tasks.holding(), 5)
+    r = s.stop("idle release", optional=True)  # only the ambient watcher is left: no hold
+    assert not r.skipped and s.closed
+    assert any(t.label == "watch files" and t.ambient for t in r.tasks)
+    assert not str(r).startswith("Stopped (idle release): ended `watch files`")  # never headline
+
+
+def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
+    import re
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "agent_host.py"
+    t0 = time.monotonic()
+    p = procs.popen([sys.executable, str(example)], stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    out, _ = p.communicate(timeout=45)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, out
+    for want in ("Resumed chat-42: ended the earlier copy's `npm run build` (running ",
+                 "and `claude` with 2 other processes", "idle release skipped: ",
+                 "tool call over: ", "still live: True; ambient `Watching for file changes` "
+                 "holds: False", "refused: session 'chat-7' of 'agent-host-example' is held by "
+                 "a live run (pid ", "Took over chat-7 from pid ", "was taken over by another run",
+                 "process-tree ownership could not be established before agent launch: ",
+                 "audit off, app running: ", "ended by its own timeout: True"):
+        assert want in out, (want, out)
+    assert took < 20, took
+    # Nothing it started is left (its background job ended by its own timeout).
+    assert procs.wait_all_dead(3.0) == []
+    # docs/host.md pastes a real run's output: it still says what this run said
+    # (digits aside; the mechanism and its limits are this machine's).
+    page = Path(__file__).resolve().parent.parent / "docs" / "host.md"
+    if page.exists():
+        text = page.read_text()
+        start = text.index("```text\n1. an earlier run crashed") + len("```text\n")
+        pasted = text[start:text.index("```", start)].splitlines()
+        got = out.splitlines()
+        assert len(got) == len(pasted), (pasted, got)
+        for want, line in zip(pasted, got, strict=True):
+            if want.startswith(("2. this run is protected by ", "8. background job: ")):
+                want = want.split(": ", 1)[0] if want.startswith("8.") else "2. this run"
+                assert line.startswith(want), (want, line)
+                continue
+            pattern = r"\d+(?:\.\d+)?".join(re.escape(part)
+                                               for part in re.split(r"\d+(?:\.\d+)?", want))
+            assert re.fullmatch(pattern, line), (want, line)

@@ -203,6 +203,11 @@ def test_own_ancestors():
     assert os.getppid() in anc
 
 
+def test_parent_pid_is_getppid_off_windows():
+    # On Windows it reads NtQueryInformationProcess instead (tests/windows, under Wine).
+    assert identity.parent_pid() == os.getppid() == psutil.Process().ppid()
+
+
 def test_identity_tuple_roundtrips():
     ident = identity.read(os.getpid())
     assert ident is not None

@@ -53,8 +53,9 @@ def notification_line(task_id: str, status: str = "completed") -> str:
 
 
 def test_the_mapping_table_is_the_one_documented() -> None:
+    # Issue 15: background_tasks_changed joined the table.
     assert set(STREAM_MAPPING) == {"task_started", "task_progress", "task_notification",
-                                   "task_updated"}
+                                   "task_updated", "background_tasks_changed"}
     for subtype in STREAM_MAPPING:
         assert subtype in ledger.__doc__
     assert ledger.TERMINAL_STATUSES >= {"completed", "failed", "stopped", "killed"}
@@ -240,3 +241,66 @@ def test_a_closed_job_has_nothing_to_hold(procs) -> None:
     assert not led.idle()
     j.close()
     assert wait_until(led.idle)
+
+
+# ---------------------------------------------------------------------------
+# the live background set, backgrounding and ambient tasks (newer Claude Code streams)
+
+BACKGROUND = Path(__file__).parent / "data" / "claude_stream_background.jsonl"
+
+
+def test_background_set_backgrounding_and_ambient_from_recorded_lines() -> None:
+    led = Ledger()
+    ad = StreamAdapter(led)
+    got = [ad.feed(line) for line in BACKGROUND.read_text().splitlines()]
+    assert ad.malformed == 0 and ad.sets == 3
+    assert got[0] is None and got[-1] is not None  # the empty set still retired the watcher
+    by_id = {t.task_id: t for t in led.tasks()}
+    dev, watch, review, fg = (by_id[k] for k in ("bk3m9x2a1", "amb7w4t0q", "a9f8e7d6c5b4a3921",
+                                                  "fg0n1o2p3"))
+    assert dev.backgrounded and not dev.ambient and dev.status == ledger.UNLISTED
+    assert watch.ambient and watch.backgrounded and watch.status == ledger.UNLISTED
+    # Listed before its task_started (the set is not ordered against it): the start
+    # that follows updates the same task, it does not replace it.
+    assert review.label == "Review the diff" and review.kind == "local_agent"
+    assert review.status == "completed" and review.notifications == 1
+    # A foreground task is never judged by the background set.
+    assert fg.live and fg.said_finished is None and not fg.backgrounded
+    assert [t.task_id for t in led.live()] == ["fg0n1o2p3"] and led.holding() == [fg]
+
+
+def test_ambient_tasks_are_live_but_never_hold() -> None:
+    led = Ledger()
+    ad = StreamAdapter(led)
+    ad.feed(json.dumps({"type": "system", "subtype": "task_started", "task_id": "w",
+                        "description": "watch", "ambient": True, "session_id": "s"}))
+    assert [t.task_id for t in led.live()] == ["w"] and led.holding() == []
+    ad.feed(notification_line("w"))
+    assert not led.live()  # said finished, no process: over
+    led.started("x", "x")
+    led.set_ambient("x", True)
+    assert led.holding() == [] and led.live()[0].ambient
+
+
+def test_snapshot_round_trips_through_restore_and_assign() -> None:
+    from tether.identity import Identity
+
+    led = Ledger(claim_slack=0.0)
+    t = led.started("b", "npm run build", kind="local_bash")
+    t.processes[4242] = Identity(4242, t.started_ticks + 5, "boot")
+    led.started("a", "watch", ambient=True).started_ticks = t.started_ticks + 100
+    snap = led.snapshot()
+    assert [r["id"] for r in snap] == ["b", "a"] and snap[1]["ambient"] is True
+    json.dumps(snap)
+    back = Ledger.restore(snap, "boot", claim_slack=0.0)
+    (b, a) = back.tasks()
+    assert (b.label, b.kind, a.ambient) == ("npm run build", "local_bash", True)
+    assert abs(b.started - t.started) < 1e-6 and b.runtime_s >= 0
+    # Owned by record, by parent (rule 1), by the window (rule 2, the latest task).
+    owned = Identity(4242, t.started_ticks + 5, "boot")
+    child = Identity(4243, t.started_ticks + 6, "boot", ppid=4242)
+    late = Identity(5000, a.started_ticks + 10, "boot", ppid=1)
+    before = Identity(6000, 0, "boot", ppid=1)
+    got = back.assign([owned, child, late, before])
+    assert got[(4242, owned.start)] is b and got[(4243, child.start)] is b
+    assert got[(5000, late.start)] is a and (6000, 0) not in got

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -264,6 +265,11 @@ def test_plain_when_piped_tree_on_a_terminal(owner_factory, state_dir):
     assert "mechanism=subreaper" in lines[0] and "owner_alive=yes" in lines[0]
     assert "members=4" in lines[0]
     assert any(ln.startswith(f"  {o.info['p']} sleep ") for ln in lines[1:])
+    # A header says what the lines hold; ages carry their unit.
+    assert r.stdout.startswith("# job lines: job= mechanism= owner=")
+    assert "PID COMM AGE CMDLINE" in r.stdout.splitlines()[0]
+    assert re.search(r" age=\d+\.\ds ", lines[0]), lines[0]
+    assert any(re.fullmatch(rf"  {o.info['p']} sleep \d+\.\ds sleep 300", ln) for ln in lines), lines
     assert any(ln.startswith("    ") and ln.endswith("sleep 301") for ln in lines[1:])
     assert "─" not in r.stdout and "│" not in r.stdout
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -344,6 +346,9 @@ def test_control_plugin_off_leaves_the_same_leaks_alive(pytester, leaklog):
     assert not identity.is_alive(leaked["module"])  # that fixture ends its process
     assert "leaked process" not in result.stdout.str()
     assert leaklog.probe() == {"tag": "probe", "subreaper": 0, "detector": False}
+    # Off, the session's end still says that processes outlived it, and how to see which.
+    assert re.search(r"tether: \d+ process(es)? started during this session (are|is) still "
+                     r"running \(pid .*pytest --tether-leaks=warn", result.stdout.str())
 
 
 def test_warn_mode_with_dash_p(pytester, leaklog):
@@ -410,3 +415,91 @@ def test_portable_scan_catches_a_still_parented_leak(pytester, leaklog, monkeypa
     result.assert_outcomes(passed=3, errors=1)
     assert not identity.is_alive(leaklog.leaked()["fixture"])
     assert leaklog.probe()["subreaper"] == 0
+
+
+# -- option values, one report per leak, the hint when off --------------------------------
+
+LEAK_ONE = r"""
+import subprocess
+def test_leaks():
+    subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 &"], check=True)
+def test_clean():
+    pass
+"""
+
+
+@pytest.mark.parametrize("ini, expect", [
+    ("tether_leaks_grace = 1.0    # seconds between SIGTERM and SIGKILL",
+     "ERROR: tether_leaks_grace = '1.0    # seconds between SIGTERM and SIGKILL': "),
+    ("tether_leaks_grace = -1", "ERROR: tether_leaks_grace = '-1': tether_leaks_grace must be"),
+    ("tether_leaks_grace = nan", "ERROR: tether_leaks_grace = 'nan': "),
+    ("tether_leaks = loud", "ERROR: tether_leaks = 'loud': choose one of off, warn, fail"),
+])
+def test_bad_ini_values_are_one_clean_error_line(pytester, ini, expect):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile(test_x="def test_x(): pass\n")
+    result = run_inner(pytester, "--tether-leaks=off")  # validated even when overridden
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, err
+    assert expect in err, err
+    assert "Traceback" not in err and "INTERNALERROR" not in err + result.stdout.str()
+    if "#" in ini:
+        assert "inline comment?" in err
+
+
+@pytest.mark.parametrize("value", ["abc", "-2", "inf"])
+def test_bad_grace_option_is_a_usage_error(pytester, value):
+    pytester.makepyfile(test_x="def test_x(): pass\n")
+    result = run_inner(pytester, f"--tether-leaks-grace={value}")
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, err
+    assert "argument --tether-leaks-grace:" in err and "Traceback" not in err, err
+
+
+def test_documented_ini_snippet_works(pytester, leaklog):
+    # docs/pytest.md's snippet, as it stands there now.
+    pytester.makeini("[pytest]\ntether_leaks = fail\n"
+                     "# seconds between SIGTERM and SIGKILL (default 1)\n"
+                     "tether_leaks_grace = 1.0\n")
+    pytester.makepyfile(test_x=LEAK_ONE)
+    result = run_inner(pytester)
+    result.assert_outcomes(passed=2, errors=1)
+
+
+@pytest.mark.parametrize("mode, extra", [("fail", ()), ("warn", ()), ("fail", ("--tb=no",)),
+                                         ("warn", ("--disable-warnings",))])
+def test_each_leak_is_reported_once(pytester, leaklog, mode, extra):
+    pytester.makepyfile(test_x=LEAK_ONE)
+    result = run_inner(pytester, f"--tether-leaks={mode}", *extra)
+    out = result.stdout.str()
+    assert len(re.findall(r"^ *pid \d+ +sleep ", out, re.M)) == 1, out
+    assert len(re.findall(r"test_x.py::test_leaks left 1 process running:", out)) == 1, out
+    assert "tether: 1 leaked process in 1 test, ended" in out
+
+
+def _session(tmp_path, body: str) -> subprocess.CompletedProcess[str]:
+    """A pytest session of its own, in a session of its own (setsid): no other
+    test's process can share its session, so the hint counts only its own."""
+    (tmp_path / "test_s.py").write_text(body)
+    env = dict(os.environ)
+    for k in ("PYTEST_ADDOPTS", "_TETHER_LEAKS_PORTABLE"):
+        env.pop(k, None)
+    return subprocess.run(["setsid", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:hypothesispytest", "-p", "no:xdist", "test_s.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_off_hint_names_survivors_and_how_to_see_them(tmp_path, procs):
+    leaky = ("import subprocess\n"
+             "def test_leak():\n"
+             "    subprocess.run(['sh', '-c', 'sleep 300 >/dev/null 2>&1 &'], check=True)\n")
+    r = _session(tmp_path, leaky.replace("subprocess.run(", "subprocess.run(env=ENV, args=")
+                 .replace("import subprocess\n", f"import subprocess\nENV = {procs.env()!r}\n"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert procs.wait_count(1), "the leak should be alive: the plugin is off"
+    pid = procs.alive()[0].pid
+    assert (f"tether: 1 process started during this session is still running (pid {pid} sleep); "
+            "pytest --tether-leaks=warn") in r.stdout, r.stdout
+    # Control: a clean session says nothing.
+    clean = _session(tmp_path, "def test_ok():\n    pass\n")
+    assert clean.returncode == 0 and "tether:" not in clean.stdout, clean.stdout

@@ -137,6 +137,102 @@ def test_comspec_tail_examples():
     assert sa.comspec_tail("prog -c x", ["-c", "x"]) is None
 
 
+@given(st.lists(st.sampled_from(["/d", "/s", "/D"]), max_size=2), st.sampled_from(["/c", "/C"]),
+       st.text(st.characters(blacklist_characters="\0:", blacklist_categories=("Cs",)), min_size=1,
+               max_size=30), st.lists(WIN_TEXT, max_size=3))
+def test_glued_c_is_comspec_mode(flags, c, glued, rest):
+    """cmd.exe runs ``/c"echo hi"`` (the C runtime hands us ``/cecho hi``) and ``/cdir``."""
+    p = sa.parse([*flags, c + glued, *rest])
+    assert p.mode == sa.COMSPEC and p.flags == (*flags, c)
+    assert p.command == " ".join([glued, *rest])
+
+
+def test_glued_c_examples_and_what_stays_refused():
+    assert sa.parse(["/cecho glued"]).command == "echo glued"
+    assert sa.parse(["/d", '/C"x"']).command == '"x"'
+    line = '"C:\\Py\\python.exe" "C:\\v\\tether-cmd.exe" /d /c"echo glued" & exit 3'
+    args = [w for w, _, _ in sa.split_windows(line)][2:]
+    assert args[:2] == ["/d", "/cecho glued"]
+    assert sa.comspec_tail(line, args) == '/d /c"echo glued" & exit 3'
+    assert sa.comspec_tail('prog /c"x"', ["/cx"]) == '/c"x"'  # nothing after the glued word
+    for bad in (["/C:", "x"], ["/c:x"], ["/d", "/k", "x"], ["/dc", "x"]):
+        with pytest.raises(sa.UsageError):
+            sa.parse(bad)
+
+
+# How pip's launcher (distlib's) passes its command line on: its own name is cut
+# at the first space when unquoted, then everything after it follows verbatim.
+def _launcher_argv(program: str, line_after_program: str) -> list[str]:
+    raw = program + " " + line_after_program  # Python's shell=True: the path is not quoted
+    rest = raw[raw.index(" ") + 1:]
+    child = f'"C:\\Py\\python.exe" "{program}" {rest}'
+    return [w for w, _, _ in sa.split_windows(child)][2:]
+
+
+@given(st.lists(st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="-_."),
+                        min_size=1, max_size=8), min_size=1, max_size=4),
+       st.sampled_from(["/c", "/d /s /c", "-c", "-lc"]), st.lists(WIN_TEXT, min_size=1, max_size=4))
+def test_unsplit_program_restores_an_unquoted_path_with_spaces(dirs, flags, rest):
+    program = "C:\\" + " ".join(dirs) + "\\Scripts\\tether-cmd.exe"
+    args = [*flags.split(), *rest]
+    argv = _launcher_argv(program, subprocess.list2cmdline(args))
+    # sys.argv[0] is the launcher's own full path, with ".exe" taken off.
+    assert sa.unsplit_program(argv, program[:-4]) == args
+
+
+def test_unsplit_program_drops_only_our_own_path():
+    prog = "C:\\Program Files\\x\\tether-cmd"
+    assert sa.unsplit_program(["Files\\x\\tether-cmd.exe", "/c", "dir"], prog) == ["/c", "dir"]
+    assert sa.unsplit_program(["/c", "Files\\x\\tether-cmd.exe"], prog) == ["/c", "Files\\x\\tether-cmd.exe"]
+    assert sa.unsplit_program(["Files\\y\\other.exe", "/c", "dir"], prog) == ["Files\\y\\other.exe", "/c", "dir"]
+    assert sa.unsplit_program(["x", "/c"], "C:\\NoSpace\\tether-cmd") == ["x", "/c"]
+    assert sa.unsplit_program([], prog) == []
+
+
+CMD_EXE = "C:\\Windows\\System32\\cmd.exe"
+
+
+@given(WIN_TEXT)
+def test_windows_command_line_for_cmd_keeps_the_command_as_written(cmd):
+    """``/d /s /c "CMD"``: with /s, cmd.exe drops the first and the last quote
+    after /c and runs the rest - which must be CMD, quotes and all."""
+    line = sa.windows_command_line(CMD_EXE, sa.Parsed(sa.SHELL, cmd))
+    head = f'"{CMD_EXE}" /d /s /c "'
+    assert line.startswith(head) and line.endswith('"')
+    assert line[len(head):-1] == cmd
+
+
+@given(WIN_TEXT, st.sampled_from(["C:\\Program Files\\PowerShell\\7\\pwsh.exe",
+                                  "C:\\WINDOWS\\System32\\WindowsPowerShell\\v1.0\\powershell.exe"]))
+def test_windows_command_line_for_pwsh_is_one_c_runtime_argument(cmd, shell):
+    """pwsh.exe splits its command line by C-runtime rules and runs the
+    argument after -Command: it must come back as exactly CMD."""
+    line = sa.windows_command_line(shell, sa.Parsed(sa.SHELL, cmd))
+    assert [w for w, _, _ in sa.split_windows(line)] == [shell, "-NoLogo", "-Command", cmd]
+
+
+@given(WIN_TEXT, st.lists(WIN_TEXT, max_size=3), st.booleans())
+def test_windows_command_line_for_other_shells_round_trips(cmd, args, login):
+    shell = "C:\\Program Files\\Git\\bin\\bash.exe"
+    parsed = sa.Parsed(sa.SHELL, cmd, args, login=login)
+    line = sa.windows_command_line(shell, parsed)
+    assert [w for w, _, _ in sa.split_windows(line)] == sa.shell_argv(shell, parsed, True)
+
+
+@pytest.mark.parametrize("shell", [CMD_EXE, "C:\\PS\\7\\pwsh.exe"])
+def test_windows_command_line_refuses_dollar_args_for_cmd_and_pwsh(shell):
+    with pytest.raises(sa.UsageError, match="takes no arguments after -c CMD"):
+        sa.windows_command_line(shell, sa.Parsed(sa.SHELL, "echo %0", ["a0"]))
+
+
+def test_wants_help_only_alone():
+    for argv in (["-h"], ["--help"], ["/?"]):
+        assert sa.wants_help(argv)
+    for argv in ([], ["-h", "-c", "x"], ["-c", "--help"], ["--help", "x"], ["/?", "/c", "x"]):
+        assert not sa.wants_help(argv)
+    assert "tether-cmd /c CMD" in sa.USAGE and all(len(line) <= 100 for line in sa.USAGE.splitlines())
+
+
 # -- the real argument path, through real processes ----------------------------------------
 
 ARG_TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=12)
@@ -168,6 +264,22 @@ def test_dollar_args_round_trip_through_tether_shell(procs, ts, args):
     out, _ = p.communicate(timeout=20)
     assert p.returncode == 0
     assert out.split(b"\0")[:-1] == [os.fsencode(a) for a in args]
+
+
+@pytest.mark.parametrize("how", ["script", "tether shell"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_usage_and_exits_0(procs, ts, how, flag):
+    argv = [ts, flag] if how == "script" else [sys.executable, "-m", "tether", "shell", flag]
+    p = procs.popen(argv, env=procs.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL)
+    out, err = p.communicate(timeout=20)
+    assert (p.returncode, err) == (0, b"")
+    assert out.decode() == sa.USAGE
+    # Not alone, it is an unknown flag: exit 2, and nothing else is skipped for help.
+    p = procs.popen([*argv, "-c", "true"], env=procs.env(), stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 2 and out == b"" and b"unrecognised" in err
 
 
 # -- the shell search over real files --------------------------------------------------------

@@ -42,6 +42,7 @@ def test_struct_sizes_x64():
         "IO_COUNTERS": 48,
         "JOBOBJECT_BASIC_ACCOUNTING_INFORMATION": 48,
         "THREADENTRY32": 28,
+        "PROCESS_BASIC_INFORMATION": 48,
     }
     for name, size in expected.items():
         assert ctypes.sizeof(getattr(w, name)) == size, name
@@ -74,6 +75,10 @@ def test_struct_sizes_x64():
             "TotalTerminatedProcesses": 44,
         }),
         ("THREADENTRY32", {"dwSize": 0, "th32ThreadID": 8, "th32OwnerProcessID": 12, "dwFlags": 24}),
+        ("PROCESS_BASIC_INFORMATION", {
+            "ExitStatus": 0, "PebBaseAddress": 8, "AffinityMask": 16, "BasePriority": 24,
+            "UniqueProcessId": 32, "InheritedFromUniqueProcessId": 40,
+        }),
     ],
 )
 def test_field_offsets_x64(struct_name, offsets):
@@ -238,6 +243,27 @@ def test_job_list_attribute_value_is_an_array_of_handles():
     _, _, attr, value, size, _, _ = seen[0]
     assert attr == 0x2000D and size == 16
     assert struct.unpack("<QQ", ctypes.string_at(value, 16)) == (0x40, 0x44)
+
+
+def test_nt_query_information_process_gets_the_struct_by_pointer():
+    restype, argtypes, check = w.PROTOTYPES[("ntdll", "NtQueryInformationProcess")]
+    info = w.PROCESS_BASIC_INFORMATION()
+    seen = []
+    cfunc = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(lambda *a: seen.append(a) or 0)
+    cfunc(0x40, w.ProcessBasicInformation, ctypes.byref(info), ctypes.sizeof(info), None)
+    _, klass, ptr, size, _ = seen[0]
+    assert klass == 0 and size == 48 and ctypes.addressof(ptr.contents) == ctypes.addressof(info)
+    assert restype is w.NTSTATUS and check is None  # an NTSTATUS: parent_pid looks at it
+
+
+@pytest.mark.parametrize("code,signed", [
+    (0, 0), (1, 1), (255, 255), (256, 256), (0x7FFFFFFF, 0x7FFFFFFF),
+    (0x80000000, -0x80000000), (0xC0000005, -1073741819), (0xC000013A, -1073741510),
+    (0xFFFFFFFF, -1), (-1, -1), (-1073741819, -1073741819), (1 << 32 | 7, 7),
+])
+def test_signed_exit_code_keeps_the_32_bits(code, signed):
+    assert w.signed_exit_code(code) == signed
+    assert w.signed_exit_code(code) & 0xFFFFFFFF == code & 0xFFFFFFFF  # what the caller sees
 
 
 # --- errors --------------------------------------------------------------------------

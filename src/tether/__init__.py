@@ -4,6 +4,9 @@
     with Job(name="session-7") as job:
         p = job.popen(["node", "server.js"])
 
+    import tether
+    tether.run(["make", "test"], timeout=600)   # subprocess.run; nothing it starts outlives it
+
 The rooms, and which way data flows (callers on the left, leaves on the
 right; nothing on the right imports anything to its left)::
 
@@ -24,11 +27,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .dropin import Popen, run
     from .errors import (
         HostClosed,
         JobClosed,
         JobExpired,
         JobRefused,
+        SessionHeld,
         ShellNotFound,
         SignalRefused,
         TetherError,
@@ -46,14 +51,16 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
-    "Job", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
+    "Job", "run", "Popen", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
     "Guarantee", "probe_all", "choose", "TetherError", "JobRefused", "JobClosed",
-    "HostClosed", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound", "Unavailable",
-    "__version__",
+    "HostClosed", "SessionHeld", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound",
+    "Unavailable", "__version__",
 ]
 
 _LAZY = {
     "Job": ("tether.job", "Job"),
+    "run": ("tether.dropin", "run"),
+    "Popen": ("tether.dropin", "Popen"),
     "Host": ("tether.host", "Host"),
     "Session": ("tether.host", "Session"),
     "PtySession": ("tether.pty", "PtySession"),
@@ -65,8 +72,8 @@ _LAZY = {
     "probe_all": ("tether.platform", "probe_all"),
     "choose": ("tether.platform", "choose"),
     **{name: ("tether.errors", name) for name in (
-        "TetherError", "JobRefused", "JobClosed", "HostClosed", "JobExpired", "SignalRefused",
-        "UsageError", "ShellNotFound", "Unavailable")},
+        "TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
+        "SignalRefused", "UsageError", "ShellNotFound", "Unavailable")},
 }
 
 

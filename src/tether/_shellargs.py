@@ -17,6 +17,10 @@ INTERACTIVE mode (what a terminal that starts ``$SHELL`` passes)::
 COMSPEC mode (what ``%COMSPEC% /c CMD`` callers pass, Windows only)::
 
     /c CMD      /d /s /c CMD      (flags case-insensitive; /d and /s in any order)
+    /c"CMD"     /cCMD             (the command glued to /c, as cmd.exe accepts it)
+
+``-h``, ``--help`` or ``/?`` as the only argument asks for the usage (``USAGE``;
+see :func:`wants_help`).
 
 Anything else - an unknown flag, a missing command, a script operand - is a
 ``UsageError`` (exit 2, one line); one mode never falls through to the other.
@@ -43,6 +47,8 @@ _NOT_SHELLS = frozenset({"nologin", "false", "true", "sync", "halt", "shutdown"}
 # Bytes that mark a file as (a launcher or copy of) tether-shell.
 _MARKERS = (b"tether.shell", b"tether-shell", b"tether shell")
 _PROBE = 4096
+# File names of tether's own wrapper: the POSIX launcher and Windows' console script.
+_SELF_NAMES = frozenset({"tether-shell", "tether-shell.exe", "tether-cmd", "tether-cmd.exe"})
 
 
 class Parsed:
@@ -77,8 +83,44 @@ class Parsed:
 
 
 def is_comspec_flag(arg: str) -> bool:
-    """``/c``-like: a slash and one letter (or ``?``), as cmd.exe's switches are."""
-    return len(arg) == 2 and arg[0] == "/" and (arg[1].isalpha() or arg[1] == "?")
+    """``/c``-like: a slash and one letter (or ``?``), as cmd.exe's switches are,
+    or ``/c`` with its command glued on (see :func:`is_glued_c`)."""
+    return (len(arg) == 2 and arg[0] == "/" and (arg[1].isalpha() or arg[1] == "?")) \
+        or is_glued_c(arg)
+
+
+def is_glued_c(arg: str) -> bool:
+    """``/c`` with the command glued on: cmd.exe runs ``/c"echo hi"`` (which the
+    C runtime hands us as ``/cecho hi``) and ``/cdir``. ``/c:...`` stays a
+    malformed switch (cmd.exe's switches with values are written ``/X:VALUE``)."""
+    return len(arg) > 2 and arg[0] == "/" and arg[1] in "cC" and arg[2] != ":"
+
+
+USAGE = """\
+usage: tether-shell -c CMD [ARG0 [ARG...]]   run CMD in the real shell, in a job of its own
+       tether-shell -lc CMD ...               the same as a login shell (-l -c, --login -c, -c -l)
+       tether-cmd /c CMD | /d /s /c CMD       Windows COMSPEC mode: CMD runs in cmd.exe
+       tether shell ARGS                      the same as tether-shell ARGS
+
+What CMD leaves behind is ended when it returns; if the wrapper is killed, the
+command's whole tree ends. The command sees the same pids, environment, files
+and terminal as under the real shell; its exit status is the wrapper's.
+
+Environment: TETHER_SHELL (absolute path of the real shell; default: the login
+shell, bash on PATH, /bin/sh; Windows: pwsh 7), TETHER_SHELL_GRACE (seconds,
+0.5), TETHER_SHELL_MECHANISM (auto), TETHER_SHELL_LOG (off turns the audit log
+off), TETHER_SHELL_LOG_DAYS, TETHER_SHELL_LOG_MAX_BYTES, TETHER_STATE_DIR.
+
+Exit status: the command's; 2 bad invocation or TETHER_SHELL; 125 no job could
+be created; 126 the shell could not be executed; 127 no shell found.
+Documentation: docs/shell.md.
+"""
+
+
+def wants_help(argv: "Sequence[str]") -> bool:
+    """``-h``, ``--help`` or ``/?`` alone. Only alone: with anything after it,
+    it is an unknown flag (exit 2), so no command is ever skipped for help."""
+    return len(argv) == 1 and argv[0] in ("-h", "--help", "/?")
 
 
 def parse(argv: "Sequence[str]") -> "Parsed":
@@ -149,6 +191,9 @@ def _parse_comspec(argv: "Sequence[str]") -> "Parsed":
             if not rest:
                 raise UsageError(f"{arg} requires a command")
             return Parsed(COMSPEC, " ".join(rest), (), flags=flags)
+        if is_glued_c(arg):
+            flags.append(arg[:2])
+            return Parsed(COMSPEC, " ".join([arg[2:], *argv[i + 1:]]), (), flags=flags)
         if arg.startswith("/") or arg.startswith("-"):
             raise UsageError(f"unrecognised flag {arg!r} (supported: /c CMD, /d /s /c CMD)")
         raise UsageError("missing /c: COMSPEC mode runs a command (/c CMD or /d /s /c CMD)")
@@ -243,18 +288,74 @@ def comspec_tail(cmdline: str, user_args: "Sequence[str]") -> str | None:
     re-quoted command).
     """
     nflags = 0
+    glued = False
     for a in user_args:
         nflags += 1
         if a.lower() == "/c":
+            break
+        if is_glued_c(a):
+            glued = True  # the command is inside the last flag's word
             break
     else:
         return None
     want = [a.lower() for a in user_args[:nflags]]
     words = split_windows(cmdline)
-    for k in range(1, len(words) - nflags):
+    for k in range(1, len(words) - nflags + glued):
         if [w[0].lower() for w in words[k:k + nflags]] == want:
             return cmdline[words[k][1]:].rstrip()
     return None
+
+
+def unsplit_program(argv: "Sequence[str]", program: str) -> list[str]:
+    """``argv`` without the leading words that are the rest of our own path.
+
+    Python's ``shell=True`` writes ``%COMSPEC% /c "CMD"`` without quoting the
+    path, and pip's ``.exe`` launcher cuts its own name from the command line
+    at the first space: ``C:\\Program Files\\x\\tether-cmd.exe /c "CMD"``
+    arrives as the arguments ``Files\\x\\tether-cmd.exe /c CMD``. cmd.exe
+    itself never sees such a line (it lives in System32); for it to reach us
+    whole, those words are dropped when, joined with spaces, they are the end
+    of ``program`` (``sys.argv[0]``: the launcher's full path, from which it
+    removed ``.exe``), so nothing else is ever dropped.
+    """
+    if not argv or argv[0][:1] in ("/", "-") or " " not in program:
+        return list(argv)
+    low = program.lower()
+    ends = (low[:-4], low) if low.endswith(".exe") else (low, low + ".exe")
+    for k in range(1, min(len(argv), program.count(" ")) + 1):
+        tail = " " + " ".join(argv[:k]).lower()
+        if any(e.endswith(tail) for e in ends):
+            return list(argv[k:])
+    return list(argv)
+
+
+def windows_command_line(shell: str, parsed: "Parsed") -> str:
+    """The command line for a SHELL-mode invocation on Windows, written with
+    the target's own rules (a command line is what a Windows program gets;
+    each program splits it itself).
+
+    * cmd.exe: ``"SHELL" /d /s /c "CMD"`` - the form Node uses: with ``/s``
+      cmd.exe drops the first and the last quote and runs the rest as
+      written, so quotes inside CMD stay as they are (cmd.exe knows no
+      ``\\"``: re-quoting CMD as a C-runtime argument would change it).
+    * PowerShell: ``SHELL -NoLogo -Command CMD`` with CMD as one C-runtime
+      argument (pwsh.exe and powershell.exe split their command line by those
+      rules, where ``\\"`` is a quote; ``-Command`` then runs its argument).
+    * anything else (a POSIX shell such as Git's bash.exe): the C-runtime
+      quoting of ``shell_argv``, as ``subprocess`` writes a list.
+
+    cmd.exe and PowerShell have no ``$0 $1 ...``: ARG0 ARG... after CMD are
+    refused (``UsageError``) rather than glued into the command text.
+    """
+    from subprocess import list2cmdline
+
+    flavour = shell_flavour(shell)
+    if flavour in ("cmd", "pwsh") and parsed.args:
+        raise UsageError(f"{os.path.basename(shell.replace(chr(92), '/'))} takes no arguments "
+                         f"after -c CMD ({len(parsed.args)} given); put them into CMD")
+    if flavour == "cmd":
+        return f'"{shell}" /d /s /c "{parsed.command}"'
+    return list2cmdline(shell_argv(shell, parsed, windows=True))
 
 
 # -- finding the real shell -----------------------------------------------------
@@ -326,7 +427,7 @@ class SelfCheck:
         self._bytes: dict[str, bytes] = {}
 
     def __call__(self, cand: str) -> bool:
-        if os.path.basename(cand).lower() in ("tether-shell", "tether-shell.exe"):
+        if os.path.basename(cand).lower() in _SELF_NAMES:
             return True
         try:
             st = os.stat(cand)

@@ -1,4 +1,5 @@
-"""asyncio face of a job's process: what ``Job.create_subprocess_exec`` returns.
+"""asyncio face of a job's process: what ``Job.create_subprocess_exec`` and
+``Job.create_subprocess_shell`` return.
 
 asyncio's own subprocess transport expects to ``waitpid`` its child; a
 job's process is the keeper's child, so we wrap the job's ``Popen`` instead:
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from typing import Any
 
 
 class Process:
     """Drop-in for ``asyncio.subprocess.Process`` over a job's Popen."""
 
-    def __init__(self, popen: subprocess.Popen, stdin, stdout, stderr):
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: asyncio.StreamWriter | None,
+                 stdout: asyncio.StreamReader | None, stderr: asyncio.StreamReader | None) -> None:
         self._popen = popen
         self.stdin: asyncio.StreamWriter | None = stdin
         self.stdout: asyncio.StreamReader | None = stdout
@@ -80,14 +81,14 @@ class Process:
             return None
         return await stream.read()
 
-    async def communicate(self, input: bytes | None = None) -> tuple[Any, Any]:
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
         _, out, err = await asyncio.gather(self._feed(input), self._read(self.stdout),
                                            self._read(self.stderr))
         await self.wait()
         return out, err
 
 
-async def create(popen: subprocess.Popen, limit: int) -> Process:
+async def create(popen: subprocess.Popen[bytes], limit: int) -> Process:
     loop = asyncio.get_running_loop()
     stdin = stdout = stderr = None
     if popen.stdout is not None:

@@ -41,7 +41,13 @@ label          str         the app's own name for a spawned process, optional
 argv           [str]       ONLY when the caller opted in for that spawn
 argv_truncated int         argv was cut to fit a line; original arg count
 error          str         for ``error`` records: what went wrong
-lost           int         for ``error``/``audit-gap``: records lost before it
+lost           int         for ``error``/``audit-gap``/``audit-carry-loss``:
+                           records lost
+tasks          [object]    for ``tasks`` records: a session's live tasks now,
+                           ``{"id", "label", "kind", "started", "ticks",
+                           "said", "ambient", "pids": [[pid, ticks], ...]}``
+carried        bool        a copy a rotation carried forward from a deleted
+                           rotated copy (the original is gone); see Rotation
 =============  ==========  ====================================================
 
 Metadata only: the writer never adds command text, arguments or environment
@@ -60,9 +66,25 @@ lose the last records.
 Rotation. Before each write the writer ``stat``s the live name. If it is
 another file than the one open (someone else rotated) the writer reopens; if
 the line would take it past ``max_bytes`` the writer takes a non-blocking
-``flock`` on the lock file, checks again, renames ``.N-1 -> .N ... -> .1``,
+``flock`` on the lock file, checks again, renames ``.N -> .N+1 ... -> .2``,
 live ``-> .1``, prunes copies beyond ``keep_files`` or older than
-``keep_days`` and reopens. A writer that cannot get the lock within ~50 ms
+``keep_days`` and reopens.
+
+Pruning never throws away proof. Before a copy is deleted, every record in it
+that still proves a process that may be alive - a ``spawn`` whose process
+(pid + start ticks + boot id) still runs, a ``job-open`` whose keeper still
+runs or whose cgroup still exists, the ``run-start`` and last ``tasks`` record
+of a run whose owner still runs or whose tasks' processes do
+(``tether.runs.still_needed``) - is appended to the live file, marked
+``"carried": true`` (readers take a carried record as older than every record
+that is not: it fills in, never overrides). The copy is deleted only once that
+write succeeded. A rotation carries at most ``max_bytes // 2`` bytes; what
+does not fit is dropped and an ``error`` record ``{"error":
+"audit-carry-loss", "lost": N, "runs": [...]}`` says so (the reaper reports
+it). The carry counts toward the live file's ``max_bytes``, so the log's
+hard cap on total bytes is ``(keep_files + 1.5) * max_bytes`` (the half: one
+carry appended by a writer's first prune before the live file rotates; plus
+the lines of writers that raced a rotation) - 27.5 MiB with the defaults. A writer that cannot get the lock within ~50 ms
 writes to the live file anyway (it grows a little past ``max_bytes``) rather
 than wait on a stopped process. A writer that wrote just before a rotation
 lands its line at the end of ``.1``: nothing is lost, nothing reordered within
@@ -128,7 +150,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-EVENTS = ("run-start", "job-open", "spawn", "exit", "job-close", "run-end", "reap", "error")
+EVENTS = ("run-start", "job-open", "spawn", "exit", "job-close", "run-end", "reap", "error",
+          "tasks")
 
 DEFAULT_FILENAME = "audit.jsonl"
 DEFAULT_MAX_BYTES = 5 * 2**20
@@ -654,9 +677,16 @@ class AuditWriter:
             self._dfd = _open_dir(self.state_dir)
         self._dir_ready = True
         if not self._pruned:
-            # Age limits also hold for a log too quiet to rotate often.
+            # Age and count limits also hold for a log too quiet to rotate often
+            # (or left with more copies by another writer's settings).
             self._pruned = True
-            self._prune()
+            lock = self._lock_file()
+            try:
+                if lock >= 0 or _WINDOWS:
+                    self._prune()
+            finally:
+                if lock >= 0:
+                    os.close(lock)
 
     def _open_file(self) -> None:
         flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
@@ -697,14 +727,13 @@ class AuditWriter:
                 and st.st_size + need > self.max_bytes
                 and (lock >= 0 or _WINDOWS)
             ):
-                # Shift only the copies that exist, highest first, so the
-                # cost follows the files present and nothing is clobbered.
+                # Shift every copy up by one, highest first (so nothing is
+                # clobbered and the cost follows the files present), then the
+                # live file to .1. What is now beyond keep_files or keep_days is
+                # deleted by _prune - after what it still proves is carried.
                 names = os.listdir(self._dfd if _DIR_FD else self.state_dir)
                 for n, old in _rotated(names, name):
-                    if n >= self.keep_files:
-                        os.unlink(self._p(old), **self._kw())
-                    else:
-                        self._rename(old, f"{name}.{n + 1}")
+                    self._rename(old, f"{name}.{n + 1}")
                 self._rename(name, f"{name}.1")
                 self._prune()
         except OSError:
@@ -752,22 +781,92 @@ class AuditWriter:
         return -1
 
     def _prune(self) -> None:
-        """Delete rotated copies beyond keep_files or older than keep_days."""
+        """Delete rotated copies beyond keep_files or older than keep_days, once
+        the records in them that still prove something are carried forward."""
         try:
             names = os.listdir(self._dfd if _DIR_FD else self.state_dir)
         except OSError:
             return
         cutoff = time.time() - self.keep_days * 86400 if self.keep_days else None
+        doomed = []
         for n, name in _rotated(names, self.filename):
             try:
                 if n > self.keep_files:
-                    os.unlink(self._p(name), **self._kw())
+                    doomed.append(name)
                 elif cutoff is not None:
                     st = os.stat(self._p(name), **self._kw(), follow_symlinks=False)
                     if st.st_mtime < cutoff:
-                        os.unlink(self._p(name), **self._kw())
+                        doomed.append(name)
             except OSError:
                 pass
+        if not doomed or not self._carry(doomed):
+            return  # a carry that could not be written keeps its copies for the next try
+        for name in doomed:
+            try:
+                os.unlink(self._p(name), **self._kw())
+            except OSError:
+                pass
+
+    def _carry(self, doomed: list[str]) -> bool:
+        """Append to the live file, marked ``carried``, every record of the
+        copies in *doomed* (oldest first) that still proves a process that may
+        be alive (:func:`tether.runs.still_needed`), at most ``max_bytes // 2``
+        of them; past that, an ``audit-carry-loss`` error record says what was
+        dropped. False when the carry could not be written."""
+        from tether.runs import still_needed  # lazy: only a rotation that deletes needs it
+
+        def blocks() -> Iterator[bytes]:  # whole lines; a line over max_line is dropped
+            for name in doomed:
+                try:
+                    fd = os.open(self._p(name), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+                                 | _O_BINARY, **self._kw())
+                except OSError:
+                    continue
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    yield from _line_blocks(lambda n, fd=fd: os.read(fd, n), self.max_line)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+
+        needed = still_needed(blocks())
+        if not needed:
+            return True
+        budget = self.max_bytes // 2
+        out: list[bytes] = []
+        used = lost = 0
+        lost_runs: list[str] = []
+        for rec in needed:
+            rec = dict(rec)
+            rec["carried"] = True
+            line = _encode(rec)
+            if used + len(line) > budget or len(line) > self.max_line:
+                lost += 1
+                run = rec.get("run")
+                if isinstance(run, str) and run not in lost_runs and len(lost_runs) < 20:
+                    lost_runs.append(run)
+                continue
+            out.append(line)
+            used += len(line)
+        if lost:
+            out.append(_encode({"v": SCHEMA_VERSION, "ts": time.time(), "event": "error",
+                                "error": "audit-carry-loss", "lost": lost, "runs": lost_runs,
+                                "cap": budget, "pid": os.getpid()}))
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+        try:
+            fd = os.open(self._p(self.filename), flags, 0o600, **self._kw())
+        except OSError:
+            return False
+        try:
+            data = b"".join(out)
+            # One write: concurrent writers' lines never land inside the batch.
+            return os.write(fd, data) == len(data)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _fail(self, reason: str) -> None:
         self.lost += 1
@@ -987,6 +1086,40 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
     return fds
 
 
+def _line_blocks(read: Callable[[int], bytes], max_line: int,
+                 st: ReadStats | None = None) -> Iterator[bytes]:
+    """Chunks of whole lines (each up to its last newline) from ``read``, in
+    256 KiB blocks plus at most ``max_line`` of carry: a line longer than that
+    is skipped unread (counted in ``st.lines``/``st.too_long``), a last line
+    without its newline is never yielded (counted in ``st.truncated``)."""
+    carry = b""
+    skipping = False  # inside an over-long line, waiting for its newline
+    while True:
+        block = read(_READ_BLOCK)
+        if not block:
+            break
+        if skipping:
+            nl = block.find(b"\n")
+            if nl < 0:
+                continue
+            skipping = False
+            block = block[nl + 1 :]
+        data = carry + block if carry else block
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            yield data[:cut]
+        carry = data[cut:]
+        if len(carry) > max_line:
+            if st is not None:
+                st.lines += 1
+                st.too_long += 1
+            carry = b""
+            skipping = True
+    if carry.strip() and st is not None:
+        st.lines += 1
+        st.truncated += 1
+
+
 def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str, Any]]:
     import json
 
@@ -1015,22 +1148,8 @@ def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str,
             st.files += 1
             with open(fd, "rb", buffering=0, closefd=True) as f:
                 fds[i] = -1
-                carry = b""
-                skipping = False  # inside an over-long line, waiting for its newline
-                while True:
-                    block = f.read(_READ_BLOCK)
-                    if not block:
-                        break
-                    if skipping:
-                        nl = block.find(b"\n")
-                        if nl < 0:
-                            continue
-                        skipping = False
-                        block = block[nl + 1 :]
-                    data = carry + block if carry else block
-                    lines = data.split(b"\n")
-                    carry = lines.pop()
-                    for line in lines:
+                for whole in _line_blocks(f.read, max_line, st):
+                    for line in whole.split(b"\n"):
                         if not line.strip():
                             continue
                         st.lines += 1
@@ -1044,16 +1163,6 @@ def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str,
                             if type(v) is int and v > SCHEMA_VERSION:
                                 st.newer += 1
                             yield obj
-                    if len(carry) > max_line:
-                        st.lines += 1
-                        st.too_long += 1
-                        carry = b""
-                        skipping = True
-                if carry.strip():
-                    st.lines += 1
-                    st.truncated += 1
-                elif skipping:
-                    pass  # the over-long last line was already counted
     finally:
         for fd in fds:
             if fd >= 0:

@@ -31,7 +31,7 @@ __all__ = [
     "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
-    "remove_stale_run_dirs", "is_member",
+    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER",
 ]
 
 RUN_PREFIX = "tether-"
@@ -121,7 +121,18 @@ def base_dir(loc: tuple[str, str, str] | None = None) -> tuple[str | None, str]:
         return None, (f"no writable cgroup v2: {d} is not writable by uid {os.geteuid()} "
                       f"(needs root or a delegated subtree such as "
                       f"user@{os.getuid()}.service)")
+    if os.path.isdir(SYSTEMD_MARKER):  # one stat where systemd does not run
+        from .systemd import delegation
+
+        ok, why = delegation(d, m)
+        if not ok:
+            return None, why
     return d, ""
+
+
+#: Present when systemd is the init system (what ``sd_booted()`` checks);
+#: then ``tether.systemd.delegation`` decides whether a cgroup is ours to divide.
+SYSTEMD_MARKER = "/run/systemd/system"
 
 
 # -- files -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ _DELEGATED = {
     "shell": ("tether.shell", "Run a command through tether-shell (SHELL/COMSPEC drop-in)."),
     "reap": ("tether.reaper", "End leftovers of earlier runs that the audit log proves are ours."),
     "ps": ("tether.ps", "List the live jobs tether knows of, with their member trees."),
-    "init": ("tether.init", "Run CMD as PID 1 of a container: reap zombies, forward signals, end all on exit."),
+    "init": ("tether.init", "Be a container's PID 1, CMD its child: reap zombies, forward signals, end all on exit."),
 }
 
 

@@ -4,7 +4,8 @@ The JSON output (``--json``) is stable; fields are only ever added:
 
     {"schema": 1, "platform": str, "kernel": str, "python": str, "uid": int,
      "auto": name|null, "auto_reason": str, "strict": name|null, "strict_reason": str,
-     "mechanisms": [{"mechanism", "available", "reason", "detail", "guarantee": {...}}]}
+     "mechanisms": [{"mechanism", "available", "reason", "detail", "guarantee": {...}}],
+     "cgroup_fix": [str, ...]}   # Linux without cgroup: how to get one here ([] otherwise)
 """
 
 from __future__ import annotations
@@ -60,7 +61,55 @@ def report() -> dict[str, Any]:
         except (ImportError, OSError, ValueError) as exc:  # a module that cannot load here
             d["guarantee"] = {"error": str(exc)}
         out["mechanisms"].append(d)
+    cg = next((m for m in out["mechanisms"] if m["mechanism"] == "cgroup"), None)
+    out["cgroup_fix"] = cgroup_fix(out["auto"]) if (
+        sys.platform.startswith("linux") and cg is not None and not cg["available"]) else []
     return out
+
+
+def cgroup_fix(auto: str | None) -> list[str]:
+    """How to get a writable, delegated cgroup on this machine, in steps."""
+    from . import cgroupfs
+
+    uid = os.getuid()
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        user = str(uid)
+    lines: list[str] = []
+    where = cgroupfs.mount()
+    if where is None:
+        lines.append("no cgroup v2 is mounted: mount -t cgroup2 none /sys/fs/cgroup (as root), "
+                     "or boot with systemd.unified_cgroup_hierarchy=1")
+    elif not os.path.isdir(cgroupfs.SYSTEMD_MARKER):
+        lines.append(f"systemd is not running here ({cgroupfs.SYSTEMD_MARKER} is absent), so "
+                     "nobody delegates cgroups: run as root, or have root delegate a directory "
+                     f"to uid {uid}:")
+        lines.append(f"  mkdir {where}/{user}; chown {uid} {where}/{user} {where}/{user}/cgroup.procs "
+                     f"{where}/{user}/cgroup.subtree_control {where}/{user}/cgroup.threads")
+        lines.append(f"  then, as root, move the shell that starts the program into it: "
+                     f"echo <its pid> > {where}/{user}/cgroup.procs")
+    else:
+        from .systemd import user_manager_dir
+
+        manager = user_manager_dir(uid, where)
+        if uid == 0:
+            lines.append("run the program in a scope of its own that systemd delegates:")
+            lines.append("  systemd-run --scope -p Delegate=yes -- CMD [ARG...]")
+        else:
+            if manager:
+                lines.append(f"user@{uid}.service (your systemd user manager) runs: {manager}")
+            else:
+                lines.append(f"user@{uid}.service does not exist: uid {uid} ({user}) has no systemd "
+                             "user manager - log in through a login manager or ssh (pam_systemd), "
+                             f"or let it run without a session: loginctl enable-linger {user}")
+            lines.append("run the program in a scope of its own that your manager delegates:")
+            lines.append("  systemd-run --user --scope -p Delegate=yes -- CMD [ARG...]")
+    if auto:
+        lines.append(f"until then jobs use {auto} (tether doctor lists what it does not cover)")
+    return lines
 
 
 def doctor(as_json: bool = False) -> int:
@@ -76,6 +125,10 @@ def doctor(as_json: bool = False) -> int:
     for m in data["mechanisms"]:
         mark = "yes" if m["available"] else "no "
         w(f"  [{mark}] {m['mechanism']:<10} {m['reason']}\n")
+    if data["cgroup_fix"]:
+        w("\n  To get a cgroup here (uid {}):\n".format(data["uid"]))
+        for line in data["cgroup_fix"]:
+            w(f"    {line}\n")
     w("\n")
     for key, label in (("auto", "auto   (default, transparent)"), ("strict", "strict (kernel-enforced)")):
         if data[key]:
@@ -89,7 +142,7 @@ def doctor(as_json: bool = False) -> int:
         g = m["guarantee"]
         if "error" in g:
             continue
-        kind = "kernel-enforced" if g["kernel_enforced"] else "guardian-enforced"
+        kind = "kernel-enforced" if g["kernel_enforced"] else "keeper-enforced"
         seen = "transparent" if g["transparent"] else "visible to the job"
         w(f"\n  {m['mechanism']}: {kind}, {seen}\n")
         w(f"    ends the job: {g['ends_job']}\n")

@@ -12,8 +12,8 @@ One end, in order:
 1. ``find()`` names the processes in scope (the caller bounds it: a job's
    members, a test's descendants, a run's leftovers). Nothing born before
    ``born_after`` is ever signalled, whatever ``find`` returns.
-2. With ``grace > 0``: SIGTERM, then SIGCONT (a stopped process acts on
-   SIGTERM only once continued), deepest first; then up to ``grace`` seconds
+2. With ``grace > 0``: SIGTERM to each, parents first, then SIGCONT to
+   each (a stopped process acts on SIGTERM only once continued); then up to ``grace`` seconds
    for them to go, finding again as it waits (a process started meanwhile
    joins the next step). ``cancel()`` true cuts the grace short.
 3. Optionally frozen (``freeze``): SIGSTOP, parents first, and find again
@@ -259,11 +259,17 @@ def end(
                 for i in live:
                     credit.setdefault(_key(i), "SIGTERM")
             else:
-                for i in depth_order(live, deepest_first=True):
-                    if signal(i, _SIGTERM, "SIGTERM"):
-                        asked = True
-                        if _SIGCONT is not None:
-                            signal(i, _SIGCONT, None)
+                # Parents first, and every SIGTERM before any SIGCONT: a
+                # wrapper script or a supervisor hears it before it sees a
+                # child die (a shell's `wait` returns when its child is
+                # killed, and the shell would exit without running its trap;
+                # a supervisor would restart the child).
+                told = [i for i in depth_order(live, deepest_first=False)
+                        if signal(i, _SIGTERM, "SIGTERM")]
+                asked = bool(told)
+                if _SIGCONT is not None:
+                    for i in told:
+                        signal(i, _SIGCONT, None)
         if asked:
             deadline = time.monotonic() + grace
             delay = 0.001

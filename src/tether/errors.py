@@ -14,6 +14,7 @@ The tree::
     ├── JobRefused       the job could not hold this process; nothing was started
     ├── JobClosed        the job is closed (or its keeper is gone)
     ├── HostClosed       the host is closed: no new session or launch
+    ├── SessionHeld      a live run of the same app holds this session key
     ├── JobExpired       a background job is past its timeout
     ├── SignalRefused    the identity gate would not signal this process
     ├── UsageError       a bad invocation or TETHER_* value (exit status 2)
@@ -21,7 +22,7 @@ The tree::
     └── Unavailable      the one-command path cannot run here (nothing started)
 """
 
-__all__ = ["TetherError", "JobRefused", "JobClosed", "HostClosed", "JobExpired",
+__all__ = ["TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
            "SignalRefused", "UsageError", "ShellNotFound", "Unavailable"]
 
 
@@ -57,6 +58,21 @@ class JobClosed(TetherError):
 
 class HostClosed(TetherError):
     """The host was closed: it starts no new session, job or launch."""
+
+
+class SessionHeld(TetherError):
+    """Another live run of the same app holds this session key: nothing was
+    started. ``pid`` and ``start`` (``"ticks@bootid"``) name the holder's
+    process, ``run`` its run id, ``session`` the key. ``host.session(key,
+    take_over=True)`` ends the holder's copy and takes the key over.
+    """
+
+    def __init__(self, message: str = "", *, session: str | None = None,
+                 run: str | None = None, start: str | None = None, **fields) -> None:
+        super().__init__(message, **fields)
+        self.session = session
+        self.run = run
+        self.start = start
 
 
 class JobExpired(TetherError):

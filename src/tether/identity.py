@@ -68,6 +68,7 @@ __all__ = [
     "pidfd_targets",
     "HAVE_PIDFD",
     "own_ancestors",
+    "parent_pid",
     "capture",
     "send_signal",
     "Proof",
@@ -836,13 +837,28 @@ def _ppid_of(pid: int) -> int:
     return cur[3] if cur is not None else 0
 
 
+def parent_pid() -> int:
+    """This process's parent pid: ``os.getppid()``, except on Windows, where
+    CPython 3.12+ asks ``PssCaptureSnapshot`` - missing under Wine, where the
+    call aborts the whole process - so the creator's pid is read with one
+    ``NtQueryInformationProcess`` instead (0 when none is known)."""
+    if sys.platform != "win32":
+        return os.getppid()
+    from tether.platform._winapi import parent_pid as _win_parent_pid
+
+    try:
+        return _win_parent_pid()
+    except OSError:
+        return 0
+
+
 def own_ancestors() -> frozenset[int]:
     """This process, every ancestor up to PID 1 (as far as this PID namespace
     shows them), and 0 and 1 always. Read fresh each call: ancestors change
     when a parent dies and we are reparented."""
     me = os.getpid()
     out = {0, 1, me}
-    pid = os.getppid()
+    pid = parent_pid()
     # Bounded in case /proc shows a ppid loop mid-reparenting.
     for _ in range(4096):
         if pid in out:
@@ -944,7 +960,7 @@ class Capture:
         """Every captured process below ``roots`` by ppid, breadth first.
 
         The roots themselves are not listed (but are walked, even this
-        process: a subreaper guardian lists its own descendants). With
+        process: a subreaper keeper lists its own descendants). With
         ``born_after``, only processes with ``start >= born_after`` are
         listed or walked through (a child is never older than its parent).
         Excluded processes (PID <= 2, this process, its ancestors) are

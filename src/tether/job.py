@@ -23,7 +23,11 @@ from .platform import choose, open_job
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, Literal, overload
+
+    from ._typing import CMD, PopenKwargs, Unpack
+    from .aio import Process
 
 _counter = itertools.count(1)
 _run_lock = threading.Lock()
@@ -110,7 +114,7 @@ class Job:
             cookie=self.cookie,
             cookie_var=cookie_var,
         )
-        self._audit = _open_audit(state_dir)
+        self._audit = self._audit_writer(state_dir)
         self._backend = open_job(self.mechanism, opts)
         self._backend.record_identity = self._audit is not None
         if parent is not None:
@@ -119,6 +123,10 @@ class Job:
         self._log("job-open")
 
     # -- audit ----------------------------------------------------------------------
+    def _audit_writer(self, state_dir: Any):
+        # A subclass (tether.Host's jobs) may choose the log's retention or turn it off.
+        return _open_audit(state_dir)
+
     def _log(self, event: str, **fields: Any) -> None:
         if self._audit is None:
             return
@@ -179,8 +187,43 @@ class Job:
         return f"<tether.Job {self.name!r} {self.mechanism} {state}>"
 
     # -- starting processes -----------------------------------------------------
+    # The overloads mirror typeshed's subprocess.Popen: text=, encoding=,
+    # errors= or universal_newlines= give Popen[str], none of them
+    # Popen[bytes]; every other keyword is checked against PopenKwargs.
+    if TYPE_CHECKING:  # overloads for checkers; the definition below runs
+        @overload
+        def popen(self, args: CMD, *, text: Literal[True], encoding: str | None = None,
+                  errors: str | None = None, universal_newlines: bool | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[str]: ...
+        @overload
+        def popen(self, args: CMD, *, encoding: str, errors: str | None = None,
+                  text: bool | None = None, universal_newlines: bool | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[str]: ...
+        @overload
+        def popen(self, args: CMD, *, errors: str, encoding: str | None = None,
+                  text: bool | None = None, universal_newlines: bool | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[str]: ...
+        @overload
+        def popen(self, args: CMD, *, universal_newlines: Literal[True],
+                  text: bool | None = None, encoding: str | None = None, errors: str | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[str]: ...
+        @overload
+        def popen(self, args: CMD, *, text: Literal[False] | None = None, encoding: None = None,
+                  errors: None = None, universal_newlines: Literal[False] | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[bytes]: ...
+        @overload
+        def popen(self, args: CMD, *, text: bool | None = None, encoding: str | None = None,
+                  errors: str | None = None, universal_newlines: bool | None = None,
+                  record_argv: bool = False, label: str | None = None,
+                  **kwargs: Unpack[PopenKwargs]) -> subprocess.Popen[Any]: ...
+
     def popen(self, args: Any, *, record_argv: bool = False, label: str | None = None,
-              **kwargs: Any) -> subprocess.Popen:
+              **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``args`` in the job; ``subprocess.Popen`` keywords; returns a Popen.
 
         ``record_argv=True`` opts this one spawn in to having its arguments in
@@ -198,17 +241,67 @@ class Job:
             self._log_spawn(p.pid, argv, getattr(p, "tether_identity", None), label)
         return p
 
-    def run(
-        self,
-        args: Any,
-        *,
-        input: Any = None,
-        capture_output: bool = False,
-        timeout: float | None = None,
-        check: bool = False,
-        **kwargs: Any,
-    ) -> subprocess.CompletedProcess:
-        """Like ``subprocess.run``, inside the job."""
+    if TYPE_CHECKING:  # overloads for checkers; the definition below runs
+        @overload
+        def run(self, args: CMD, *, text: Literal[True], input: str | None = None,
+                capture_output: bool = False, timeout: float | None = None, check: bool = False,
+                encoding: str | None = None, errors: str | None = None,
+                universal_newlines: bool | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[str]: ...
+        @overload
+        def run(self, args: CMD, *, encoding: str, input: str | None = None,
+                capture_output: bool = False, timeout: float | None = None, check: bool = False,
+                text: bool | None = None, errors: str | None = None,
+                universal_newlines: bool | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[str]: ...
+        @overload
+        def run(self, args: CMD, *, errors: str, input: str | None = None,
+                capture_output: bool = False, timeout: float | None = None, check: bool = False,
+                text: bool | None = None, encoding: str | None = None,
+                universal_newlines: bool | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[str]: ...
+        @overload
+        def run(self, args: CMD, *, universal_newlines: Literal[True], input: str | None = None,
+                capture_output: bool = False, timeout: float | None = None, check: bool = False,
+                text: bool | None = None, encoding: str | None = None, errors: str | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[str]: ...
+        @overload
+        def run(self, args: CMD, *, text: Literal[False] | None = None, input: bytes | None = None,
+                capture_output: bool = False, timeout: float | None = None, check: bool = False,
+                encoding: None = None, errors: None = None,
+                universal_newlines: Literal[False] | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[bytes]: ...
+        @overload
+        def run(self, args: CMD, *, input: Any = None, capture_output: bool = False,
+                timeout: float | None = None, check: bool = False, text: bool | None = None,
+                encoding: str | None = None, errors: str | None = None,
+                universal_newlines: bool | None = None,
+                **kwargs: Unpack[PopenKwargs]) -> subprocess.CompletedProcess[Any]: ...
+
+    def run(self, args: Any, *, input: Any = None, capture_output: bool = False,
+            timeout: float | None = None, check: bool = False,
+            **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+        """Like ``subprocess.run``, inside the job.
+
+        Exactly as ``subprocess.run``, a ``timeout`` (or an exception, or
+        Ctrl+C) kills only the command itself: whatever it started keeps
+        running in the job until the job ends (``terminate()``, ``close()``,
+        the end of its ``with`` block, or this process dying). To end the
+        whole tree on timeout, error or return, use ``tether.run``: one job
+        per call.
+        """
+        return self._run(args, input, capture_output, timeout, check, kwargs)
+
+    def _run(self, args: Any, input: Any, capture_output: bool, timeout: float | None,
+             check: bool, kwargs: dict[str, Any],
+             end: Callable[[subprocess.Popen[Any]], None] | None = None,
+             leftovers: Callable[[], None] | None = None,
+             ) -> subprocess.CompletedProcess[Any]:
+        """``subprocess.run``'s body; ``end(process)`` ends what a timeout, an
+        error or Ctrl+C should end (default: the process, as subprocess does).
+        ``leftovers()``, if given, is called once the command has exited while
+        its pipes are still open (something it started holds them), so that
+        the output can end instead of waiting for that process."""
         if input is not None:
             if kwargs.get("stdin") is not None:
                 raise ValueError("stdin and input arguments may not both be used.")
@@ -218,15 +311,27 @@ class Job:
                 raise ValueError("stdout and stderr arguments may not be used with capture_output.")
             kwargs["stdout"] = subprocess.PIPE
             kwargs["stderr"] = subprocess.PIPE
+        if end is None:
+            def end(process: subprocess.Popen[Any]) -> None:
+                process.kill()
         with self.popen(args, **kwargs) as process:
             try:
-                stdout, stderr = process.communicate(input, timeout=timeout)
+                if leftovers is None:
+                    stdout, stderr = process.communicate(input, timeout=timeout)
+                else:
+                    stdout, stderr = _communicate(process, input, timeout, leftovers)
             except subprocess.TimeoutExpired as exc:
-                process.kill()
-                exc.stdout, exc.stderr = process.communicate()
+                end(process)
+                if sys.platform == "win32":  # as subprocess: its reader threads must finish
+                    exc.stdout, exc.stderr = process.communicate()
+                else:
+                    # Not communicate(): what the command started may hold its
+                    # pipes open long after it was killed (the output read so
+                    # far is in exc, as subprocess leaves it).
+                    process.wait()
                 raise
-            except BaseException:
-                process.kill()
+            except BaseException:  # Ctrl+C too: communicate gave the child its chance
+                end(process)
                 raise
             retcode = process.poll()
             if check and retcode:
@@ -236,7 +341,7 @@ class Job:
 
     async def create_subprocess_exec(self, program: Any, *args: Any, stdin: Any = None,
                                      stdout: Any = None, stderr: Any = None,
-                                     limit: int = 2**16, **kwargs: Any):
+                                     limit: int = 2**16, **kwargs: Any) -> Process:
         """asyncio's ``create_subprocess_exec``, inside the job.
 
         Returns a ``tether.aio.Process`` with the attributes and coroutines of
@@ -246,6 +351,17 @@ class Job:
         from .aio import create
 
         popen = self.popen([program, *args], stdin=stdin, stdout=stdout, stderr=stderr,
+                           bufsize=0, **kwargs)
+        return await create(popen, limit)
+
+    async def create_subprocess_shell(self, cmd: str | bytes, *, stdin: Any = None,
+                                      stdout: Any = None, stderr: Any = None,
+                                      limit: int = 2**16, **kwargs: Any) -> Process:
+        """asyncio's ``create_subprocess_shell``, inside the job: ``cmd`` runs
+        in ``/bin/sh`` (``cmd.exe`` on Windows); returns a ``tether.aio.Process``."""
+        from .aio import create
+
+        popen = self.popen(cmd, shell=True, stdin=stdin, stdout=stdout, stderr=stderr,
                            bufsize=0, **kwargs)
         return await create(popen, limit)
 
@@ -339,6 +455,31 @@ class Job:
         # A job dropped without close(): its keeper sees the socket close and
         # ends the members; nothing to do here but not to raise.
         pass
+
+
+def _communicate(process: subprocess.Popen[Any], input: Any, timeout: float | None,
+                 leftovers: Callable[[], None]) -> tuple[Any, Any]:
+    """``process.communicate(input, timeout)``, calling ``leftovers()`` once if
+    the process exits while its pipes stay open. Looks every 0.1 s only while
+    the output has not ended; a command whose output ends never waits."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    called = False
+    while True:
+        step = 0.1
+        if deadline is not None:
+            step = max(0.0, min(step, deadline - time.monotonic()))
+        try:
+            return process.communicate(input, timeout=step if not called else
+                                       (None if deadline is None
+                                        else max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                exc.timeout = timeout if timeout is not None else exc.timeout
+                raise
+            input = None  # sent (or being sent) already: communicate keeps it
+            if not called and process.poll() is not None:
+                called = True
+                leftovers()
 
 
 def _open_audit(state_dir: Any):

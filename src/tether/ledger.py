@@ -25,8 +25,24 @@ Which processes a task owns (when the caller does not name them):
 
 This errs toward "live": a process that an MCP server happened to start
 during a task's window is counted as the task's, and holds an optional stop
-until it exits or the cap is reached. A stop asked for by a person is never
-held.
+until it exits. A stop asked for by a person is never held. An *ambient*
+task (the agent CLI's own housekeeping, such as a file watcher: Claude Code
+marks it ``ambient``) never holds an optional stop, though it is listed and
+its processes are named when a stop ends them.
+
+Live work without any adapter
+=============================
+
+:func:`live_work` reads the job's real members and lists every process group
+the agent started apart from its own: every agent CLI starts each tool call
+in a session of its own (Claude Code's bash tool call is a session leader,
+Codex calls ``setsid()``, Gemini, OpenCode and pi spawn with node's
+``detached: true``). The agent's own groups are those of the processes the
+host started (the agent and, in its group, its MCP servers). Each entry has
+its leader's command line (read from ``/proc`` for this list only: the
+audit never stores it), start time and member count, and says
+whether it ``outlived`` its tool call (its leader exited, or no longer has a
+parent on the agent's side) and which ledger task, if any, owns it.
 
 Stream mapping (the one table; field names as Claude Code writes them)
 ======================================================================
@@ -46,16 +62,34 @@ task_progress        task_id, description                     ``progress(task_id
 task_notification    task_id, status (``completed`` |         ``finished(task_id, status)``:
                      ``failed`` | ``stopped``), summary       *said* finished; may come early
                                                               and more than once
-task_updated         task_id, patch.status, when terminal     ``finished(task_id, status)``
-                     (``completed`` | ``failed`` |
-                     ``killed``)
+task_updated         task_id, patch.status, when terminal     ``finished(task_id, status)``;
+                     (``completed`` | ``failed`` |            ``backgrounded(task_id)`` for
+                     ``killed``), patch.is_backgrounded       ``is_backgrounded: true``
+background_tasks_    tasks: [{task_id, task_type,             the whole live background set:
+changed              description, ambient}]                   a listed task is opened if new,
+                                                              marked backgrounded (and ambient
+                                                              as listed); one last seen
+                                                              backgrounded and not listed is
+                                                              ``finished(task_id, "unlisted")``
 ===================  ======================================  ===================================
+
+``task_started`` also carries ``is_backgrounded`` and ``ambient``, and
+``task_notification`` ``ambient``: both are kept on the task. A task missing
+from a ``background_tasks_changed`` list is only *said* finished - a
+foreground task is never listed, so only tasks last seen backgrounded are
+judged by the list; an unlisted id may be one step ahead of its
+``task_started`` and is opened.
 
 Sources for the shapes: DESIGN.md (tether/host.py); the typed messages of the
 ``claude-codes`` crate (meawoppl/rust-code-agent-sdks, ``TaskStartedMessage``,
 ``TaskNotificationMessage``, ``TaskUpdatedMessage``: "a background task's
-terminal state can arrive only as a task_updated"); anthropics/claude-code
-#74982 (notifications before process exit, repeated). A notification for a
+terminal state can arrive only as a task_updated"); the Claude Agent SDK's
+type declarations (``SDKBackgroundTasksChangedMessage``: ``tasks`` of
+``{task_id, task_type, description, ambient?}``; ``SDKTaskStartedMessage``:
+``is_backgrounded?``, ``ambient?``; ``SDKTaskUpdatedMessage``:
+``patch.is_backgrounded?``, ``patch.status`` of ``pending | running |
+completed | failed | killed | paused``); anthropics/claude-code #74982
+(notifications before process exit, repeated). A notification for a
 task id the ledger never saw is ignored: there is nothing to hold a stop for.
 """
 
@@ -71,18 +105,24 @@ from typing import IO, Any
 from . import identity
 from .identity import Identity
 
-__all__ = ["Task", "Ledger", "StreamAdapter", "STREAM_MAPPING", "TERMINAL_STATUSES"]
+__all__ = ["Task", "Ledger", "StreamAdapter", "Work", "live_work", "STREAM_MAPPING",
+           "TERMINAL_STATUSES"]
 
 # Statuses that mean "the stream says this task is over".
 TERMINAL_STATUSES = frozenset({"completed", "failed", "stopped", "killed"})
 
 # The mapping table above, as data (tests and docs read it from here).
 STREAM_MAPPING: dict[str, str] = {
-    "task_started": "started(task_id, description, kind=task_type)",
+    "task_started": "started(task_id, description, kind=task_type, ambient=ambient, "
+                    "backgrounded=is_backgrounded)",
     "task_progress": "progress(task_id)",
     "task_notification": "finished(task_id, status)",
-    "task_updated": "finished(task_id, patch.status) when patch.status is terminal",
+    "task_updated": "finished(task_id, patch.status) when patch.status is terminal; "
+                    "backgrounded(task_id) when patch.is_backgrounded",
+    "background_tasks_changed": "the live background set: listed tasks opened/marked, "
+                                "backgrounded ones not listed said finished",
 }
+UNLISTED = "unlisted"  # the status of a background task missing from the live set
 
 MAX_LABEL = 120  # a label is one line of a report: long prompts are cut
 
@@ -111,6 +151,8 @@ class Task:
     finished: float | None = None  # monotonic time it was really over
     processes: dict[int, Identity] = field(default_factory=dict)  # owned, by pid
     explicit: bool = False  # the caller named its processes
+    ambient: bool = False  # the agent's own housekeeping: never holds an optional stop
+    backgrounded: bool = False  # the agent said it runs in the background
 
     @property
     def runtime_s(self) -> float:
@@ -135,8 +177,21 @@ class Task:
             "said_finished": self.said_finished is not None,
             "notifications": self.notifications,
             "live": self.live,
+            "ambient": self.ambient,
+            "backgrounded": self.backgrounded,
             "processes": sorted(self.processes),
         }
+
+    def record(self) -> dict[str, Any]:
+        """This task as one entry of a ``tasks`` audit record (see tether.audit)."""
+        rec: dict[str, Any] = {"id": self.task_id, "label": self.label, "started": self.started,
+                               "ticks": self.started_ticks,
+                               "pids": [[i.pid, i.start] for i in self.processes.values()]}
+        for k, v in (("kind", self.kind), ("said", self.said_finished_ticks),
+                     ("ambient", self.ambient or None), ("bg", self.backgrounded or None)):
+            if v is not None:
+                rec[k] = v
+        return rec
 
 
 class Ledger:
@@ -165,22 +220,91 @@ class Ledger:
 
     # -- what the agent (or the stream) says ----------------------------------------
     def started(self, task_id: str, label: str | None = None, *, kind: str | None = None,
-                pids: Iterable[int] = ()) -> Task:
+                pids: Iterable[int] = (), ambient: bool | None = None,
+                backgrounded: bool | None = None) -> Task:
         """A task started. ``pids``: its processes, when the caller knows them
-        (their descendants are the task's too). Starting a known id again
+        (their descendants are the task's too). ``ambient``: the agent's own
+        housekeeping, never holding an optional stop. Starting a known id
+        that is still open updates it (a ``task_started`` that follows the
+        live set that opened it); starting one that was said finished
         reopens it (the same background command restarted)."""
         task_id = str(task_id)
         with self._lock:
+            old = self._tasks.get(task_id)
+            if old is not None and old.said_finished is None and old.finished is None:
+                if label:
+                    old.label = _label(label, task_id)
+                old.kind = kind or old.kind
+                old.ambient = old.ambient if ambient is None else bool(ambient)
+                old.backgrounded = old.backgrounded or bool(backgrounded)
+                self._add_pids(old, pids)
+                self._notify(old)
+                return old
             task = Task(task_id, _label(label, task_id), kind=kind,
-                        started_ticks=identity.now_ticks())
-            for pid in pids:
-                ident = identity.read(int(pid))
-                if ident is not None:
-                    task.processes[ident.pid] = ident
-                    task.explicit = True
+                        started_ticks=identity.now_ticks(), ambient=bool(ambient),
+                        backgrounded=bool(backgrounded))
+            self._add_pids(task, pids)
             self._tasks[task_id] = task
             self._notify(task)
             return task
+
+    @staticmethod
+    def _add_pids(task: Task, pids: Iterable[int]) -> None:
+        for pid in pids:
+            ident = identity.read(int(pid))
+            if ident is not None:
+                task.processes[ident.pid] = ident
+                task.explicit = True
+
+    def backgrounded(self, task_id: str, ambient: bool | None = None) -> Task | None:
+        """The agent moved the task to the background (or listed it so).
+        Unknown ids are ignored (returns None)."""
+        with self._lock:
+            task = self._tasks.get(str(task_id))
+            if task is None:
+                return None
+            changed = not task.backgrounded or (ambient is not None and task.ambient != ambient)
+            task.backgrounded = True
+            if ambient is not None:
+                task.ambient = bool(ambient)
+            if changed:
+                self._notify(task)
+            return task
+
+    def set_ambient(self, task_id: str, ambient: bool) -> Task | None:
+        """Mark a known task as the agent's own housekeeping (or not)."""
+        with self._lock:
+            task = self._tasks.get(str(task_id))
+            if task is not None and task.ambient != bool(ambient):
+                task.ambient = bool(ambient)
+                self._notify(task)
+            return task
+
+    def background_set(self, listed: Iterable[tuple[str, str | None, str | None, bool]]
+                       ) -> list[Task]:
+        """The agent's whole live background set, as ``(task_id, label, kind,
+        ambient)``: a listed task is opened if new and marked backgrounded; a
+        task last seen backgrounded that is not listed is said finished
+        (status ``unlisted``; still live while its processes run). Returns the
+        tasks touched."""
+        out: list[Task] = []
+        with self._lock:
+            seen: set[str] = set()
+            for task_id, label, kind, ambient in listed:
+                task_id = str(task_id)
+                seen.add(task_id)
+                task = self._tasks.get(task_id)
+                if task is None or task.said_finished is not None or task.finished is not None:
+                    task = self.started(task_id, label, kind=kind, ambient=ambient,
+                                        backgrounded=True)
+                else:
+                    task = self.backgrounded(task_id, ambient) or task
+                out.append(task)
+            for task in list(self._tasks.values()):
+                if (task.backgrounded and task.task_id not in seen
+                        and task.said_finished is None and task.finished is None):
+                    out.append(self.finished(task.task_id, UNLISTED) or task)
+        return out
 
     def not_a_task(self, ident: Identity | None) -> None:
         """``ident`` (and so nothing but its own children) never joins a task by
@@ -252,8 +376,63 @@ class Ledger:
                     out.append(task)
             return sorted(out, key=lambda t: t.started_mono)
 
+    def holding(self) -> list[Task]:
+        """Live tasks that hold an optional stop: every live one but ambient ones."""
+        return [t for t in self.live() if not t.ambient]
+
     def idle(self) -> bool:
         return not self.live()
+
+    def wait_change(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for any change of the ledger."""
+        with self._changed:
+            self._changed.wait(max(0.0, timeout))
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The live tasks as the ``tasks`` field of an audit record."""
+        with self._lock:
+            return [t.record() for t in sorted(self._tasks.values(), key=lambda t: t.started_mono)
+                    if t.finished is None]
+
+    @classmethod
+    def restore(cls, records: Iterable[Any], boot: str | None = None,
+                claim_slack: float = 0.25) -> Ledger:
+        """A ledger of the tasks one ``tasks`` audit record lists (an earlier
+        run's, read back after a crash): to :meth:`assign` its leftovers."""
+        boot = boot or identity.boot_id()
+        led = cls(claim_slack=claim_slack)
+        now_wall, now_mono = time.time(), time.monotonic()
+        for r in records:
+            if type(r) is not dict or not isinstance(r.get("id"), str):
+                continue
+            started = r.get("started")
+            started = float(started) if isinstance(started, (int, float)) else now_wall
+            ticks = r.get("ticks")
+            said = r.get("said")
+            task = Task(r["id"], _label(r.get("label"), r["id"]),
+                        kind=r.get("kind") if isinstance(r.get("kind"), str) else None,
+                        started=started, started_mono=now_mono - max(0.0, now_wall - started),
+                        started_ticks=ticks if type(ticks) is int else 0,
+                        said_finished_ticks=said if type(said) is int else None,
+                        ambient=r.get("ambient") is True, backgrounded=r.get("bg") is True)
+            if task.said_finished_ticks is not None:
+                task.said_finished = now_mono
+            for p in r.get("pids") or ():
+                if type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int:
+                    task.processes[p[0]] = Identity(p[0], p[1], boot)
+            led._tasks[task.task_id] = task
+        return led
+
+    def assign(self, members: Iterable[Identity]) -> dict[tuple[int, int], Task]:
+        """Which task owns each of ``members`` (by the rules above, as a live
+        ledger claims): ``{(pid, start): task}`` for those a task owns."""
+        with self._lock:
+            self._claim(list(members))
+            out: dict[tuple[int, int], Task] = {}
+            for task in self._tasks.values():
+                for i in task.processes.values():
+                    out[(i.pid, i.start)] = task
+            return out
 
     def wait_idle(self, timeout: float | None, poll: float = 0.05) -> bool:
         """Wait until no task is live; True if so, False at ``timeout``."""
@@ -290,14 +469,17 @@ class Ledger:
             task.finished = time.monotonic()
             self._changed.notify_all()
 
-    def _claim(self) -> None:
-        """Give every unowned live member to the task it belongs to (rules 1-2)."""
-        if self._members is None or not self._tasks:
+    def _claim(self, given: list[Identity] | None = None) -> None:
+        """Give every unowned live member (or each of ``given``) to the task it
+        belongs to (rules 1-2)."""
+        if not self._tasks or (given is None and self._members is None):
             return
         try:
-            members = sorted(self._members(), key=lambda i: i.start)  # parents first
+            found = given if given is not None else self._members()
+            members = sorted(found, key=lambda i: i.start)  # parents first
         except Exception:  # noqa: BLE001 - a closed job has no members to claim
             return
+        gained: set[str] = set()
         owner: dict[int, Task] = {}
         for task in self._tasks.values():
             for pid in task.processes:
@@ -312,6 +494,9 @@ class Ledger:
             if task is not None:
                 task.processes[m.pid] = m
                 owner[m.pid] = task
+                gained.add(task.task_id)
+        for tid in gained:  # a claim changes what a snapshot would say
+            self._notify(self._tasks[tid])
 
     def _window_task(self, m: Identity) -> Task | None:
         known = self._untasked.get(m.pid)
@@ -345,6 +530,7 @@ class StreamAdapter:
         self.used = 0
         self.ignored = 0
         self.malformed = 0
+        self.sets = 0  # background_tasks_changed lines taken in
         self.session_id: str | None = None
 
     def feed(self, line: str | bytes) -> Task | None:
@@ -376,24 +562,51 @@ class StreamAdapter:
         if msg.get("type") != "system":
             return None
         sub = msg.get("subtype")
+        if sub == "background_tasks_changed":
+            return self._background_set(msg)
         tid = msg.get("task_id")
         if sub not in STREAM_MAPPING or not isinstance(tid, (str, int)):
             return None
         if isinstance(msg.get("session_id"), str):
             self.session_id = msg["session_id"]
+        ambient = msg.get("ambient") if isinstance(msg.get("ambient"), bool) else None
         if sub == "task_started":
             return self.ledger.started(str(tid), msg.get("description") or msg.get("tool_use_id"),
-                                       kind=msg.get("task_type"))
+                                       kind=msg.get("task_type"), ambient=ambient,
+                                       backgrounded=msg.get("is_backgrounded") is True)
         if sub == "task_progress":
             return self.ledger.progress(str(tid), msg.get("description"))
         if sub == "task_notification":
             status = msg.get("status")
+            if ambient is not None:
+                self.ledger.set_ambient(str(tid), ambient)
             return self.ledger.finished(str(tid), status if isinstance(status, str) else "completed")
         patch = msg.get("patch")
-        status = patch.get("status") if isinstance(patch, dict) else None
+        if not isinstance(patch, dict):
+            return None
+        touched = None
+        if patch.get("is_backgrounded") is True:
+            touched = self.ledger.backgrounded(str(tid))
+        status = patch.get("status")
         if status in TERMINAL_STATUSES:
             return self.ledger.finished(str(tid), status)
-        return None
+        return touched
+
+    def _background_set(self, msg: dict[str, Any]) -> Task | None:
+        tasks = msg.get("tasks")
+        if not isinstance(tasks, list):
+            return None
+        if isinstance(msg.get("session_id"), str):
+            self.session_id = msg["session_id"]
+        listed = []
+        for t in tasks:
+            if isinstance(t, dict) and isinstance(t.get("task_id"), (str, int)):
+                kind = t.get("task_type") if isinstance(t.get("task_type"), str) else None
+                listed.append((str(t["task_id"]), t.get("description"), kind,
+                               t.get("ambient") is True))
+        touched = self.ledger.background_set(listed)
+        self.sets += 1
+        return touched[0] if touched else None
 
     def follow(self, stream: IO[Any]) -> None:
         """Feed every line of ``stream`` until EOF (or until it is closed)."""
@@ -408,3 +621,85 @@ class StreamAdapter:
         t = threading.Thread(target=self.follow, args=(stream,), name=name, daemon=True)
         t.start()
         return t
+
+
+# ---------------------------------------------------------------------------
+# Live work, from the job's members alone
+
+
+@dataclass
+class Work:
+    """One process group the agent started apart from its own (see the module doc)."""
+
+    pgid: int
+    sid: int
+    label: str  # its leader's command line (else its oldest member's), shortened
+    started: float  # wall clock, when its oldest member started
+    runtime_s: float
+    processes: list[Identity] = field(default_factory=list)  # oldest first
+    leader: Identity | None = None  # the group's leader, while it runs
+    outlived: bool = True  # its tool call is over: the leader exited or was orphaned
+    task_id: str | None = None  # the ledger task that owns it (an ambient one only if no other)
+    ambient: bool = False  # only ambient tasks own it: it never holds an optional stop
+
+    @property
+    def members(self) -> int:
+        return len(self.processes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pgid": self.pgid, "sid": self.sid, "label": self.label, "started": self.started,
+                "runtime_s": round(self.runtime_s, 3), "members": self.members,
+                "leader": self.leader.pid if self.leader is not None else None,
+                "outlived": self.outlived, "task_id": self.task_id, "ambient": self.ambient,
+                "processes": [i.pid for i in self.processes]}
+
+
+def _cmd_label(text: str) -> str:
+    """A /proc command line as a short label: the program's basename, its arguments."""
+    if not text:
+        return ""
+    head, _, rest = text.partition(" ")
+    text = (head.rsplit("/", 1)[-1] or head) + (" " + rest if rest else "")
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def live_work(members: Iterable[Identity], agent: Iterable[Identity], *,
+              owner_of: dict[tuple[int, int], Task] | None = None,
+              cmdline: Callable[[int], str] | None = identity.cmdline) -> list[Work]:
+    """Every process group among ``members`` apart from the agent's own, longest-running first.
+
+    ``agent``: the processes the host started (their process groups, and every
+    member in them, are the agent's side: its MCP servers, its shell).
+    ``owner_of``: ``Ledger.assign(members)``, to say which task owns a group.
+    ``cmdline``: how to read a command line (None: name groups by ``comm``).
+    """
+    members = [m for m in members if m.state not in ("Z", "X", "x")]
+    agent = list(agent)
+    keys = {(i.pid, i.start) for i in agent}
+    pgids = {i.pgid for i in agent if i.pgid > 0}
+    pgids |= {m.pgid for m in members if (m.pid, m.start) in keys and m.pgid > 0}
+    agent_side = {m.pid for m in members if m.pgid in pgids or (m.pid, m.start) in keys}
+    groups: dict[int, list[Identity]] = {}
+    for m in members:
+        if m.pid not in agent_side and m.pgid > 0:
+            groups.setdefault(m.pgid, []).append(m)
+    now, hz, wall = identity.now_ticks(), identity.clock_ticks(), time.time()
+    out: list[Work] = []
+    for pgid, procs in groups.items():
+        procs.sort(key=lambda i: i.start)
+        leader = next((p for p in procs if p.pid == pgid), None)
+        head = leader or procs[0]
+        label = _cmd_label(cmdline(head.pid) if cmdline is not None else "")
+        runtime = max(0.0, (now - procs[0].start) / hz)
+        owners = [t for t in (owner_of.get((p.pid, p.start)) for p in procs) if t is not None] \
+            if owner_of else []
+        task = max((t for t in owners if not t.ambient), key=lambda t: t.started_ticks,
+                   default=None)
+        ambient = task is None and bool(owners)
+        if ambient:
+            task = max(owners, key=lambda t: t.started_ticks)
+        out.append(Work(pgid, head.sid, label or head.comm or str(head.pid), wall - runtime,
+                        runtime, procs, leader, leader is None or leader.ppid not in agent_side,
+                        task.task_id if task is not None else None, ambient))
+    out.sort(key=lambda w: -w.runtime_s)
+    return out

@@ -486,10 +486,18 @@ def render_tree(jobs: list[PsJob], width: int = 100) -> str:
     return "\n".join(lines)
 
 
+#: The first line of the plain view (when there is a job): what its two
+#: kinds of line hold, and in which units.
+PLAIN_HEADER = ("# job lines: job= mechanism= owner= owner_alive= age= members= [name= keeper= "
+                "cgroup= closed= background= parent=]; member lines below each job, indented "
+                "two spaces per level: PID COMM AGE CMDLINE; ages in seconds (s)")
+
+
 def render_plain(jobs: list[PsJob]) -> str:
-    """The piped view: ``key=value`` job lines, members indented two spaces a level."""
+    """The piped view: a ``#`` header line, then ``key=value`` job lines,
+    members indented two spaces a level; ages carry their unit (``12.5s``)."""
     now_wall, now_ticks, hz = _clock()
-    lines: list[str] = []
+    lines: list[str] = [PLAIN_HEADER] if jobs else []
     for j in jobs:
         age = j.age(now_wall, now_ticks, hz)
         fields = [
@@ -497,7 +505,7 @@ def render_plain(jobs: list[PsJob]) -> str:
             f"mechanism={j.mechanism or '?'}",
             f"owner={j.owner.pid if j.owner else '?'}",
             "owner_alive=" + ("?" if j.owner_alive is None else "yes" if j.owner_alive else "no"),
-            f"age={age:.1f}" if age is not None else "age=?",
+            f"age={age:.1f}s" if age is not None else "age=?",
             f"members={j.member_count}",
         ]
         if j.name:
@@ -517,7 +525,7 @@ def render_plain(jobs: list[PsJob]) -> str:
         def walk(ms: list[Member], depth: int) -> None:
             for m in ms:
                 age = (now_ticks - m.ident.start) / hz
-                lines.append(f"{'  ' * depth}{m.ident.pid} {_oneline(m.ident.comm)} {age:.1f} "
+                lines.append(f"{'  ' * depth}{m.ident.pid} {_oneline(m.ident.comm)} {age:.1f}s "
                              f"{_oneline(m.cmdline)}".rstrip())
                 walk(m.children, depth + 1)
 

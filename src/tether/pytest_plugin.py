@@ -1,8 +1,10 @@
 """pytest plugin: report, and end, the processes a test leaves running.
 
 Loaded by every pytest run through the ``pytest11`` entry point, and inert
-unless turned on (only ``pytest_addoption`` and ``pytest_configure`` run
-otherwise; nothing is imported, no process attribute changes)::
+unless turned on (only ``pytest_addoption``, ``pytest_configure`` and, at the
+very end, one bounded look at the process table run otherwise - a hint line
+if processes born during the session outlived it; no process attribute
+changes)::
 
     pytest --tether-leaks=warn     # report each leak as a warning, end it
     pytest --tether-leaks=fail     # the leaking test errors at teardown
@@ -83,7 +85,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--tether-leaks-grace",
-        type=float,
+        type=_grace_arg,
         default=None,
         dest="tether_leaks_grace",
         metavar="SECONDS",
@@ -97,16 +99,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _grace_arg(text: str) -> float:
+    """``--tether-leaks-grace``: a clean usage error for a bad value."""
+    import argparse
+
+    from tether.ending import check_grace
+
+    try:
+        return check_grace(float(text), "--tether-leaks-grace")
+    except ValueError as exc:  # float() and check_grace both say ValueError
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ini(config: pytest.Config, name: str) -> str:
+    return str(config.getini(name) or "").strip()
+
+
+def _bad_ini(name: str, value: str, why: str) -> pytest.UsageError:
+    hint = ""
+    if "#" in value or ";" in value:
+        hint = " (an inline comment? ini values run to the end of the line: put it on a line of its own)"
+    return pytest.UsageError(f"{name} = {value!r}: {why}{hint}")
+
+
 def leak_mode(config: pytest.Config) -> str:
     """The mode in force: the command line, else the ini value, else ``warn``
-    when loaded explicitly with ``-p tether``, else ``off``."""
+    when loaded explicitly with ``-p tether``, else ``off``. A bad ini value
+    is a ``pytest.UsageError`` (pytest prints one ``ERROR:`` line), even when
+    the command line overrides it."""
+    ini = _ini(config, "tether_leaks").lower()
+    if ini and ini not in MODES:
+        raise _bad_ini("tether_leaks", ini, f"choose one of {', '.join(MODES)}")
     opt = config.getoption("tether_leaks", None)
     if opt:
         return opt
-    ini = str(config.getini("tether_leaks") or "").strip().lower()
     if ini:
-        if ini not in MODES:
-            raise pytest.UsageError(f"tether_leaks = {ini!r}: choose one of {', '.join(MODES)}")
         return ini
     # The entry point loads this module in every run, so being loaded says
     # nothing; an explicit -p does.
@@ -117,18 +144,95 @@ def leak_mode(config: pytest.Config) -> str:
 
 
 def _grace(config: pytest.Config) -> float:
+    """The grace in force (the command line, else the ini value); a bad ini
+    value is a ``pytest.UsageError``."""
+    ini = _ini(config, "tether_leaks_grace")
+    ini_grace = None
+    if ini:
+        from tether.ending import check_grace
+
+        try:
+            ini_grace = check_grace(float(ini), "tether_leaks_grace")
+        except ValueError as exc:
+            raise _bad_ini("tether_leaks_grace", ini, str(exc)) from None
     g = config.getoption("tether_leaks_grace", None)
-    if g is None:
-        ini = str(config.getini("tether_leaks_grace") or "").strip()
-        g = float(ini) if ini else _DEFAULT_GRACE
-    return max(0.0, float(g))
+    if g is not None:
+        return g
+    return ini_grace if ini_grace is not None else _DEFAULT_GRACE
 
 
 def pytest_configure(config: pytest.Config) -> None:
     mode = leak_mode(config)
-    if mode == "off":
-        return  # inert: no per-test hook is even registered
-    config.pluginmanager.register(LeakDetector(config, mode, _grace(config)), "tether-leaks")
+    grace = _grace(config)
+    if mode != "off":
+        config.pluginmanager.register(LeakDetector(config, mode, grace), "tether-leaks")
+    elif not hasattr(config, "workerinput"):
+        # Off (the default): no per-test hook, nothing changed in this
+        # process; only the end of the session looks once (an xdist worker
+        # leaves that to the controller, which prints the summary).
+        config.pluginmanager.register(_OffHint(), "tether-leaks-hint")
+
+
+class _OffHint:
+    """When the detector is off: one line at the end of a session whose
+    processes outlived it, saying how to turn the detector on.
+
+    One bounded capture of the process table (``tether.identity.capture``),
+    of the processes born after this pytest process: those still below it,
+    and those in its session or process group that were orphaned (their
+    topmost new ancestor hangs under PID 1 or a subreaper above us - not under
+    our own parent, where a sibling command of the same shell would). A
+    daemon that left the session too cannot be told from a stranger's, and
+    is not counted: the detector, when on, sees it.
+    """
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
+        try:
+            left = outliving_processes()
+        except (OSError, ValueError):  # no /proc, no psutil: nothing to say
+            return
+        if not left:
+            return
+        n = len(left)
+        pids = ", ".join(f"{i.pid} {i.comm}" for i in left[:5]) + (", ..." if n > 5 else "")
+        terminalreporter.write_line(
+            f"tether: {n} process{'es' if n != 1 else ''} started during this session "
+            f"{'are' if n != 1 else 'is'} still running (pid {pids}); "
+            "pytest --tether-leaks=warn (or tether_leaks = warn in the ini file) "
+            "names the test that started each, and ends it.", yellow=True)
+
+
+def outliving_processes(settle: float = 0.25) -> list[Identity]:
+    """Processes born after this one that outlive it (see ``_OffHint``):
+    still alive ``settle`` seconds after a first look."""
+    import time
+
+    from tether import identity
+
+    me = os.getpid()
+    start = identity.start_ticks("self")
+    if start is None:
+        return []
+    cap = identity.capture(time_cap=0.5, born_after=start)
+    found = {i.pid: i for i in cap.descendants([me], born_after=start)}
+    ancestors = identity.own_ancestors()
+    mine = {os.getsid(0), os.getpgrp()} - {0, 1}
+    for ident in cap.procs.values():
+        # Strictly later than us (a pipeline's other commands start in the
+        # same clock tick), never an ancestor (a wrapper such as `timeout`).
+        if ident.pid in found or ident.pid in ancestors or ident.start <= start \
+                or not ({ident.sid, ident.pgid} & mine):
+            continue
+        top, seen = ident, 0
+        while seen < 4096 and top.ppid in cap.procs and top.ppid != me:
+            top, seen = cap.procs[top.ppid], seen + 1
+        if top.ppid == 1 or (top.ppid in ancestors and top.ppid not in (me, os.getppid())):
+            found[ident.pid] = ident
+    left = [i for i in found.values() if i.state not in ("Z", "X", "x") and i.pid != me]
+    if left:
+        time.sleep(settle)  # an xdist worker or a killed child may be on its way out
+        left = [i for i in left if identity.is_alive(i)]
+    return sorted(left, key=lambda i: i.pid)
 
 
 class TetherLeakWarning(pytest.PytestWarning):
@@ -380,20 +484,33 @@ class LeakDetector:
             if name == "tether_leaks" and value:
                 self._summary.append((report.nodeid, list(value)))
 
+    def _shown_with_each_test(self) -> bool:
+        """Whether pytest already showed each test's report: the teardown
+        error (fail), the warnings summary (warn) - unless turned off."""
+        cfg = self.config
+        if self.mode == "fail":
+            return cfg.getoption("tbstyle", "auto") != "no"
+        return not cfg.getoption("disable_warnings", False) \
+            and cfg.pluginmanager.has_plugin("warnings")
+
     def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
         if not self._summary:
             return
         n = sum(len(r) for _, r in self._summary)
         t = len(self._summary)
+        shown = self._shown_with_each_test()
+        where = "warnings summary" if self.mode == "warn" else "teardown errors"
         terminalreporter.write_sep(
             "=",
             f"tether: {n} leaked process{'es' if n != 1 else ''} in {t} "
-            f"test{'s' if t != 1 else ''}, ended",
+            f"test{'s' if t != 1 else ''}, ended" + (f" (each listed in the {where} above)"
+                                                    if shown else ""),
             yellow=self.mode == "warn",
             red=self.mode == "fail",
         )
-        for nodeid, report in self._summary:
-            terminalreporter.write_line(format_leaks(nodeid, report))
+        if not shown:  # once each: here, since pytest did not show them with their test
+            for nodeid, report in self._summary:
+                terminalreporter.write_line(format_leaks(nodeid, report))
 
     # -- ending -----------------------------------------------------------------
     def _end(self, leaks: list[tuple[Identity, str]], nodeid: str) -> list[dict]:

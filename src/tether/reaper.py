@@ -22,8 +22,8 @@ Proof, in order (see docs/reaper.md):
    marked background/detached, in which case only this user's unprotected
    members are ended, one by one, and the directory stays.
 
-Ending: SIGTERM (then SIGCONT, so a stopped process sees it) to every target,
-deepest first; up to ``grace`` seconds for them to exit; then the survivors
+Ending: SIGTERM to every target, parents first (then SIGCONT, so a stopped
+process sees it); up to ``grace`` seconds for them to exit; then the survivors
 are frozen with SIGSTOP (parents first) and the process table is read again
 until no new descendant appears (so nothing forks its way out of the kill),
 and SIGKILL goes to them deepest first, and ``cgroup.kill`` to stale cgroups.
@@ -78,6 +78,7 @@ NO_START = "no start recorded"
 REFUSED = "refused"
 SURVIVED = "could not end"
 OWN_PROCESS = "own process or ancestor"
+KEEPER = "tether's keeper of a live job"
 
 
 
@@ -235,6 +236,10 @@ class _Plan:
         self.excluded_pids = identity.own_ancestors() | {os.getpid()}
         self._cap: identity.Capture | None = None
         self.states: dict[str, str] = {}  # run id -> live/over/...: _plan_records decides
+        # A take-over's live job cgroups and keepers: looked at again while the
+        # ending runs (no cgroup.kill there: a fork during the grace must be found).
+        self.watch_dirs: list[tuple[Run | None, str, str]] = []
+        self.watch_keepers: list[_Target] = []
 
     def capture(self) -> identity.Capture:
         """The first full capture, shared by record lookup and the first descendant walk."""
@@ -289,13 +294,15 @@ def _ticks_at(ts: float) -> int:
 
 
 def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
-                  exclude_runs: Iterable[str], session: str | None) -> list[_Target]:
+                  exclude_runs: Iterable[str], session: str | None,
+                  take_over: str | None = None) -> list[_Target]:
     """Resolve every recorded process of every run; return the recorded targets."""
     report = plan.report
     excluded = set(exclude_runs)
     roots: list[_Target] = []
     cap = plan.capture() if any(r.procs for r in runs.values()) else None
     states: dict[str, str] = {}
+    taken: set[str] = set()
     for run in runs.values():
         if app is not None and run.app != app:
             state = "other app"
@@ -303,6 +310,16 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
             state = "excluded"
         else:
             state = run.state()
+            if run.run == take_over and state == LIVE and session is not None:
+                taken.add(run.run)
+                # Its copy of this one session is ended as if it were over; the
+                # owner and every keeper of the run stay protected.
+                state = OVER
+                if run.owner is not None:
+                    plan.protected[(run.owner.pid, run.owner.start)] = OWNER_ALIVE
+                for info in run.jobs.values():
+                    if info.keeper is not None:
+                        plan.protected[(info.keeper.pid, info.keeper.start)] = KEEPER
         states[run.run] = state
     # Protected identities first, across all runs: a descendant walk must stop
     # at a background or detached process, at every process of a run that is
@@ -332,7 +349,7 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
         state = states[run.run]
         if state == "other app":
             continue
-        if state == LIVE:
+        if state == LIVE or run.run in taken:
             report.runs_live.append(run.run)
         elif state == OVER:
             report.runs_over.append(run.run)
@@ -444,6 +461,25 @@ def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Pro
     if cookie is None and cg is None:
         return None
     return identity.Proof(cookie, cg)
+
+
+def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: str) -> None:
+    """A live run's copy of one session: what each of its session jobs' live
+    keepers started (a subreaper or process-group keeper is the parent of its
+    members and of their orphans), the keeper itself left alone."""
+    run = runs.get(take_over)
+    if run is None or run.state() != LIVE:
+        return
+    for job, info in run.jobs.items():
+        if (info.session != session or info.keeper is None or info.background
+                or info.detached or info.closed):
+            continue
+        cur = identity.read(info.keeper.pid)
+        if cur is None or cur.start != info.keeper.start or cur.state in ("Z", "X", "x"):
+            continue
+        keeper = _Target(cur, run.run, session, job)
+        _walk(plan, plan.capture(), keeper)
+        plan.watch_keepers.append(keeper)
 
 
 def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
@@ -608,7 +644,7 @@ def _session_job_dirs(run: Run | None, rd: str, session: str) -> list[str]:
 
 def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                   exclude_runs: Iterable[str], cgroup_dirs: Iterable[str] | None,
-                  session: str | None, notes: list[str]
+                  session: str | None, notes: list[str], take_over: str | None = None
                   ) -> tuple[list[_StaleRun], list[str]]:
     mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session)
     if mount is None:
@@ -621,6 +657,13 @@ def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
             continue
         run_id = f"{parsed[0]}-{parsed[1]}"
         if run_id in excluded:
+            continue
+        if run_id == take_over and session is not None:
+            # A live run's copy of one session: its members are ended one by one
+            # (never cgroup.kill: its keepers live there), the directories stay.
+            for jd in _session_job_dirs(runs.get(run_id), rd, session):
+                _plan_job_cgroup(plan, runs.get(run_id), run_id, jd)
+                plan.watch_dirs.append((runs.get(run_id), run_id, jd))
             continue
         why = cgroupfs.prove_stale(rd)  # the one check before any cgroup.kill of it
         if why is not None:
@@ -676,7 +719,9 @@ def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) ->
 
     def find() -> list[Identity]:
         # What the walks add while it runs (a fork during the grace) joins in.
-        _expand(plan, list(plan.targets.values()), notes)
+        _expand(plan, list(plan.targets.values()) + plan.watch_keepers, notes)
+        for run, run_id, jd in plan.watch_dirs:
+            _plan_job_cgroup(plan, run, run_id, jd)
         return [t.ident for t in plan.targets.values()]
 
     def kill() -> None:
@@ -748,6 +793,7 @@ def reap(
     cgroup_dirs: Iterable[str] | None = None,
     runs: dict[str, Run] | None = None,
     announce: Callable[[ReapReport], Any] | None = None,
+    take_over: str | None = None,
 ) -> ReapReport:
     """End the leftovers of earlier runs that the audit log in ``state_dir``
     proves are theirs; see the module doc for the rules.
@@ -769,7 +815,10 @@ def reap(
     read between several reaps (a host's start and its resumes); every proof
     is still checked against the live processes. ``announce(plan)``: called
     once the targets are known and before anything is signalled, with a
-    dry-run report of what will be ended.
+    dry-run report of what will be ended. ``take_over``: the run id of a
+    *live* run whose copy of ``session`` is to be ended all the same (a
+    host's ``session(key, take_over=True)``); its owner and keepers are never
+    touched, its cgroups never ``cgroup.kill``'ed or removed.
 
     Raises :class:`tether.audit.AuditDirError` when ``state_dir`` is unsafe
     (a symlink, another user's, writable by others). A missing or empty log is
@@ -788,13 +837,17 @@ def reap(
         runs = read_runs(d, stats=report.log_stats, notes=report.notes)
     plan = _Plan(report)
     excl = frozenset(exclude_runs)
-    _plan_records(runs, plan, app=app, exclude_runs=excl, session=session)
+    if take_over is not None and session is None:
+        raise ValueError("take_over needs a session key")
+    _plan_records(runs, plan, app=app, exclude_runs=excl, session=session, take_over=take_over)
+    if take_over is not None and session is not None:
+        _plan_keepers(runs, plan, take_over, session)
     stale: list[_StaleRun] = []
     probes: list[str] = []
     if cgroups and _LINUX:
         stale, probes = _plan_cgroups(runs, plan, app=app, exclude_runs=excl,
                                       cgroup_dirs=cgroup_dirs, session=session,
-                                      notes=report.notes)
+                                      notes=report.notes, take_over=take_over)
     # Descendants of every recorded or cgroup-found target; then what only
     # its job's cookie still links to an over run, and its descendants.
     if plan.targets:

@@ -262,7 +262,9 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
 def _exit_status_windows(rc: int) -> int:
     """Windows exit codes are 32-bit DWORDs (0xC000013A after Ctrl+C): pass the same
     bits to ExitProcess, which SystemExit only takes as a signed 32-bit int."""
-    return rc - (1 << 32) if rc >= (1 << 31) else rc
+    from .platform._winapi import signed_exit_code
+
+    return signed_exit_code(rc)
 
 
 def _stdin_pipe_handle():

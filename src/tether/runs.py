@@ -37,18 +37,21 @@ process is the one recorded only if pid, start ticks and boot id match.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from typing import Any
 
 from . import identity
 from .audit import parse_pid, parse_start
 from .identity import Identity
 
-__all__ = ["Proc", "JobInfo", "Run", "read_runs", "shell_records", "shell_log_names", "SOURCES",
-           "LIVE", "OVER", "UNKNOWN", "SHELL_JOB", "SHELL_SCOPE_JOB"]
+__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "shell_records",
+           "shell_log_names", "SOURCES", "LIVE", "OVER", "UNKNOWN", "SHELL_JOB", "SHELL_SCOPE_JOB"]
 
 #: The events that say something about runs (reap and error records prove nothing).
-SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end"))
+SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end", "tasks"))
+MAX_TASKS = 256  # tasks kept of one ``tasks`` record (a record is at most 64 KiB anyway)
 LIVE, OVER, UNKNOWN = "live", "over", "unknown"
 #: Job names of tether-shell's jobs: one command's, and a caller's scope (its
 #: commands' leftovers, kept until the caller ends).
@@ -87,7 +90,7 @@ class JobInfo:
     """What the log says of one job."""
 
     __slots__ = ("job", "name", "mechanism", "session", "background", "detached", "cgroup",
-                 "keeper", "opened", "closed", "label", "cookie", "cookie_var")
+                 "keeper", "opened", "closed", "label", "cookie", "cookie_var", "tasks")
 
     def __init__(self, job: str) -> None:
         self.job = job
@@ -103,6 +106,7 @@ class JobInfo:
         self.label: str | None = None
         self.cookie: str | None = None  # what every process of the job carries ...
         self.cookie_var: str | None = None  # ... in its environment, under this name
+        self.tasks: list[dict[str, Any]] | None = None  # the last ``tasks`` record's live tasks
 
     def cookie_entry(self) -> bytes | None:
         """The whole environment entry ``NAME=value`` of the job's cookie, if recorded."""
@@ -190,8 +194,12 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     runs: dict[str, Run] = {}
     cache: dict = {}
     unusable = 0
+    lost = 0
     for rec in audit.read_records(state_dir, stats=stats):
         if rec.get("event") not in SOURCES:
+            if rec.get("event") == "error" and rec.get("error") == "audit-carry-loss":
+                n = rec.get("lost")
+                lost += n if type(n) is int and n > 0 else 0
             continue
         try:
             if not _absorb(rec, runs, boot, cache, alive):
@@ -211,6 +219,9 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
             notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
         for why in getattr(stats, "refusals", ()):
             notes.append(f"audit file refused, not read: {why}")
+        if lost:
+            notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
+                         "have carried forward: what they proved cannot be proven now")
     return runs
 
 
@@ -271,8 +282,13 @@ def shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             alive: set[int] | None) -> bool:
-    """Take one record in; False when its fields are of the wrong shape."""
+    """Take one record in; False when its fields are of the wrong shape.
+
+    A ``carried`` record is a copy of one older than every record read so far
+    (a rotation moved it forward): it fills in what is missing, never
+    overrides."""
     event = rec["event"]
+    carried = rec.get("carried") is True
     owner = _ident(rec.get("owner"), boot, cache)
     run_id = _str(rec.get("run"))
     if run_id is None:
@@ -300,6 +316,11 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         info = run.jobs.get(job)
         if info is None:
             info = run.jobs[job] = JobInfo(job)
+            if carried and event == "job-open":
+                # A job known only from a carried copy: open only while its keeper
+                # runs (its job-close, if any, may have been read and forgotten).
+                keeper = _ident(rec.get("keeper"), boot, cache)
+                info.closed = keeper is None or not identity.is_alive(keeper)
         for key in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
             v = _str(rec.get(key))
             if v is not None and getattr(info, key) is None:
@@ -333,6 +354,8 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         if alive is not None and pid not in alive:
             return True  # gone before this read began: it never comes back
         prev = run.procs.get(key)
+        if carried and prev is not None:
+            return True
         argv = rec.get("argv")
         argv = [a for a in argv if type(a) is str] if type(argv) is list else None
         ts = rec.get("ts")
@@ -351,9 +374,17 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             run.end_ts = float(ts)
     elif event == "job-open" and info is not None:
         ts = rec.get("ts")
-        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool) and not (
+                carried and info.opened is not None):
             info.opened = float(ts)
-        info.closed = False
+        if not carried:
+            info.closed = False
+    elif event == "tasks" and info is not None:
+        tasks = rec.get("tasks")
+        if type(tasks) is not list:
+            return False
+        if not (carried and info.tasks is not None):
+            info.tasks = [t for t in tasks[:MAX_TASKS] if type(t) is dict]
     elif event == "job-close" and info is not None:
         info.closed = True
         # A closed job with nothing left that may be alive proves nothing
@@ -363,3 +394,139 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
                 and not (info.cgroup and os.path.isdir(info.cgroup)):
             del run.jobs[job]
     return True
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        cut = line.rfind(b'{"v":')  # a torn fragment glued to a good record (tether.audit)
+        if cut <= 0:
+            return None
+        return _record(line[cut:])
+    return rec if isinstance(rec, dict) else None
+
+
+def _alive_record(rec: dict[str, Any], boot: str, alive: set[int] | None) -> bool:
+    """Whether the process a ``spawn`` record names still runs (pid, start, boot)."""
+    pid = parse_pid(rec.get("pid"))
+    tok = parse_start(rec.get("start"), rec.get("boot"))
+    if pid is None or tok is None or tok[1] != boot or (alive is not None and pid not in alive):
+        return False
+    return identity.is_alive(Identity(pid, tok[0], boot))
+
+
+_MAYBE = re.compile(rb'"event":"(?:job-open|tasks)"')
+
+
+def _candidates(blocks: Any, alive: set[int] | None) -> Any:
+    """The lines of ``blocks`` (bytes of whole lines) worth parsing: those that
+    name a process running now (``"pid":N``), and every ``job-open`` and
+    ``tasks`` record - one regular-expression pass per block, so that a copy of
+    records about processes long gone costs a scan, not a parse per line."""
+    if alive is None:
+        for block in blocks:
+            yield from block.split(b"\n")
+        return
+    pids = b"|".join(str(p).encode() for p in sorted(alive))
+    hit = re.compile(rb'"pid":(?:' + pids + rb')[,}]')
+    for block in blocks:
+        starts: set[int] = set()
+        for pat in (hit, _MAYBE):
+            pos = 0
+            while True:
+                m = pat.search(block, pos)
+                if m is None:
+                    break
+                start = block.rfind(b"\n", 0, m.start()) + 1
+                end = block.find(b"\n", m.end())
+                end = len(block) if end < 0 else end
+                starts.add(start)
+                pos = end
+        for start in sorted(starts):
+            end = block.find(b"\n", start)
+            yield block[start:] if end < 0 else block[start:end]
+
+
+def still_needed(blocks: Any) -> list[dict[str, Any]]:
+    """The records in ``blocks`` (bytes of whole lines of a rotated copy about
+    to be deleted) that still prove something - what a rotation carries forward
+    (``tether.audit``):
+
+    * a ``spawn`` whose process (pid, start ticks, boot id) still runs: it is
+      what ties a leftover (or a protected background/detached process) to
+      its run;
+    * a ``job-open`` whose keeper still runs, whose cgroup still exists (a
+      stale cgroup is proven by the run its records name), or with a spawn
+      carried here (its cookie proves the job's processes);
+    * a ``run-start`` whose owner still runs (the app name of a live run);
+    * the last ``tasks`` record of a job, while its owner or one of the
+      tasks' processes still runs (what a resume says it ended).
+
+    Nothing else (exits, closes, reaps, errors, records of another boot, and
+    anything about processes that are gone). Leftovers of runs whose owner is
+    gone come first: a size cap drops what comes last.
+    """
+    boot = identity.boot_id()
+    alive = identity.pids()
+    records = (rec for rec in map(_record, _candidates(blocks, alive)) if rec is not None)
+    cache: dict = {}
+    owners: dict[Identity, bool] = {}
+    first: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    last_tasks: dict[tuple[Any, Any], tuple[bool, int]] = {}
+    opens: dict[tuple[Any, Any], tuple[dict[str, Any], bool]] = {}  # job-opens not needed yet
+    spawned: set[tuple[Any, Any]] = set()  # (run, job) of the spawns carried
+
+    def owner_alive(ident: Identity | None) -> bool:
+        if ident is None:
+            return False
+        if ident not in owners:
+            owners[ident] = identity.is_alive(ident)
+        return owners[ident]
+
+    for rec in records:
+        event = rec.get("event")
+        if event not in ("spawn", "job-open", "run-start", "tasks"):
+            continue
+        try:
+            owner = _ident(rec.get("owner"), boot, cache)
+            if owner is not None and owner.boot != boot:
+                continue
+            live = owner_alive(owner)
+            if event == "spawn":
+                need = _alive_record(rec, boot, alive)
+            elif event == "job-open":
+                keeper = _ident(rec.get("keeper"), boot, cache)
+                cg = _str(rec.get("cgroup"))
+                need = (keeper is not None and keeper.boot == boot and identity.is_alive(keeper)) \
+                    or (cg is not None and os.path.isdir(cg))
+            elif event == "run-start":
+                need = live
+            else:
+                pids = [p for t in rec.get("tasks") or () if type(t) is dict
+                        for p in t.get("pids") or () if type(p) is list and len(p) == 2]
+                need = live or any(_alive_record({"pid": p[0], "start": p[1], "boot": boot},
+                                                 boot, alive) for p in pids)
+        except (TypeError, ValueError, AttributeError):
+            continue  # a record of the wrong shape proves nothing
+        if not need:
+            if event == "job-open":
+                opens[(rec.get("run"), rec.get("job"))] = (rec, live)
+            continue
+        if event == "spawn":
+            spawned.add((rec.get("run"), rec.get("job")))
+        bucket = later if live else first
+        if event == "tasks":
+            k = (rec.get("run"), rec.get("job"))
+            if not isinstance(k[0], str) or not isinstance(k[1], str):
+                continue
+            prev = last_tasks.get(k)
+            if prev is not None:  # only the last one of a job says what is live
+                (later if prev[0] else first)[prev[1]] = {}
+            last_tasks[k] = (live, len(bucket))
+        bucket.append(rec)
+    for k in spawned & opens.keys():
+        rec, live = opens[k]
+        (later if live else first).append(rec)
+    return [r for r in first + later if r]

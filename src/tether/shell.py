@@ -1,7 +1,8 @@
 """``tether-shell``: a SHELL / COMSPEC drop-in that runs every command in its own job.
 
 Agent CLIs run each command as ``$SHELL -c CMD`` (or ``%COMSPEC% /c CMD``).
-With ``SHELL=/path/to/tether-shell`` each command runs in the real shell,
+With ``SHELL=/path/to/tether-shell`` (Windows: ``COMSPEC`` or ``SHELL`` set to
+pip's ``Scripts\\tether-cmd.exe``) each command runs in the real shell,
 inside a tether job: when the command returns, whatever it left behind
 (``sleep 60 &``, ``nohup ... &``, a double-forked daemon) is ended within a
 short grace; when the wrapper is killed - alone or with its whole process
@@ -302,7 +303,7 @@ class ShellLog:
         import time
 
         rec = {"v": 1, "ts": time.time(), "event": event, "wrapper": os.getpid(),
-               "parent": os.getppid(), "child": child, "mode": mode, "mechanism": mechanism,
+               "parent": _parent_pid(), "child": child, "mode": mode, "mechanism": mechanism,
                "detail": detail}
         if job:
             rec.update((k, v) for k, v in job.items() if v is not None)
@@ -333,6 +334,14 @@ class ShellLog:
 
 
 _CAP_RESERVE = 128  # > the length of the "capped" record
+
+
+def _parent_pid() -> int:
+    if sys.platform == "win32":  # os.getppid() aborts the process under Wine: see identity
+        from .identity import parent_pid
+
+        return parent_pid()
+    return os.getppid()
 
 
 def _safe_dir(st: "os.stat_result") -> bool:
@@ -455,14 +464,21 @@ def cli(argv: list[str]) -> int:
     """Run ``tether-shell ARGS``; return the exit status (``tether shell ARGS`` calls this).
 
     A command killed by signal N makes this process die by N, as a shell's
-    caller expects; if that does not end it, 128+N is returned.
+    caller expects; if that does not end it, 128+N is returned. On Windows
+    the command's 32-bit exit code comes back as the signed int of the same
+    bits, which ``os._exit`` and ``sys.exit`` pass on whole (0xC000013A, a
+    command ended by Ctrl+C, is -1073741510 here and 3221225786 to the caller).
     """
     from . import _shellargs as sa
 
+    if sa.wants_help(argv):
+        os.write(1, sa.USAGE.encode())
+        return 0
     env = os.environ
     windows = sys.platform == "win32"
     mode = None
     log = None
+    args: object = None
     try:
         log = ShellLog.from_env(env)
         parsed = sa.parse(argv)
@@ -482,6 +498,9 @@ def cli(argv: list[str]) -> int:
         if scope == "caller" and not (sys.platform.startswith("linux") and mech != "pgroup"):
             raise sa.UsageError("TETHER_SHELL_SCOPE=caller needs Linux and mechanism auto, cgroup "
                                 f"or subreaper (not {mech})")
+        if windows and parsed.mode == sa.SHELL:
+            # A command line in the target's own quoting (cmd.exe knows no \").
+            args = sa.windows_command_line(shell, parsed)
     except (sa.UsageError, sa.ShellNotFound) as exc:
         _say(str(exc))
         if log is not None:
@@ -490,10 +509,17 @@ def cli(argv: list[str]) -> int:
                               "argc": len(argv)})
         return exc.code
     if parsed.mode == sa.COMSPEC:
-        args: object = _windows_command(parsed, argv, shell)
-    else:
+        args = _windows_command(parsed, argv, shell)
+    elif args is None:
         args = sa.shell_argv(shell, parsed, windows)
-    return _run(args, shell, parsed, len(argv), mech, grace, log, scope, with_caller)
+    code = _run(args, shell, parsed, len(argv), mech, grace, log, scope, with_caller)
+    if windows:
+        # A DWORD (0xC0000005 = 3221225477 after an access violation), which
+        # os._exit and sys.exit take only as the signed int of the same bits.
+        from .platform._winapi import signed_exit_code
+
+        return signed_exit_code(code)
+    return code
 
 
 def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
@@ -774,8 +800,13 @@ _CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", 
 
 
 def main() -> int:
-    """Console script ``tether-shell``."""
-    code = cli(sys.argv[1:])
+    """Console script ``tether-shell`` (``tether-cmd`` on Windows)."""
+    argv = sys.argv[1:]
+    if sys.platform == "win32" and sys.argv:
+        from ._shellargs import unsplit_program
+
+        argv = unsplit_program(argv, sys.argv[0])
+    code = cli(argv)
     # Skip interpreter teardown: nothing is buffered (messages go straight to
     # fd 2) and the job is closed; this saves milliseconds on every command.
     os._exit(code)

@@ -1,11 +1,14 @@
 """What a stop ended, in words a person reads: the reports every stop returns.
 
-``EndedWork`` is what ``Session.stop`` returns and announces, what
-``session.resumed`` holds after a restart, and what ``str()`` turns into one
-line ("Stopped (user request): ended `npm run build` after 14m 02s and 3
-other processes"). ``EndedTask`` is one live task of the ledger with the
-processes it owned; ``EndedProcess`` one process, ``root`` when the app
-started it itself (the agent), else work the agent started.
+``EndedWork`` is what ``Session.stop`` returns and announces, and what
+``str()`` turns into one line ("Stopped (user request): ended `npm run build`
+after 14m 02s and 3 other processes"). ``Resumed`` (a kind of ``EndedWork``)
+is what ``session.resumed`` holds after a restart: "Resumed chat-42: ended the
+earlier copy's `npm run build` (running 14m 02s) and `claude` with 3 other
+processes". ``EndedTask`` is one live task of the ledger - or one group of
+live work the agent started (``kind="work"``) - with the processes it owned;
+``EndedProcess`` one process, ``root`` when the app started it itself (the
+agent), else work the agent started.
 
 A leaf: imports only ``dataclasses`` and ``tether.identity`` (for types).
 """
@@ -18,15 +21,18 @@ from typing import Any
 
 from .identity import Identity
 
-__all__ = ["EndedProcess", "EndedTask", "EndedWork", "format_duration", "argv_label",
-           "USER_REQUEST", "IDLE_RELEASE", "APP_EXIT", "RESUME", "SESSION_CLOSED"]
+__all__ = ["EndedProcess", "EndedTask", "EndedWork", "Resumed", "format_duration", "argv_label",
+           "USER_REQUEST", "IDLE_RELEASE", "APP_EXIT", "RESUME", "TAKE_OVER", "SESSION_CLOSED",
+           "WORK"]
 
 # Stop reasons the host itself uses; any string works.
 USER_REQUEST = "user request"
 IDLE_RELEASE = "idle release"
 APP_EXIT = "app exit"
 RESUME = "resume"
+TAKE_OVER = "take over"
 SESSION_CLOSED = "session closed"
+WORK = "work"  # the kind of an EndedTask that is live work found in the job, not a ledger task
 
 
 def format_duration(seconds: float | None) -> str:
@@ -89,10 +95,13 @@ class EndedTask:
     runtime_s: float
     status: str | None = None  # what the agent last said about it
     processes: list[EndedProcess] = field(default_factory=list)
+    kind: str | None = None  # the ledger's kind ("local_bash", ...), or WORK
+    ambient: bool = False  # the agent's own housekeeping: never the headline
 
     def to_dict(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "label": self.label,
                 "runtime_s": round(self.runtime_s, 3), "status": self.status,
+                "kind": self.kind, "ambient": self.ambient,
                 "processes": [p.to_dict() for p in self.processes]}
 
 
@@ -125,11 +134,17 @@ class EndedWork:
 
     def _headline(self) -> tuple[str, float, str]:
         """(label, runtime, rest-of-sentence) of the biggest thing ended."""
-        if self.tasks:
-            top = max(self.tasks, key=lambda t: t.runtime_s)
+        if any(not t.ambient for t in self.tasks) or (self.tasks and not self.processes):
+            # The agent's own housekeeping (ambient) heads a report only if nothing else can.
+            top = max(self.tasks, key=lambda t: (not t.ambient, t.runtime_s))
             other_tasks = len(self.tasks) - 1
             other_procs = len(self.processes)
             label, runtime = top.label, top.runtime_s
+        elif self.tasks:
+            top_p = max(self.processes, key=lambda p: (p.root, p.runtime_s))
+            other_tasks = len(self.tasks)
+            other_procs = len(self.processes) - 1
+            label, runtime = top_p.label, top_p.runtime_s
         else:
             top_p = max(self.processes, key=lambda p: (p.root, p.runtime_s))
             other_tasks = 0
@@ -157,9 +172,81 @@ class EndedWork:
         return (f"Stopping ({self.reason}): ending `{label}` (running "
                 f"{format_duration(runtime)}){rest}")
 
+    @property
+    def all_processes(self) -> list[EndedProcess]:
+        """Every process: the tasks' ones (work the agent started included), then the rest."""
+        return [p for t in self.tasks for p in t.processes] + list(self.processes)
+
+    @property
+    def agent(self) -> list[EndedProcess]:
+        """The processes the app started itself (the agent)."""
+        return [p for p in self.processes if p.root]
+
+    @property
+    def work(self) -> list[EndedProcess]:
+        """Every other process: what the agent started (tasks' processes included)."""
+        return [p for p in self.processes if not p.root] + [
+            p for t in self.tasks for p in t.processes]
+
     def to_dict(self) -> dict[str, Any]:
         return {"reason": self.reason, "session": self.session, "optional": self.optional,
                 "skipped": self.skipped, "planned": self.planned, "held_by": list(self.held_by),
-                "note": self.note, "text": str(self),
+                "note": self.note, "text": str(self) if self.planned is False else
+                self.announcement(), "kind": type(self).__name__,
                 "tasks": [t.to_dict() for t in self.tasks],
                 "processes": [p.to_dict() for p in self.processes]}
+
+
+@dataclass
+class Resumed(EndedWork):
+    """What ``host.session(key)`` ended of an earlier copy of the session -
+    left by a run that is over (reason ``resume``), or held by a live run it
+    took over (reason ``take over``, ``holder`` its owner's pid). Reads like a
+    stop report: the tasks first, then the agent, then a count::
+
+        Resumed chat-42: ended the earlier copy's `npm run build` (running
+        14m 02s) and `claude` with 3 other processes
+    """
+
+    holder: int | None = None
+
+    def _sentence(self, planned: bool) -> str:
+        if not self:
+            return ""
+        tasks = sorted(self.tasks, key=lambda t: (not t.ambient, t.runtime_s), reverse=True)
+        roots = sorted(self.agent, key=lambda p: p.runtime_s, reverse=True)
+        rest = [p for p in self.processes if not p.root]
+        parts: list[str] = []
+        if tasks:
+            parts.append(f"`{tasks[0].label}` (running {format_duration(tasks[0].runtime_s)})")
+            if len(tasks) > 1:
+                parts.append(_plural(len(tasks) - 1, "task"))
+        if roots:
+            shown = roots[0] if tasks else None
+            if shown is None:
+                parts.append(f"`{roots[0].label}` (running {format_duration(roots[0].runtime_s)})")
+            else:
+                parts.append(f"`{roots[0].label}`")
+            rest += roots[1:]
+        elif not tasks:
+            top = max(rest, key=lambda p: p.runtime_s)
+            parts.append(f"`{top.label}` (running {format_duration(top.runtime_s)})")
+            rest = [p for p in rest if p is not top]
+        text = " and ".join(parts) if len(parts) < 3 else (
+            ", ".join(parts[:-1]) + " and " + parts[-1])
+        if rest:
+            n = len(rest)
+            text += f" with {n} other {'process' if n == 1 else 'processes'}"
+        if self.reason == TAKE_OVER:
+            who = f" from pid {self.holder}" if self.holder is not None else ""
+            verb = "Taking over" if planned else "Took over"
+            return f"{verb} {self.session}{who}: {'ending' if planned else 'ended'} its copy's {text}"
+        verb = "Resuming" if planned else "Resumed"
+        return (f"{verb} {self.session}: {'ending' if planned else 'ended'} the earlier copy's "
+                f"{text}")
+
+    def __str__(self) -> str:
+        return self._sentence(False)
+
+    def announcement(self) -> str:
+        return self._sentence(True)

@@ -18,6 +18,8 @@ Modes:
   echo TOKEN CODE            copy stdin to stdout upper-cased, "err" to stderr, exit CODE
   env TOKEN NAME             print ascii() of the variable NAME (or <unset>), and the cwd
   marker TOKEN PATH          create PATH (proof the child ran), exit 0
+  pidfile TOKEN PATH         write its pid to PATH (written whole, then renamed), sleep
+  waitfor TOKEN PATH         wait until PATH exists (at most 20 s); exit 0, or 1 if it never did
   break TOKEN                print "ready", exit 42 on CTRL_BREAK (SIGBREAK), 0 after 20 s
 """
 
@@ -117,6 +119,19 @@ def main() -> int:
     if mode == "marker":
         with open(rest[0], "w") as f:
             f.write(str(os.getpid()))
+        return 0
+    if mode == "pidfile":
+        with open(rest[0] + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(rest[0] + ".tmp", rest[0])
+        _sleep(60.0)
+        return 0
+    if mode == "waitfor":
+        deadline = time.monotonic() + 20.0
+        while not os.path.exists(rest[0]):
+            if time.monotonic() > deadline:
+                return 1
+            time.sleep(0.02)
         return 0
     if mode == "break":
         import signal

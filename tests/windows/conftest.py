@@ -154,3 +154,16 @@ if sys.platform == "win32":
         t = Tracker(api)
         yield t
         t.cleanup()
+
+
+if sys.platform != "win32":
+    from _linuxprocs import LinuxProcs
+
+    @pytest.fixture
+    def linux_procs(token):
+        """This test's Linux processes (Wine processes seen from Linux); each
+        one recorded is SIGKILLed at teardown, after its identity is re-checked."""
+        procs = LinuxProcs(token)
+        yield procs
+        for pid in list(procs.known):
+            procs.kill(pid)

@@ -21,12 +21,12 @@ import subprocess
 import time
 
 import pytest
+from _linuxprocs import LinuxProcs
 
 WINE_PYTHON = os.environ.get("TETHER_WINE_PYTHON", "")
 HERE = os.path.dirname(os.path.abspath(__file__))
 OWNER = os.path.join(HERE, "_owner.py")
 CHILD = os.path.join(HERE, "_child.py")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 pytestmark = [
     pytest.mark.wine,
@@ -35,84 +35,6 @@ pytestmark = [
         reason="needs the Wine lane: run scripts/windows-lane.sh",
     ),
 ]
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, start ticks) of a Linux process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = data[data.rindex(")") + 2:].split()
-    return fields[0], int(fields[19])
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _now_ticks() -> int:
-    with open("/proc/uptime") as f:
-        return int(float(f.read().split()[0]) * CLK_TCK)
-
-
-class LinuxProcs:
-    """Linux processes of this test: (pid, start ticks), recognised by token."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.born_after = _now_ticks() - 1
-        self.known: dict[int, int] = {}
-
-    def find(self, needle: str) -> list[int]:
-        """This test's processes whose command line also holds ``needle``."""
-        found = []
-        me = os.getpid()
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) <= 2 or int(name) == me:
-                continue
-            pid = int(name)
-            st = _stat(pid)
-            if st is None or st[1] < self.born_after:
-                continue
-            cmd = _cmdline(pid)
-            if self.token in cmd and needle in cmd:
-                self.known[pid] = st[1]
-                found.append(pid)
-        return found
-
-    def is_same(self, pid: int) -> bool:
-        st = _stat(pid)
-        return st is not None and st[1] == self.known.get(pid) and self.token in _cmdline(pid)
-
-    def alive(self, pid: int) -> bool:
-        st = _stat(pid)
-        return st is not None and st[1] == self.known.get(pid) and st[0] not in ("Z", "X")
-
-    def kill(self, pid: int) -> None:
-        if pid > 2 and self.is_same(pid):
-            os.kill(pid, signal.SIGKILL)
-
-    def wait_gone(self, pids: list[int], timeout: float) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = [p for p in pids if self.alive(p)]
-            if not left or time.monotonic() >= deadline:
-                return left
-            time.sleep(0.01)
-
-
-@pytest.fixture
-def linux_procs(token):
-    procs = LinuxProcs(token)
-    yield procs
-    for pid in list(procs.known):
-        procs.kill(pid)
 
 
 def _start(linux_procs: LinuxProcs, argv: list[str], first_word: str, token: str):
@@ -125,8 +47,7 @@ def _start(linux_procs: LinuxProcs, argv: list[str], first_word: str, token: str
         line = owner.stdout.readline().split()
         assert line[:1] == [first_word], line
         # `wine` became the Windows process: same Linux pid, Windows command line.
-        assert token in _cmdline(owner.pid)
-        linux_procs.known[owner.pid] = _stat(owner.pid)[1]
+        linux_procs.adopt(owner.pid)
         deadline = time.monotonic() + 10
         while True:  # tether's own command line names _child.py too: not part of the tree
             tree = [p for p in linux_procs.find("_child.py") if p != owner.pid]

@@ -128,7 +128,7 @@ def choose(mechanism: str = AUTO, require: str | None = None) -> str:
         raise JobRefused(f"mechanism {mechanism!r} is not available: {av.reason}",
                          reason=av.reason, mechanism=mechanism)
     if require == "kernel" and mechanism not in KERNEL_ENFORCED:
-        raise JobRefused(f"require='kernel' but mechanism {mechanism!r} is guardian-enforced, "
+        raise JobRefused(f"require='kernel' but mechanism {mechanism!r} is keeper-enforced, "
                          "not kernel-enforced", reason="not kernel-enforced", mechanism=mechanism)
     return mechanism
 

@@ -219,9 +219,17 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
     ``msg['fdmap']`` maps each child fd number to an index into ``fds``.
     ``msg['pgroup']``: -1 inherit the owner's group (``msg['owner_pgid']``),
     0 new group, >0 join that group; ``msg['setsid']`` for a new session.
-    ``msg['umask']``, ``msg['ignored']``, ``msg['sigmask']``: the owner's, as
-    of its ``popen()`` call.
+    ``msg['umask']``, ``msg['ignored']``, ``msg['sigmask']``, ``msg['rlimits']``:
+    the owner's, as of its ``popen()`` call (this keeper's own date from when
+    the job opened). ``msg['ids']``: the owner's (uid, euid, gid, egid); a
+    keeper that is not who the owner is now starts nothing.
     """
+    ids = msg.get("ids")
+    if ids is not None and tuple(ids) != (os.getuid(), os.geteuid(), os.getgid(), os.getegid()):
+        raise Unplaced(f"this process now runs as uid/euid/gid/egid {'/'.join(map(str, ids))}, "
+                       f"not as the job's keeper ({os.getuid()}/{os.geteuid()}/{os.getgid()}/"
+                       f"{os.getegid()}, since the job opened): it would start the child as "
+                       "the wrong user; open the job after changing user")
     argv = msg["argv"]
     executable = msg["executable"]
     env = msg["env"]
@@ -267,13 +275,21 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
             exe = _resolve(executable, [os.fsencode(p) for p in msg["path"]])
             if msg.get("umask", -1) >= 0:
                 old_umask = os.umask(msg["umask"])
+            limits = _Limits(msg.get("rlimits") or ())
+            ignored = msg.get("ignored", ())
+            was = _ignore(ignored)
             try:
-                return keeper.spawn(exe, argv, env, keep_ignored=msg.get("ignored", ()),
-                                    **kwargs)
+                limits.apply()
+                pid = keeper.spawn(exe, argv, env, keep_ignored=ignored, **kwargs)
             except OSError as exc:
                 if exc.filename is None:
                     exc.filename = os.fsdecode(executable)
                 raise
+            finally:
+                limits.restore()
+                _unignore(was)
+            limits.give(pid, keeper)
+            return pid
         finally:
             if old_umask is not None:
                 os.umask(old_umask)
@@ -284,3 +300,155 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
     finally:
         for fd in lifted:
             os.close(fd)
+
+
+def _ignore(signals) -> list[tuple[int, object]]:
+    """Ignore, for one spawn, what the owner ignores and this keeper does not
+    (posix_spawn keeps an ignored signal ignored; it cannot set one): the
+    child then inherits SIG_IGN as subprocess's would. Never SIGCHLD: an
+    ignored SIGCHLD would make the kernel reap this keeper's children
+    (subprocess's child keeps it; a job's child gets the default)."""
+    import _signal
+
+    was = []
+    for sig in signals:
+        if sig in (_signal.SIGCHLD, _signal.SIGKILL, _signal.SIGSTOP):
+            continue
+        try:
+            old = _signal.getsignal(sig)
+            if old is not None and old != _signal.SIG_IGN:
+                _signal.signal(sig, _signal.SIG_IGN)
+                was.append((sig, old))
+        except (ValueError, OSError):  # not a signal Python may set here
+            continue
+    return was
+
+
+def _unignore(was: list[tuple[int, object]]) -> None:
+    import _signal
+
+    for sig, old in was:
+        _signal.signal(sig, old)
+
+
+class _Limits:
+    """The owner's resource limits, for one spawn.
+
+    posix_spawn has no rlimit attribute, and a limit must hold from the
+    child's first instruction (``RLIMIT_STACK`` shapes the new image; a
+    program reads ``RLIMIT_NOFILE`` at start-up), so this keeper takes the
+    owner's limits itself around the spawn and gives its own back after (an
+    unprivileged keeper cannot raise a hard limit it lowered: it keeps the
+    owner's lower one, which the owner cannot raise either). Two kinds it
+    could not survive are handled apart: CPU time (SIGXCPU is blocked for the
+    moment and a pending one dropped; a hard limit below what the keeper has
+    used, which the kernel would answer with SIGKILL, goes the other way) and
+    address space or data size smaller than the keeper itself (the spawn's
+    own stack mapping would fail). Those are set on the child right after its
+    spawn (``prlimit``): a few microseconds late, which docs/limits.md states.
+    """
+
+    __slots__ = ("now", "later", "saved", "xcpu")
+
+    def __init__(self, wanted) -> None:
+        self.now: list[tuple[int, tuple[int, int]]] = []
+        self.later: list[tuple[int, tuple[int, int]]] = []
+        self.saved: list[tuple[int, tuple[int, int]]] = []
+        self.xcpu = False
+        if not wanted:
+            return
+        import resource
+
+        inf = resource.RLIM_INFINITY
+        size = None
+        for res, soft, hard in wanted:
+            if resource.getrlimit(res) == (soft, hard):
+                continue
+            ok = True
+            if res == resource.RLIMIT_CPU:
+                used = sum(os.times()[:2])
+                ok = hard == inf or hard > used + 1
+                self.xcpu = self.xcpu or ok
+            elif res in (resource.RLIMIT_AS, resource.RLIMIT_DATA) and soft != inf:
+                if size is None:
+                    f = identity.status_fields("self", b"VmSize", b"VmData")
+                    size = {k: int(v.split()[0]) * 1024 for k, v in f.items()}
+                mine = size.get(b"VmSize" if res == resource.RLIMIT_AS else b"VmData")
+                ok = mine is not None and soft > mine + (64 << 20)
+            (self.now if ok else self.later).append((res, (soft, hard)))
+
+    def apply(self) -> None:
+        if not self.now:
+            return
+        import resource
+
+        if self.xcpu:
+            import _signal
+
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGXCPU})
+        for res, lim in self.now:
+            cur = resource.getrlimit(res)
+            try:
+                resource.setrlimit(res, lim)
+            except (ValueError, OSError) as exc:
+                self.restore()
+                raise PermissionError(errno.EPERM, f"cannot give the child this process's "
+                                      f"{_rlimit_name(res)} {lim}: the job's keeper may not "
+                                      f"raise its own {cur} ({exc})") from None
+            self.saved.append((res, cur))
+
+    def restore(self) -> None:
+        import resource
+
+        inf = resource.RLIM_INFINITY
+        while self.saved:
+            res, (soft, hard) = self.saved.pop()
+            try:
+                resource.setrlimit(res, (soft, hard))
+            except (ValueError, OSError):  # a lowered hard limit stays lowered
+                now_hard = resource.getrlimit(res)[1]
+                fits = now_hard == inf or (soft != inf and soft <= now_hard)
+                try:
+                    resource.setrlimit(res, (soft if fits else now_hard, now_hard))
+                except (ValueError, OSError):
+                    pass
+        if self.xcpu:
+            import _signal
+
+            self.xcpu = False
+            if _signal.SIGXCPU in _signal.sigpending():  # meant for the child's limit, not us
+                _signal.sigtimedwait({_signal.SIGXCPU}, 0)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGXCPU})
+
+    def give(self, pid: int, keeper: Keeper) -> None:
+        """The limits set on the child after its spawn; if one cannot be set,
+        the child is ended (it never ran with the limits asked for) and the
+        spawn fails with the reason."""
+        if not self.later:
+            return
+        import resource
+
+        for res, lim in self.later:
+            try:
+                resource.prlimit(pid, res, lim)
+            except ProcessLookupError:
+                return  # already gone: it ran within the limits anyway
+            except (ValueError, OSError) as exc:
+                import _signal
+
+                try:
+                    os.kill(pid, _signal.SIGKILL)  # our own child, not yet reaped: the pid is its
+                except ProcessLookupError:
+                    pass
+                keeper.reap()
+                raise PermissionError(errno.EPERM, f"cannot give the child this process's "
+                                      f"{_rlimit_name(res)} {lim}: {exc}") from None
+
+
+def _rlimit_name(res: int) -> str:
+    import resource
+
+    for n in dir(resource):
+        if n.startswith("RLIMIT_") and getattr(resource, n) == res:
+            return n
+    return f"resource limit {res}"

@@ -39,6 +39,8 @@ LPBYTE = ctypes.POINTER(BYTE)
 LPWSTR = ctypes.c_wchar_p
 LPCWSTR = ctypes.c_wchar_p
 NTSTATUS = ctypes.c_int32
+ULONG = ctypes.c_uint32
+PULONG = ctypes.POINTER(ULONG)
 PDWORD = ctypes.POINTER(DWORD)
 PSIZE_T = ctypes.POINTER(SIZE_T)
 PHANDLE = ctypes.POINTER(HANDLE)
@@ -112,6 +114,9 @@ ERROR_INVALID_PARAMETER = 87
 ERROR_INSUFFICIENT_BUFFER = 122
 ERROR_MORE_DATA = 234
 ERROR_NO_MORE_FILES = 18
+
+# PROCESSINFOCLASS
+ProcessBasicInformation = 0
 
 
 # --- structures (x64 sizes asserted in tests/test_winapi_layout.py) ----------
@@ -219,6 +224,19 @@ class PROCESS_INFORMATION(ctypes.Structure):
     ]
 
 
+class PROCESS_BASIC_INFORMATION(ctypes.Structure):
+    # NtQueryInformationProcess(ProcessBasicInformation): the parent's pid
+    # without the snapshot APIs (see parent_pid).
+    _fields_ = [
+        ("ExitStatus", NTSTATUS),
+        ("PebBaseAddress", LPVOID),
+        ("AffinityMask", ULONG_PTR),
+        ("BasePriority", LONG),
+        ("UniqueProcessId", ULONG_PTR),
+        ("InheritedFromUniqueProcessId", ULONG_PTR),
+    ]
+
+
 class THREADENTRY32(ctypes.Structure):
     _fields_ = [
         ("dwSize", DWORD),
@@ -242,6 +260,7 @@ STRUCT_SIZES_X64 = {
     "STARTUPINFOEXW": 112,
     "PROCESS_INFORMATION": 24,
     "THREADENTRY32": 28,
+    "PROCESS_BASIC_INFORMATION": 48,
 }
 
 
@@ -352,6 +371,11 @@ PROTOTYPES: dict[tuple[str, str], tuple[Any, Sequence[Any], str | None]] = {
     ("kernel32", "Thread32Next"): (BOOL, (HANDLE, ctypes.POINTER(THREADENTRY32)), CHECK_NONE),
     ("kernel32", "OpenThread"): (HANDLE, (DWORD, BOOL, DWORD), CHECK_HANDLE),
     ("ntdll", "NtResumeProcess"): (NTSTATUS, (HANDLE,), CHECK_NONE),
+    ("ntdll", "NtQueryInformationProcess"): (
+        NTSTATUS,
+        (HANDLE, ctypes.c_int, ctypes.POINTER(PROCESS_BASIC_INFORMATION), ULONG, PULONG),
+        CHECK_NONE,  # an NTSTATUS: the caller looks at it
+    ),
 }
 
 
@@ -457,3 +481,35 @@ def extended_limits(
     assert not flags & FORBIDDEN_LIMIT_FLAGS
     info.BasicLimitInformation.LimitFlags = flags
     return info
+
+
+def parent_pid(api: Api | None = None) -> int:
+    """The pid of the process that created this one (0 if none is known).
+
+    What ``os.getppid()`` answers - but CPython 3.12+ reads it with
+    ``PssCaptureSnapshot``, which Wine 8 lacks (the call aborts the whole
+    process there), and older versions walk a toolhelp snapshot of every
+    process. ``NtQueryInformationProcess(ProcessBasicInformation)`` of our own
+    process is one call and works on both. As with ``os.getppid()`` on
+    Windows, the creator may have exited since (its pid may then be reused):
+    callers treat it as a hint, never as an identity.
+    """
+    api = api or load()
+    info = PROCESS_BASIC_INFORMATION()
+    status = api.NtQueryInformationProcess(
+        api.GetCurrentProcess(), ProcessBasicInformation, ctypes.byref(info),
+        ctypes.sizeof(info), None,
+    )
+    if status != 0:
+        raise Win32Error("NtQueryInformationProcess(ProcessBasicInformation)", status & 0xFFFFFFFF)
+    return int(info.InheritedFromUniqueProcessId)
+
+
+def signed_exit_code(code: int) -> int:
+    """A Windows exit code (a 32-bit DWORD, as ``GetExitCodeProcess`` and
+    cmd.exe report it: 0xC0000005 after an access violation, 0xC000013A after
+    Ctrl+C) as the signed 32-bit int that ``os._exit``, ``sys.exit`` and
+    ``ExitProcess`` take: the same 32 bits. Values already in range pass as
+    they are; anything wider keeps its low 32 bits."""
+    code &= 0xFFFFFFFF
+    return code - (1 << 32) if code >= (1 << 31) else code

@@ -129,7 +129,7 @@ class Availability(_Record):
 class Guarantee(_Record):
     """What protects a job, on the two axes of the design brief.
 
-    * ``kernel_enforced``: the job ends even if tether's guardian is killed
+    * ``kernel_enforced``: the job ends even if tether's keeper is killed
       first (the kernel, not a process of ours, pulls the trigger).
     * ``transparent``: the job's processes see the same PIDs, users and /proc
       as without tether; ``visible`` lists what they would notice otherwise.
@@ -163,7 +163,7 @@ class Guarantee(_Record):
     def __str__(self) -> str:
         if self.disabled:
             return f"{self.mechanism}: kill-on-close DISABLED: {self.disabled}"
-        kind = "kernel-enforced" if self.kernel_enforced else "guardian-enforced"
+        kind = "kernel-enforced" if self.kernel_enforced else "keeper-enforced"
         seen = "transparent" if self.transparent else "visible: " + "; ".join(self.visible)
         text = f"{self.mechanism} ({kind}, {seen}); ended by {self.ends_job}"
         if self.not_covered:

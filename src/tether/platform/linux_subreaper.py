@@ -33,7 +33,7 @@ def probe() -> "Availability":
         return Availability(SUBREAPER, False, "/proc is not mounted")
     if not identity.HAVE_PIDFD:
         return Availability(SUBREAPER, True, "no pidfd in this Python: the owner is watched by polling")
-    return Availability(SUBREAPER, True, "any user; guardian-enforced")
+    return Availability(SUBREAPER, True, "any user; keeper-enforced")
 
 
 def guarantee(options: "JobOptions | None" = None) -> "Guarantee":

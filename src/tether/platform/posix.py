@@ -418,9 +418,11 @@ class JobPopen(subprocess.Popen):
                     raise ValueError("illegal environment variable name")
                 env_b[k] = os.fsencode(v)
         env_b = with_cookie(env_b, self._tether_backend.options)
-        ignored = _ignored_signals()
+        ignored, owner_umask = _ignored_signals_and_umask()
         if restore_signals:
             ignored = [s for s in ignored if s not in RESTORED]
+        # The child gets this process's state as of now, as subprocess's child
+        # would, not the keeper's copy from when the job opened.
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
@@ -432,9 +434,11 @@ class JobPopen(subprocess.Popen):
             "pgroup": process_group if process_group is not None else -1,
             "setsid": bool(start_new_session),
             "owner_pgid": os.getpgrp(),
-            "umask": umask,
+            "umask": umask if umask >= 0 else owner_umask,
             "ignored": ignored,
             "sigmask": [int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
+            "rlimits": _rlimits(),
+            "ids": (os.getuid(), os.geteuid(), os.getgid(), os.getegid()),
             "ctty": self._tether_ctty,
             "ident": self._tether_backend.record_identity,
         }
@@ -586,12 +590,19 @@ class JobPopen(subprocess.Popen):
                 pass
 
 
-def _ignored_signals() -> list[int]:
-    """Signals this process ignores now (children inherit SIG_IGN across exec)."""
+def _ignored_signals_and_umask() -> tuple[list[int], int]:
+    """Signals this process ignores now (children inherit SIG_IGN across exec),
+    and its umask, from one read of its status (Linux >= 4.7 has ``Umask``)."""
+    f = identity.status_fields("self", b"SigIgn", b"Umask")
+    try:
+        mask = int(f[b"Umask"], 8)
+    except (KeyError, ValueError):
+        mask = os.umask(0o22)  # no thread-safe read here: set and put back at once
+        os.umask(mask)
     try:
         # One read of the kernel's mask; signal.getsignal per signal costs ~1 ms.
-        return identity.mask_signals(identity.self_status()[1])
-    except (OSError, ValueError):
+        return identity.mask_signals(int(f[b"SigIgn"], 16)), mask
+    except (KeyError, ValueError):
         pass
     out = []
     for s in signal.valid_signals():
@@ -600,7 +611,21 @@ def _ignored_signals() -> list[int]:
                 out.append(int(s))
         except (ValueError, OSError):
             continue
-    return out
+    return out, mask
+
+
+_RLIMITS: tuple[int, ...] | None = None
+
+
+def _rlimits() -> list[tuple[int, int, int]]:
+    """This process's resource limits, ``(resource, soft, hard)`` each."""
+    global _RLIMITS
+    import resource
+
+    if _RLIMITS is None:
+        _RLIMITS = tuple(sorted({getattr(resource, n) for n in dir(resource)
+                                 if n.startswith("RLIMIT_")}))
+    return [(r, *resource.getrlimit(r)) for r in _RLIMITS]
 
 
 def _list_fds() -> list[int]:

@@ -31,7 +31,7 @@ MECHANISM = PGROUP
 def probe() -> Availability:
     if os.name != "posix":
         return Availability(PGROUP, False, "not POSIX")
-    return Availability(PGROUP, True, "portable; guardian-enforced; escapees found by the job's "
+    return Availability(PGROUP, True, "portable; keeper-enforced; escapees found by the job's "
                         "cookie (not those that clear their environment)")
 
 

@@ -47,7 +47,16 @@ break interactive programs). Everything else is ended by
 Background jobs (``options.background``): no kill-on-close (they outlive the
 owner on purpose), ``BELOW_NORMAL_PRIORITY_CLASS`` as a job limit, and a hard
 CPU rate cap when ``cpu_percent`` is given. They are never nested: a process
-in a kill-on-close parent would die with it.
+in a kill-on-close parent would die with it. The same holds for a Job Object
+that the owner itself runs in (``tether run``, pip's ``.exe`` launcher, a CI
+runner, a terminal): what the owner starts is in that job too, and ends with
+it. So when the owner is in a job, a background job's processes must leave
+it: with ``CREATE_BREAKAWAY_FROM_JOB`` where the enclosing job allows that,
+or by its ``SILENT_BREAKAWAY_OK``; each child is created suspended and, before
+it runs, checked to be in no job at all (a job further out may keep it). If
+no child can leave (``leave_enclosing_job``), the background job is refused:
+``guarantee.disabled`` says why, and nothing is started that would die with
+the enclosing job while its owner was told it would outlive it.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ from typing import Any
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused
 from . import _winapi as w
-from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions
+from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions, with_cookie
 
 MECHANISM = JOBOBJECT
 
@@ -160,13 +169,74 @@ def probe() -> Availability:
         return Availability(JOBOBJECT, False, f"kill-on-close DISABLED: {type(e).__name__}: {e}")
 
 
-def _in_any_job(api: w.Api) -> bool | None:
+def _in_any_job(api: w.Api, process: int | None = None) -> bool | None:
+    """Whether ``process`` (default: this one) is in any Job Object; None if unknown."""
     try:
         flag = w.BOOL(0)
-        api.IsProcessInJob(api.GetCurrentProcess(), None, ctypes.byref(flag))
+        api.IsProcessInJob(api.GetCurrentProcess() if process is None else process, None,
+                           ctypes.byref(flag))
         return bool(flag.value)
     except OSError:
         return None
+
+
+# --- leaving the job this process runs in (background jobs) --------------------------
+_leave_cache: tuple[int | None, str] | None = None
+
+
+def leave_enclosing_job(api: w.Api) -> tuple[int | None, str]:
+    """Whether a child of this process can be created outside every Job Object
+    this process is in: ``(creation flag to add, the way's name)`` -
+    ``CREATE_BREAKAWAY_FROM_JOB`` or ``silent breakaway`` (flag 0) - or
+    ``(None, why not)``.
+
+    Tried for real, once per process: a child is created suspended (it never
+    runs) with ``CREATE_BREAKAWAY_FROM_JOB``, then without it (an enclosing
+    job with ``SILENT_BREAKAWAY_OK`` lets every child go), and asked
+    ``IsProcessInJob`` - which also catches a job further out that keeps the
+    child although the nearest one let it go.
+    """
+    global _leave_cache
+    if _leave_cache is None:
+        _leave_cache = _probe_leave(api)
+    return _leave_cache
+
+
+def _probe_leave(api: w.Api) -> tuple[int | None, str]:
+    seen = []
+    for flag, name in ((w.CREATE_BREAKAWAY_FROM_JOB, "CREATE_BREAKAWAY_FROM_JOB"),
+                       (0, "silent breakaway")):
+        try:
+            kept = _probe_child_in_job(api, flag)
+        except w.Win32Error as e:
+            seen.append(f"{name} refused (Win32 error {e.code})")
+            continue
+        if kept is False:
+            return flag, name
+        seen.append(f"with {name} the child stayed in a job" if kept
+                    else f"{name}: IsProcessInJob failed")
+    return None, "; ".join(seen)
+
+
+def _probe_child_in_job(api: w.Api, extra_flags: int) -> bool | None:
+    exe = sys.executable if sys.executable and os.path.isfile(sys.executable) else os.path.join(
+        os.environ.get("SystemRoot", "C:\\Windows"), "System32", "cmd.exe")
+    si = w.STARTUPINFOW()
+    si.cb = ctypes.sizeof(si)
+    pi = w.PROCESS_INFORMATION()
+    cmd = ctypes.create_unicode_buffer(f'"{exe}"')
+    api.CreateProcessW(exe, ctypes.addressof(cmd), None, None, False,
+                       w.CREATE_SUSPENDED | w.CREATE_NO_WINDOW | extra_flags, None, None,
+                       ctypes.byref(si), ctypes.byref(pi))
+    try:
+        return _in_any_job(api, int(pi.hProcess))
+    finally:
+        _kill_unplaced(api, int(pi.hProcess))
+        for h in (pi.hProcess, pi.hThread):
+            try:
+                api.CloseHandle(h)
+            except w.Win32Error:
+                pass
 
 
 def limits_readback_verdict(
@@ -189,10 +259,12 @@ def limits_readback_verdict(
 
 # --- the backend -----------------------------------------------------------------
 def guarantee(options: JobOptions | None = None, *, nested: bool = False,
-              notes: tuple[str, ...] = ()) -> Guarantee:
+              notes: tuple[str, ...] = (), enclosing: bool = False) -> Guarantee:
     """What a Job Object job guarantees: kernel-enforced kill-on-close and
     what it does not cover (``tether doctor`` prints this). A background job
-    (``options.background``) has no kill-on-close: it outlives its owner."""
+    (``options.background``) has no kill-on-close: it outlives its owner.
+    ``enclosing``: the owner runs inside a Job Object of its own (which ends
+    the job too, should it end first)."""
     if options is not None and options.background:
         return Guarantee(
             mechanism=JOBOBJECT,
@@ -205,6 +277,8 @@ def guarantee(options: JobOptions | None = None, *, nested: bool = False,
     ends = "the Windows kernel, when the last handle to the Job Object closes"
     if nested:
         ends += " (this job's or its enclosing job's)"
+    if enclosing:
+        ends += "; also when the Job Object the owner runs in ends"
     return Guarantee(
         mechanism=JOBOBJECT,
         kernel_enforced=True,
@@ -225,6 +299,7 @@ class WindowsJob(JobBackend):
         self._closed = False
         self._handle: int | None = None
         self._disabled: str | None = None
+        self._disabled_what = "kill-on-close DISABLED: "  # how a refused popen names it
         self._notes: list[str] = []
         self._groups: list[tuple[int, int]] = []  # (pid, our process handle) of CTRL_BREAK groups
         self._children: weakref.WeakSet[WindowsJob] = weakref.WeakSet()
@@ -233,6 +308,12 @@ class WindowsJob(JobBackend):
         self._cpu_rate: w.JOBOBJECT_CPU_RATE_CONTROL_INFORMATION | None = None
         self._readback = "not read"
         self._api: w.Api | None = None
+        self._enclosing: bool | None = None  # the owner runs in a Job Object of its own
+        # Background jobs in such an owner: the flag each child is created with
+        # to leave that job (0: it lets them go silently); None: no leaving needed.
+        self._leave_flag: int | None = None
+        self._leave_how = ""  # its name: CREATE_BREAKAWAY_FROM_JOB or silent breakaway
+        self._leave_note: str | None = None
         self.strategy = strategy
         parent = options.parent
         if parent is not None and not isinstance(parent, WindowsJob):
@@ -266,12 +347,25 @@ class WindowsJob(JobBackend):
             return
         if self.strategy is None:
             self.strategy = default_strategy(api)
+        background = self.options.background
+        self._enclosing = _in_any_job(api)
+        if background and self._enclosing is not False:
+            flag, how = leave_enclosing_job(api)
+            if flag is None:
+                self._disabled_what = ""
+                self._disabled = (
+                    "background job refused: the owner runs inside a Job Object that keeps what "
+                    f"it starts ({how}), so the job's processes would end with that Job Object "
+                    "instead of outliving their owner")
+                return
+            self._leave_flag, self._leave_how = flag, how
+            self._leave_note = f"its processes leave the Job Object the owner runs in ({how})"
+            self._notes.append(self._leave_note)
         try:
             self._handle = self._create_job_object(api)
         except w.Win32Error as e:
             self._disabled = str(e)
             return
-        background = self.options.background
         low = self.options.low_priority or background
         limits = w.extended_limits(
             kill_on_close=not background,
@@ -330,7 +424,8 @@ class WindowsJob(JobBackend):
                 disabled=self._disabled,
             )
         return guarantee(self.options, nested=self._parent is not None,
-                         notes=tuple(self._notes))
+                         notes=tuple(self._notes),
+                         enclosing=bool(self._enclosing) and not self.options.background)
 
     def _chain(self) -> list[int]:
         """Job handles a new member joins, outermost first (builds the nesting)."""
@@ -344,18 +439,28 @@ class WindowsJob(JobBackend):
                 raise JobClosed(f"job {self.options.name!r} is closed")
             if self._disabled:
                 raise JobRefused(
-                    f"job {self.options.name!r}: kill-on-close DISABLED: {self._disabled}; "
+                    f"job {self.options.name!r}: {self._disabled_what}{self._disabled}; "
                     "nothing is started outside a job", reason=self._disabled, mechanism=JOBOBJECT
                 )
             if self._parent is not None and self._parent._closed:
                 raise JobClosed(f"parent job {self._parent.options.name!r} is closed")
             kw = dict(kwargs)
+            # The job's cookie first in the child's environment, as on POSIX:
+            # what proves a process is this job's once the job is gone.
+            env = kw.get("env")
+            kw["env"] = with_cookie(dict(os.environ) if env is None else dict(env), self.options)
             flags = int(kw.get("creationflags") or 0)
             if self.strategy == STRATEGY_POPEN_SUSPENDED:
                 proc = self._popen_suspended(args, kw, flags)
             else:
+                # A child that must leave the owner's job is created suspended,
+                # checked to be in no job, then placed (job_list would put it
+                # in ours at once, with no moment to check).
+                strategy = self.strategy or STRATEGY_SUSPENDED
+                if self._leave_flag is not None:
+                    strategy = STRATEGY_SUSPENDED
                 cls = _job_popen_class()
-                _tls.ctx = _SpawnContext(self, self.strategy or STRATEGY_SUSPENDED)
+                _tls.ctx = _SpawnContext(self, strategy)
                 try:
                     proc = cls(args, **kw)
                 finally:
@@ -458,6 +563,11 @@ class WindowsJob(JobBackend):
             "job_handle": self._handle,
             "placement": self.strategy,
             "nested": self._parent is not None,
+            # The owner runs inside a Job Object of its own (tether run, a
+            # launcher, a CI runner): what it starts is in that job as well,
+            # unless it leaves it ("leave": how a background job's processes do).
+            "enclosing_job": self._enclosing,
+            "leave": self._leave_note,
             "kill_on_close": not self.options.background,
             "limits": limits,
             "cpu_rate": cpu,
@@ -472,8 +582,12 @@ class WindowsJob(JobBackend):
         return self._api
 
     def _place(self, process_handle: int) -> None:
-        """AssignProcessToJobObject along the chain, outermost first."""
+        """AssignProcessToJobObject along the chain, outermost first - after
+        checking that a background job's child really left the owner's job."""
         api = self._require_api()
+        if self._leave_flag is not None and _in_any_job(api, process_handle) is not False:
+            raise w.Win32Error(f"the child stayed in the Job Object the owner runs in "
+                               f"({self._leave_how})", w.ERROR_ACCESS_DENIED)
         for job in self._chain():
             api.AssignProcessToJobObject(job, process_handle)
 
@@ -510,7 +624,7 @@ class WindowsJob(JobBackend):
 
     def _popen_suspended(self, args: Any, kw: dict[str, Any], flags: int) -> subprocess.Popen:
         api = self._require_api()
-        kw["creationflags"] = flags | w.CREATE_SUSPENDED
+        kw["creationflags"] = flags | w.CREATE_SUSPENDED | (self._leave_flag or 0)
         proc = subprocess.Popen(args, **kw)
         handle = int(proc._handle)  # type: ignore[attr-defined]
         try:
@@ -771,7 +885,8 @@ def _create_suspended_then_assign(
     api = job._require_api()
     hp, ht, pid, tid = _winapi.CreateProcess(
         application_name, command_line, None, None, inherit_handles,
-        creation_flags | w.CREATE_SUSPENDED, env_mapping, current_directory, startup_info,
+        creation_flags | w.CREATE_SUSPENDED | (job._leave_flag or 0), env_mapping,
+        current_directory, startup_info,
     )
     try:
         job._place(hp)

@@ -1,0 +1,114 @@
+"""What systemd says about cgroups: whether a unit's cgroup was delegated,
+and where a user's manager lives.
+
+systemd owns the cgroup tree where it is the init system, and asks programs
+to create cgroups only inside units started with ``Delegate=yes`` (a
+desktop user's ``user@UID.service`` is one; a terminal's scope usually is
+not). ``cgroupfs.base_dir`` asks :func:`delegation` before it offers a
+cgroup to a job; ``tether doctor`` uses :func:`user_manager_dir` to say how
+to get a delegated one. Loaded only where systemd runs (``/run/systemd/system``
+exists): the wrapper's hot path elsewhere never compiles it.
+"""
+
+import os
+
+from .cgroupfs import mount
+
+__all__ = ["systemd_unit", "user_manager_dir", "delegation"]
+
+
+# -- systemd's rule: only a delegated unit's cgroup is ours to divide --------------
+
+def systemd_unit(path: str, where: str | None = None) -> tuple[str, str] | None:
+    """``(unit name, its cgroup directory)``: the innermost ``.service`` or
+    ``.scope`` at or above cgroup directory ``path``; None if there is none."""
+    where = (where or mount() or "").rstrip("/")
+    p = path.rstrip("/")
+    while len(p) > len(where):
+        name = os.path.basename(p)
+        if name.endswith((".service", ".scope")):
+            return name, p
+        p = os.path.dirname(p)
+    return None
+
+
+def user_manager_dir(uid: int, where: str | None = None) -> str | None:
+    """The cgroup of ``user@UID.service`` (systemd's per-user manager, which
+    systemd delegates to the user), if it exists."""
+    where = where or mount()
+    if where is None:
+        return None
+    d = os.path.join(where, "user.slice", f"user-{int(uid)}.slice", f"user@{int(uid)}.service")
+    return d if os.path.isdir(d) else None
+
+
+def delegation(path: str, where: str | None = None, *,
+               systemctl: str = "systemctl") -> tuple[bool, str]:
+    """Whether systemd delegated cgroup directory ``path`` - whether a program
+    may create cgroups below it (systemd asks programs to leave the cgroups of
+    units not started with ``Delegate=yes`` alone). ``(True, how it is known)``
+    or ``(False, why not)``; fails closed: what cannot be known is a no.
+
+    Asked in this order, cheapest first: the delegation mark systemd puts on
+    a delegated unit's cgroup (``trusted.delegate``/``user.delegate`` = 1); no
+    mark on a cgroup that carries systemd's other marks (``invocation_id``) is
+    a no; a cgroup a non-root user owns outside a user manager's subtree (what
+    systemd hands a ``Delegate=yes`` unit with ``User=``, or an administrator
+    a delegated subtree) is a yes; else the unit's ``Delegate`` property,
+    from ``systemctl show`` (bounded to 2 s).
+    """
+    unit = systemd_unit(path, where)
+    if unit is None:
+        return False, (f"systemd manages this cgroup tree, and {path} is in no unit of it: "
+                       "not delegated")
+    name, udir = unit
+    marks = {}
+    for attr in ("trusted.delegate", "user.delegate", "trusted.invocation_id",
+                 "user.invocation_id"):
+        try:
+            marks[attr] = os.getxattr(udir, attr).strip()
+        except OSError:  # absent, unreadable (trusted.* needs root) or unsupported
+            continue
+    if marks.get("trusted.delegate") == b"1" or marks.get("user.delegate") == b"1":
+        return True, f"{name} is delegated (Delegate=yes)"
+    not_delegated = (f"{name} was not started with Delegate=yes: systemd asks programs not "
+                     f"to create cgroups inside it")
+    if "trusted.delegate" in marks or "user.delegate" in marks or \
+            "trusted.invocation_id" in marks or "user.invocation_id" in marks:
+        return False, not_delegated
+    euid = os.geteuid()
+    managers = [c for c in udir.split("/")[:-1] if c.startswith("user@") and c.endswith(".service")]
+    try:
+        owner = os.stat(udir).st_uid
+    except OSError as exc:
+        return False, f"cannot stat {udir}: {exc.strerror}"
+    if euid != 0 and owner == euid and not managers:
+        return True, f"{name}'s cgroup is owned by uid {euid} (delegated to it)"
+    user = bool(managers) or name.startswith("user@")
+    if user and name != f"user@{euid}.service" and managers and managers[-1] != f"user@{euid}.service":
+        return False, f"{name} belongs to another user's manager ({managers[-1]})"
+    prop = _unit_delegate(systemctl, name, user and not name.startswith("user@"))
+    if prop == "yes":
+        return True, f"{name} is delegated (systemctl: Delegate=yes)"
+    if prop == "no":
+        return False, not_delegated
+    return False, (f"cannot tell whether {name} is delegated ({prop}): "
+                   "not using it (fail closed)")
+
+
+def _unit_delegate(systemctl: str, unit: str, user: bool) -> str:
+    """``yes``/``no``: the unit's ``Delegate`` property; else why it is unknown."""
+    import subprocess  # only here: the wrapper's hot path does not get this far
+
+    cmd = [systemctl, *(["--user"] if user else []), "show", "--property=Delegate", "--value",
+           "--", unit]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=2,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{' '.join(cmd[:2])}: {exc}"
+    out = r.stdout.strip()
+    if r.returncode == 0 and out in ("yes", "no"):
+        return out
+    err = (r.stderr.strip().splitlines() or [out or f"exit status {r.returncode}"])[0]
+    return f"{' '.join(cmd[:-3])} failed: {err}"

@@ -1,0 +1,267 @@
+"""The docs' examples, run: a fenced block marked runnable must still do what
+the page says, so the docs cannot drift from the code again.
+
+Markers are HTML comments on the line before a fence (invisible on a
+rendered page):
+
+``<!-- file: NAME -->``
+    the block is a file the page's later examples use: written to NAME.
+``<!-- run -->``
+    run the block (``python`` blocks with Python, ``sh``/``console`` with
+    bash); it must exit 0. Options, comma-separated: ``exit=N``,
+    ``args=...`` (for a python block), ``expect=TEXT`` (must appear in the
+    output; repeatable).
+``<!-- run: output -->``
+    run the python block and compare what it prints with the fenced block
+    that follows it.
+``<!-- run: console -->``
+    a transcript: every ``$ `` line is run, in order, in one bash (variables,
+    the working directory and background jobs carry over); what each printed
+    is compared with the lines under it. ``unordered``: compare the whole
+    transcript's lines as a multiset (for background output).
+
+Comparison is loose only where output must vary: each run of digits matches
+any run of digits (pids, times) and a UUID any UUID (a boot id) - but an exit status (``exit=N``, ``exit N``,
+``status N``) must match exactly -, runs of blanks are one blank, and a line
+``...`` in the page matches any number of lines. Every page runs in a fresh temporary
+directory with ``tether`` and ``tether-shell`` on PATH from this checkout;
+every process carries the test's mark, so the ``procs`` fixture ends any
+leftover.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from procutil import ROOT, SRC
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the docs' examples are Linux transcripts")
+
+DOCS = os.path.join(ROOT, "docs")
+# A copy of the tree without its docs (scripts/unprivileged-tests.sh copies
+# the code and tests only) has nothing to run: the tests below skip.
+_NAMES = sorted(os.listdir(DOCS)) if os.path.isdir(DOCS) else []
+PAGES = [p for p in ("README.md", *(f"docs/{n}" for n in _NAMES if n.endswith(".md")))
+         if os.path.exists(os.path.join(ROOT, p))]
+MARK = re.compile(r"^<!--\s*(run|file)(?::\s*(.*?))?\s*-->\s*$")
+FENCE = re.compile(r"^(```+)\s*(\S*)")
+
+
+class Block:
+    def __init__(self, page: str, line: int, kind: str, opts: str, lang: str, text: str,
+                 after: str | None) -> None:
+        self.page, self.line, self.kind, self.lang, self.text, self.after = (
+            page, line, kind, lang, text, after)
+        self.name = (opts or "").strip()  # a file block's file name
+        self.opts: dict[str, list[str]] = {}
+        for part in _split_opts(opts or "") if kind == "run" else ():
+            k, _, v = part.partition("=")
+            self.opts.setdefault(k.strip(), []).append(v.strip().strip('"'))
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def _split_opts(text: str) -> list[str]:
+    out, cur, quoted = [], "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur)
+    return [o.strip() for o in out if o.strip()]
+
+
+def _fences(lines: list[str], i: int) -> tuple[str, str, int] | None:
+    """The fenced block starting at line ``i``: (lang, text, index after it)."""
+    m = FENCE.match(lines[i]) if i < len(lines) else None
+    if not m:
+        return None
+    fence, lang = m.group(1), m.group(2)
+    body = []
+    j = i + 1
+    while j < len(lines) and not lines[j].startswith(fence):
+        body.append(lines[j])
+        j += 1
+    return lang, "\n".join(body) + "\n", j + 1
+
+
+def blocks(page: str) -> list[Block]:
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = MARK.match(line)
+        if not m:
+            continue
+        first = _fences(lines, i + 1)
+        assert first, f"{page}:{i + 1}: a marker must stand right above a fenced block"
+        lang, text, nxt = first
+        after = None
+        while nxt < len(lines) and not lines[nxt].strip():
+            nxt += 1
+        follow = _fences(lines, nxt)
+        if follow:
+            after = follow[1]
+        out.append(Block(page, i + 1, m.group(1), m.group(2) or "", lang, text, after))
+    return out
+
+
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_EXACT = re.compile(r"(?<=exit=)\d+|(?<=exit )\d+|(?<=status )\d+|(?<=\$\? = )\d+")
+
+
+def _norm(line: str) -> str:
+    # Exit statuses stay exact (spelt as letters, out of the digits' way).
+    line = _EXACT.sub(lambda m: "#" + "".join(chr(97 + int(c)) for c in m.group(0)), line)
+    line = _UUID.sub("<uuid>", line)  # a boot id
+    return re.sub(r"[ \t]+", " ", re.sub(r"\d+", "0", line)).strip()
+
+
+def _matches(want: list[str], got: list[str]) -> bool:
+    """``want`` (the page's lines) against ``got``; ``...`` matches any lines."""
+    w = [_norm(x) for x in want]
+    g = [_norm(x) for x in got]
+
+    def go(i: int, j: int) -> bool:
+        if i == len(w):
+            return j == len(g)
+        if w[i] == "...":
+            return any(go(i + 1, k) for k in range(j, len(g) + 1))
+        return j < len(g) and w[i] == g[j] and go(i + 1, j + 1)
+
+    return go(0, 0)
+
+
+@pytest.fixture
+def sandbox(tmp_path, procs):
+    """A working directory, and an environment with this checkout's tether on PATH."""
+    bin_dir = tmp_path / ".bin"
+    bin_dir.mkdir()
+    # Scripts as pip installs them (a #! Python script named tether), so the
+    # process is called "tether" as on a user's machine; PYTHONPATH: this tree.
+    for name, mod in (("tether", "tether.cli"), ("tether-shell", "tether.shell")):
+        p = bin_dir / name
+        p.write_text(f"#!{sys.executable}\nimport sys\nfrom {mod} import main\nsys.exit(main())\n")
+        p.chmod(0o755)
+    env = procs.env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=SRC,
+                    PYTHONDONTWRITEBYTECODE="1")
+    for k in list(env):  # as a user's shell: not inside this test run's pytest-xdist worker
+        if k.startswith(("PYTEST_", "TETHER_STATE_DIR")):
+            del env[k]
+    work = tmp_path / "work"
+    work.mkdir()
+    return work, env
+
+
+def _run(args: list[str], cwd, env, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _console(block: Block, cwd, env) -> None:
+    cmds: list[str] = []
+    want: list[list[str]] = []
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            cmds.append(line[2:])
+            want.append([])
+        elif cmds:
+            want[-1].append(line)
+    assert cmds, f"{block.id}: a console block without a $ line"
+    script = ["exec 2>&1"]
+    for n, cmd in enumerate(cmds):
+        script += [f"echo '@@tether-doc {n}'", cmd]
+    r = _run(["bash", "-c", "\n".join(script)], cwd, env)
+    parts = re.split(r"^@@tether-doc \d+\n", r.stdout, flags=re.M)[1:]
+    assert len(parts) == len(cmds), f"{block.id}: the transcript stopped early:\n{r.stdout}"
+    if "unordered" in block.opts:
+        wanted = sorted(_norm(x) for w in want for x in w)
+        got = sorted(_norm(x) for p in parts for x in p.splitlines())
+        assert wanted == got, f"{block.id}: output differs\n--- page\n{wanted}\n--- now\n{got}"
+        return
+    for cmd, w, got in zip(cmds, want, parts, strict=True):
+        while w and not w[-1].strip():  # a blank line between commands is layout
+            w = w[:-1]
+        assert _matches(w, got.rstrip("\n").splitlines() if got.strip() else []), (
+            f"{block.id}: `{cmd}` printed\n{got}--- the page says\n" + "\n".join(w))
+
+
+def _python(block: Block, cwd, env) -> subprocess.CompletedProcess[str]:
+    path = cwd / f"doc_{block.line}.py"
+    path.write_text(block.text)
+    args = shlex.split(" ".join(block.opts.get("args", [])))
+    return _run([sys.executable, str(path), *args], cwd, env)
+
+
+def _check(block: Block, r: subprocess.CompletedProcess[str]) -> None:
+    code = int(block.opts.get("exit", ["0"])[0])
+    out = r.stdout + r.stderr
+    assert r.returncode == code, f"{block.id}: exit {r.returncode}, not {code}:\n{out}"
+    for text in block.opts.get("expect", []):
+        assert _norm(text) in _norm(out), f"{block.id}: no {text!r} in:\n{out}"
+
+
+def run_page(page: str, cwd, env) -> int:
+    ran = 0
+    for block in blocks(page):
+        if block.kind == "file":
+            (cwd / block.name).write_text(block.text)
+            continue
+        if "console" in block.opts:
+            _console(block, cwd, env)
+        elif block.lang == "python":
+            r = _python(block, cwd, env)
+            if "output" in block.opts:
+                assert block.after is not None, f"{block.id}: no output block follows"
+                assert r.returncode == 0, f"{block.id}: exit {r.returncode}:\n{r.stderr}"
+                assert _matches(block.after.splitlines(), r.stdout.splitlines()), (
+                    f"{block.id}: printed\n{r.stdout}--- the page says\n{block.after}")
+            else:
+                _check(block, r)
+        else:
+            _check(block, _run(["bash", "-c", block.text], cwd, env))
+        ran += 1
+    return ran
+
+
+RUNNABLE = [p for p in PAGES if any(b.kind == "run" for b in blocks(p))]
+
+
+needs_docs = pytest.mark.skipif(not os.path.isdir(DOCS), reason=f"no docs in this tree ({DOCS})")
+
+
+@needs_docs
+def test_the_runner_sees_a_broken_example(sandbox, tmp_path):
+    # The control: a page whose example drifted fails the run.
+    page = tmp_path / "drift.md"
+    page.write_text("<!-- run: console -->\n```\n$ tether run -- sh -c 'exit 3'; echo \"exit=$?\"\n"
+                    "exit=4\n```\n")
+    rel = os.path.relpath(page, ROOT)
+    with pytest.raises(AssertionError, match="the page says"):
+        run_page(rel, *sandbox)
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_page_examples_run(page, sandbox):
+    assert run_page(page, *sandbox) > 0
+
+
+@needs_docs
+def test_every_page_with_examples_marks_some():
+    # Pages whose examples can run here: each must carry markers.
+    for page in ("README.md", "docs/quickstart.md", "docs/api.md", "docs/cli.md",
+                 "docs/init.md", "docs/limits.md", "docs/pytest.md", "docs/guarantees.md"):
+        assert page in RUNNABLE, f"{page} has no runnable example"

@@ -1,0 +1,51 @@
+"""Type checkers see tether's public API (PEP 561 ``py.typed``), typed like
+typeshed's ``subprocess``: ``mypy --strict`` on a small user program is clean,
+and the same checker flags misuse (the control: a check that reports nothing
+for a broken program would prove nothing).
+
+tether is found as an installed, typed package (through PYTHONPATH, as mypy
+finds packages on the interpreter's path): errors inside tether's own modules
+are not the user's and are not reported, as for any library.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from procutil import ROOT, SRC
+
+pytest.importorskip("mypy", reason="mypy is in the test extras: pip install -e '.[test]'")
+
+DATA = os.path.join(ROOT, "tests", "data", "typed")
+
+
+def mypy(path: str, tmp_path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
+                           "--cache-dir", str(tmp_path / "cache"), path],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+
+def test_py_typed_ships_with_the_package():
+    assert os.path.isfile(os.path.join(SRC, "tether", "py.typed"))
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert 'tether = ["py.typed"]' in f.read()
+
+
+def test_mypy_strict_is_clean_on_a_user_program(tmp_path):
+    r = mypy(os.path.join(DATA, "user_program.py"), tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_flags_each_misuse(tmp_path):
+    path = os.path.join(DATA, "misuse.py")
+    with open(path) as f:
+        want = {i for i, line in enumerate(f, 1) if "# error:" in line}
+    r = mypy(path, tmp_path)
+    got = {int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:", r.stdout)}
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert got == want, r.stdout
