@@ -582,7 +582,12 @@ class JobPopen(subprocess.Popen):
 
     def __del__(self, _maxsize=sys.maxsize):
         fd = getattr(self, "_pidfd", None)
-        super().__del__()
+        try:
+            super().__del__()
+        except OSError:
+            # Out of file descriptors while collected (its last poll reads
+            # /proc): no one to tell, and the keeper, the child's parent, reaps it.
+            pass
         if fd is not None and self.returncode is not None:
             try:
                 os.close(fd)
