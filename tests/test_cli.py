@@ -219,8 +219,7 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(procs,
                               f"sleep 300 & echo $! > {mark}; sleep 1; exit 5"],
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
-    left = identity.read(int(_wait_file(mark)))
-    assert left is not None and left.comm == "sleep"
+    left = _wait_exec(int(_wait_file(mark)), "sleep")
     assert identity.send_signal(keeper, signal.SIGKILL, member=True)
     rc = p.wait(timeout=20)
     err = p.stderr.read().decode()
@@ -250,6 +249,21 @@ def test_control_keeper_and_runner_killed_leave_the_tree(procs, tmp_path):
     p.wait(timeout=10)
     time.sleep(0.5)
     assert identity.is_alive(left)
+
+
+def _wait_exec(pid: int, comm: str, timeout: float = 10.0):
+    """The identity of `pid` once it runs `comm`: the shell writes `$!` as
+    soon as it has forked, before the child has exec'd."""
+    from tether import identity
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        i = identity.read(pid)
+        assert i is not None, f"pid {pid} ended before it ran {comm}"
+        if i.comm == comm:
+            return i
+        time.sleep(0.005)
+    raise AssertionError(f"pid {pid} never ran {comm}")
 
 
 def _wait_file(path, timeout: float = 10.0) -> str:

@@ -466,9 +466,16 @@ def test_documented_ini_snippet_works(pytester, leaklog):
     result.assert_outcomes(passed=2, errors=1)
 
 
+@pytest.mark.parametrize("ci", [False, True], ids=["terminal", "CI"])
 @pytest.mark.parametrize("mode, extra", [("fail", ()), ("warn", ()), ("fail", ("--tb=no",)),
                                          ("warn", ("--disable-warnings",))])
-def test_each_leak_is_reported_once(pytester, leaklog, mode, extra):
+def test_each_leak_is_reported_once(pytester, leaklog, monkeypatch, mode, extra, ci):
+    # Under CI pytest does not trim the short summary to one line.
+    if ci:
+        monkeypatch.setenv("CI", "true")
+    else:
+        monkeypatch.delenv("CI", raising=False)
+        monkeypatch.delenv("BUILD_NUMBER", raising=False)
     pytester.makepyfile(test_x=LEAK_ONE)
     result = run_inner(pytester, f"--tether-leaks={mode}", *extra)
     out = result.stdout.str()

@@ -44,6 +44,26 @@ _SIGKILL = 9
 
 # -- where -------------------------------------------------------------------------
 
+def _read(path: str) -> bytes | None:
+    # Bytes through one fd: a text-mode open costs more than the read (every
+    # tether-shell command's keeper reads both files below).
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 _MOUNT: tuple[int, str] | None = None  # (mount namespace, mount point) once found
 
 
@@ -58,28 +78,20 @@ def mount() -> str | None:
         ns = -1
     if _MOUNT is not None and _MOUNT[0] == ns and ns != -1:
         return _MOUNT[1]
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    point = left.split(" ")[4].replace("\\040", " ")
-                    _MOUNT = (ns, point)
-                    return point
-    except OSError:
-        return None
+    for line in (_read("/proc/self/mountinfo") or b"").split(b"\n"):
+        left, _, right = line.partition(b" - ")
+        if right.split(b" ", 1)[0] == b"cgroup2":
+            point = left.split(b" ")[4].decode("utf-8", "replace").replace("\\040", " ")
+            _MOUNT = (ns, point)
+            return point
     return None
 
 
 def own(pid: int | str = "self") -> str | None:
     """The v2 cgroup of ``pid`` as ``/proc/PID/cgroup`` names it (``/a/b``)."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        return None
+    for line in (_read(f"/proc/{pid}/cgroup") or b"").split(b"\n"):
+        if line.startswith(b"0::"):
+            return line[3:].strip().decode("utf-8", "replace")
     return None
 
 

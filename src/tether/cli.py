@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:2] == ["shell", "--install"]:
+        from ._shellinstall import cli as install
+
+        return install(argv[2:])
     if argv and argv[0] in _DELEGATED:
         import importlib
 

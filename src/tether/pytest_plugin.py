@@ -474,7 +474,7 @@ class LeakDetector:
         rep.user_properties.append(("tether_leaks", report))
         if self.mode == "fail" and rep.outcome == "passed":
             rep.outcome = "failed"
-            rep.longrepr = text
+            rep.longrepr = _leak_repr(text, item)
         return rep
 
     def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001
@@ -608,6 +608,36 @@ def _tracked_children() -> set[int]:
             if isinstance(pid, int):
                 out.add(pid)
     return out
+
+
+def _leak_repr(text: str, item: pytest.Item):  # noqa: ANN202
+    """The teardown error: the whole listing where the error is shown, its
+    first line alone in one-line summaries.
+
+    A plain string would do on a terminal, where pytest trims the short
+    summary to one line, but under CI (``CI`` set) pytest prints a string
+    report whole there, and every process would be listed twice.  The
+    listing is given as pytest's own "value" style report (what
+    ``pytest.fail(pytrace=False)`` prints) with a one-line crash message;
+    that also survives xdist's serialization.  Should a pytest release
+    change these classes, the string is the fallback.
+    """
+    try:
+        from _pytest._code.code import (
+            ExceptionChainRepr,
+            ReprEntry,
+            ReprFileLocation,
+            ReprTraceback,
+        )
+
+        path, lineno, _ = item.location
+        entry = ReprEntry(text.split("\n"), None, None, None, "value")
+        # The summary line names the test already.
+        first = text.split("\n", 1)[0].replace(f" {item.nodeid} ", " ", 1).rstrip(":")
+        crash = ReprFileLocation(path, (lineno or 0) + 1, first)
+        return ExceptionChainRepr([(ReprTraceback([entry], None, "value"), crash, None)])
+    except (ImportError, TypeError):
+        return text
 
 
 def format_leaks(nodeid: str, report: list[dict]) -> str:

@@ -247,6 +247,20 @@ def test_env_and_cwd_reach_the_child(tracker, child_cmd, token, tmp_path, strate
     assert os.path.normcase(lines[1]) == os.path.normcase(str(tmp_path))
 
 
+@pytest.mark.parametrize("strategy", ALL)
+def test_the_job_cookie_is_first_in_the_childs_environment(tracker, child_cmd, token, strategy):
+    job = tracker.job(strategy, cookie="run-1:j1:feedc0de", cookie_var="TETHER_JOB")
+    env = dict(os.environ, TETHER_JOB="a forged one", OTHER="x")
+    p = tracker.popen(job.popen(child_cmd("env", token, "TETHER_JOB"),
+                                dict(stdout=PIPE, text=True, env=env)))
+    assert p.communicate(timeout=30)[0].splitlines()[0] == ascii("run-1:j1:feedc0de")
+    # Control: a job without a cookie passes the environment as given.
+    plain = tracker.job(strategy)
+    q = tracker.popen(plain.popen(child_cmd("env", token, "TETHER_JOB"),
+                                  dict(stdout=PIPE, text=True, env=env)))
+    assert q.communicate(timeout=30)[0].splitlines()[0] == ascii("a forged one")
+
+
 def test_signal_all_reaches_only_groups_the_job_created(tracker, child_cmd, token):
     job = tracker.job()
     plain = tracker.popen(job.popen(child_cmd("sleep", token), dict(stdout=PIPE, text=True)))

@@ -74,7 +74,7 @@ from typing import Any
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused
 from . import _winapi as w
-from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions
+from .base import JOBOBJECT, Availability, Guarantee, JobBackend, JobOptions, with_cookie
 
 MECHANISM = JOBOBJECT
 
@@ -445,6 +445,10 @@ class WindowsJob(JobBackend):
             if self._parent is not None and self._parent._closed:
                 raise JobClosed(f"parent job {self._parent.options.name!r} is closed")
             kw = dict(kwargs)
+            # The job's cookie first in the child's environment, as on POSIX:
+            # what proves a process is this job's once the job is gone.
+            env = kw.get("env")
+            kw["env"] = with_cookie(dict(os.environ) if env is None else dict(env), self.options)
             flags = int(kw.get("creationflags") or 0)
             if self.strategy == STRATEGY_POPEN_SUSPENDED:
                 proc = self._popen_suspended(args, kw, flags)
