@@ -13,11 +13,11 @@ template does) shows what the wrapper itself costs.
 
 Also measured, to show where the time goes:
   * ``python -c pass`` of the same venv: the interpreter's own floor;
-  * tether-shell with the audit log off, and with each available mechanism;
+  * tether-shell with the audit log off, with each available mechanism, and in
+    both scopes (``TETHER_SHELL_SCOPE=caller``: the bench is the caller);
   * ``-X importtime`` of ``tether.shell`` + ``tether.job`` (what a command loads);
-  * the generic ``Job`` path, which the wrapper takes when ``TETHER_STATE_DIR``
-    asks for the library's spawn-audit log (and for ``pgroup``): the cost the
-    one-command path (``tether.platform.oneshot``) removes;
+  * the generic ``Job`` path, which the wrapper takes for ``pgroup``: the cost
+    the one-command path (``tether.platform.oneshot``) removes;
   * an in-process phase breakdown of the one-command path (import tether.shell,
     import oneshot, run).
 
@@ -150,6 +150,13 @@ def main() -> int:
         if m != auto and probe(m).available:
             label = f"tether-shell ({m}{', generic' if m == 'pgroup' else ''})"
             cases[label] = ([ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": m})
+    # Both scopes (issue 14): scope caller joins this bench's one scope (its
+    # cgroup and scope keeper are made by the first command, kept until we exit).
+    cases["tether-shell (scope caller)"] = ([ts, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
+    if auto != "subreaper" and probe("subreaper").available:
+        cases["tether-shell (subreaper, scope caller)"] = (
+            [ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
+                                 "TETHER_SHELL_SCOPE": "caller"})
     # pip's console-script launcher starts with `import re` (re -> enum, functools...:
     # most of the wrapper's own overhead); the same entry point from a launcher
     # without it (a plain script, e.g. a setuptools script-files entry):
@@ -159,7 +166,10 @@ def main() -> int:
     os.chmod(nore, 0o755)
     cases["tether-shell (launcher w/o re)"] = ([nore, "-c", "true"], env)
     gen_state = os.path.join(state, "generic")
-    cases["tether-shell (generic Job)"] = ([ts, "-c", "true"], {**env, "TETHER_STATE_DIR": gen_state})
+    # (Before issue 14 TETHER_STATE_DIR took the generic Job path; now the
+    # one-command path writes reapable records itself: the pgroup row is generic.)
+    cases["tether-shell (TETHER_STATE_DIR set)"] = ([ts, "-c", "true"],
+                                                    {**env, "TETHER_STATE_DIR": gen_state})
     if a.baseline:
         base_repo = os.path.abspath(a.baseline)
         base_ts = ensure_venv(a.venv + "-baseline", base_repo)
@@ -240,6 +250,21 @@ def main() -> int:
                                                    "tether.errors")]
     print("  imports (cumulative ms): "
           + ", ".join(f"{r['module']} {r['cumulative_us'] / 1000:.1f}" for r in tops))
+    if a.baseline:
+        # Before/after in the same rounds: this tree's wrapper against the baseline's.
+        for mine, theirs in (("tether-shell -c true", "baseline: tether-shell -c true"),
+                             ("tether-shell (subreaper)", "baseline: tether-shell (subreaper)")):
+            if mine in rows and theirs in rows:
+                m, t = rows[mine], rows[theirs]
+                print(f"  {mine}: {m['median_ms']:.2f} ms vs baseline {t['median_ms']:.2f} ms "
+                      f"({m['median_ms'] / t['median_ms']:.3f}x wall), CPU {m['cpu_median_ms']:.2f}"
+                      f" vs {t['cpu_median_ms']:.2f} ms ({m['cpu_median_ms'] / t['cpu_median_ms']:.3f}x)")
+                out.setdefault("versus_baseline", {})[mine] = {
+                    "wall_ratio": round(m["median_ms"] / t["median_ms"], 3),
+                    "cpu_ratio": round(m["cpu_median_ms"] / t["cpu_median_ms"], 3)}
+        with open(RESULTS, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
     verdict = "meets" if over <= TARGET_MS else "MISSES"
     print(f"tether-shell - sh = {over:+.2f} ms at the median: {verdict} the {TARGET_MS:.0f} ms target")
     # Wall times scale with the machine's load; the CPU ratio does much less.

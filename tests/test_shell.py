@@ -213,6 +213,8 @@ def test_env_is_unchanged(procs, ts, env):
     seen = dict(kv.split(b"=", 1) for kv in out.split(b"\0") if kv)
     for k in (b"_", b"PWD", b"SHLVL", b"OLDPWD"):  # set by the shell itself
         seen.pop(k, None)
+    # ... and the job's cookie, which every process tether starts carries (issue 13)
+    assert seen.pop(b"TETHER_JOB").count(b":") == 2
     want = {k.encode(): v.encode() for k, v in env.items() if k not in ("_", "PWD", "SHLVL", "OLDPWD")}
     assert seen == want
 
@@ -289,8 +291,10 @@ def test_command_killed_by_signal_kills_wrapper_by_it(procs, ts, env, sig):
 
 # -- 2. bad invocations: exit 2, one line, nothing run -------------------------------
 
+# [] and ["-l"] were bad invocations until tether-shell served interactive
+# shells (issue 14): they are tested in section 10 now; "--" alone is still bad.
 @pytest.mark.parametrize("args", [
-    [], ["-c"], ["-l"], ["-x", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
+    ["--"], ["-c"], ["-l", "--"], ["-x", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
     ["--norc", "-c", "true"], ["script.sh"], ["-l", "script.sh"], ["/k", "dir"], ["/c"],
     ["/c", "echo hi"], ["/d", "/s", "/c", "echo hi"], ["/D", "/S", "/C", "echo hi"],
 ], ids=repr)
@@ -872,10 +876,12 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
 @pytest.mark.mechanism
 @pytest.mark.parametrize("kill", ["sigkill", "leftovers"])
 def test_generic_path_still_ends_the_tree(procs, ts, env, kill):
-    # TETHER_STATE_DIR (the library's spawn-audit log) takes the generic Job path.
+    # The pgroup mechanism takes the generic Job path (TETHER_STATE_DIR did too
+    # until the one-command path wrote reapable records itself, issue 14).
     env["TETHER_STATE_DIR"] = str(env["XDG_STATE_HOME"])
+    env["TETHER_SHELL_MECHANISM"] = "pgroup"
     if kill == "sigkill":
-        p, tree = start_tree(procs, ts, env, "auto")
+        p, tree = start_tree(procs, ts, env, "pgroup")
         keeper = _keeper_of(tree[0])
         assert keeper.comm == "tether-keeper"
         assert keeper.ppid == p.pid  # forked by the (single-threaded) wrapper
@@ -918,3 +924,547 @@ def test_cli_from_a_multithreaded_caller_falls_back_to_the_generic_path(procs, e
     assert (rc, out) == (0, b"4 5 True\n")
     assert [r["detail"].get("code") for r in log_records(env["XDG_STATE_HOME"])
             if r["event"] == "exit"] == [4, 5]
+
+
+# -- 10. the caller: its death ends the job (issue 14) --------------------------------
+
+# A stand-in agent CLI: starts tether-shell in a session of its own (as OpenCode,
+# Codex and Gemini start each tool call), so a kill of the caller or of its process
+# group never reaches the wrapper; prints the wrapper's pid, then waits for it.
+def use(env, mech: str, **extra: str) -> None:
+    """The environment for mechanism ``mech`` (auto: none set) and ``extra``."""
+    if mech != "auto":
+        env["TETHER_SHELL_MECHANISM"] = mech
+    env.update(extra)
+
+
+CALLER = r"""
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)
+print(p.pid, flush=True)
+sys.exit(p.wait() & 255)
+"""
+
+
+def start_caller(procs, ts, env, cmd, *, extra=()):
+    caller = procs.popen([sys.executable, "-c", CALLER, ts, *extra, "-c", cmd], env=env,
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    wrapper = identity.read(int(caller.stdout.readline()))
+    assert wrapper is not None
+    return caller, wrapper
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+@pytest.mark.parametrize("how", ["caller", "caller-group"])
+def test_caller_sigkilled_mid_command_ends_the_tree(procs, ts, env, mech, how):
+    use(env, mech)
+    caller, wrapper = start_caller(procs, ts, env, TREE)
+    tree = read_pids(env["P"], TREE_N)
+    if how == "caller":
+        caller.kill()
+    else:
+        os.killpg(caller.pid, signal.SIGKILL)  # its group: the wrapper is not in it
+    caller.wait(timeout=5)
+    assert wait_dead(tree, 3.0) == []
+    assert wait_dead([wrapper], 3.0) == []  # and the wrapper follows (not needed for the above)
+    assert procs.wait_all_dead(3.0) == []
+
+
+@pytest.mark.mechanism
+def test_control_caller_sigkilled_with_the_watch_off_leaves_the_tree(procs, ts, env):
+    # The same caller and kill, TETHER_SHELL_WITH_CALLER=0 (and plain bash does
+    # the same): nothing ends the command, which runs on in its own session.
+    env["TETHER_SHELL_WITH_CALLER"] = "0"
+    caller, wrapper = start_caller(procs, ts, env, TREE)
+    tree = read_pids(env["P"], TREE_N)
+    caller.kill()
+    caller.wait(timeout=5)
+    time.sleep(0.5)
+    assert len(living(tree)) == TREE_N and identity.is_alive(wrapper)
+
+
+def test_caller_alive_nothing_changes(procs, ts, env):
+    # A live caller gets the status and output as before; leftovers still end
+    # with the command; the record names the caller.
+    caller = procs.popen([sys.executable, "-c", CALLER, ts, "-c",
+                          'sleep 60 & echo $! >> "$P"; echo out; exit 9'], env=env,
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    out, _ = caller.communicate(timeout=20)
+    assert caller.returncode == 9 and out.split()[1:] == [b"out"]
+    assert living(read_pids(env["P"], 1, gone_ok=True)) == []
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    assert start["caller"]["pid"] == caller.pid and start["parent"] == caller.pid
+
+
+# The wrapper's caller is not its creator: an orphan adopted at start by a
+# sub-reaper in another session (the creator exits at once), and the control -
+# the creator stays and is the one killed.
+ADOPTED = r"""
+import ctypes, os, subprocess, sys, time
+adopt = sys.argv[1] == "adopt"
+# (started in a session of its own: the wrapper's will be another)
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+mid = os.fork()
+if mid == 0:
+    os.setsid()
+    p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)
+    print(p.pid, os.getpid(), flush=True)
+    if adopt:
+        os._exit(0)  # the wrapper is adopted by our parent, the sub-reaper
+    p.wait()
+    os._exit(0)
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("adopt", [True, False], ids=["adopted", "control-creator"])
+def test_an_orphan_adopted_at_start_does_not_watch_its_adopter(procs, ts, env, adopt):
+    helper = procs.popen([sys.executable, "-c", ADOPTED, "adopt" if adopt else "stay", ts,
+                          "-c", 'echo $$ >> "$P"; sleep 60'], env=env, stdout=subprocess.PIPE)
+    wrapper, mid = map(int, helper.stdout.readline().split())
+    (sh,) = read_pids(env["P"], 1)
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    assert start["wrapper"] == wrapper
+    if adopt:
+        assert "caller" not in start  # its parent is not its caller: not watched
+        helper.kill()
+        time.sleep(0.5)
+        assert living([sh]) == [sh]
+    else:
+        assert start["caller"]["pid"] == mid
+        os.kill(mid, signal.SIGKILL)
+        assert wait_dead([sh], 3.0) == []
+
+
+# -- 11. an interactive shell, under a real terminal (issue 14) -----------------------
+
+def _pty_spawn(procs, argv, env):
+    """Start ``argv`` as the session leader of a new pty, as a terminal app does."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def take_tty():
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    try:
+        p = procs.popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave, preexec_fn=take_tty)
+    finally:
+        os.close(slave)
+    return p, master
+
+
+class Term:
+    def __init__(self, master: int) -> None:
+        self.fd = master
+        self.buf = b""
+
+    def expect(self, what: bytes, timeout: float = 10.0) -> bytes:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while what not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{what!r} never came; got {self.buf[-400:]!r}")
+            r, _, _ = select.select([self.fd], [], [], left)
+            if r:
+                try:
+                    data = os.read(self.fd, 4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    raise AssertionError(f"terminal closed before {what!r}; got {self.buf[-400:]!r}")
+                self.buf += data
+        head, _, self.buf = self.buf.partition(what)
+        return head
+
+    def send(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+
+def _interactive_env(env, tmp_path, shell):
+    env["TETHER_SHELL"] = shell
+    env["PS1"] = "PROMPT$ "  # bash (ignored by zsh, whose rc sets it)
+    env["HOME"] = str(tmp_path)
+    (tmp_path / ".zshrc").write_text("PS1='PROMPT$ '\nunsetopt zle\n")
+    for rc in (".bashrc", ".bash_profile"):
+        (tmp_path / rc).write_text("PS1='PROMPT$ '\n")
+    env["ZDOTDIR"] = str(tmp_path)
+    env["TERM"] = "dumb"
+    return env
+
+
+SHELLS = [s for s in ("bash", "zsh") if shutil.which(s)]
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("args", [[], ["-i"], ["-l"], ["--login"]], ids=repr)
+def test_interactive_shell_with_job_control(procs, ts, env, tmp_path, shell, args):
+    env = _interactive_env(env, tmp_path, shutil.which(shell))
+    p, master = _pty_spawn(procs, [ts, *args], env)
+    t = Term(master)
+    try:
+        t.expect(b"PROMPT$ ")
+        # the real shell, a child of the job's keeper, in the job
+        t.send(b'echo "S""H:$$:$PPID:$TETHER_JOB"\n')  # the echoed input has no "SH:"
+        t.expect(b"SH:")
+        pid, ppid, cookie = t.expect(b"\n").strip().split(b":", 2)
+        assert identity.read(int(ppid)).comm == "tether-keeper" and cookie.count(b":") == 2
+        t.expect(b"PROMPT$ ")
+        # Ctrl+Z stops the foreground job, fg resumes it, Ctrl+C reaches it
+        t.send(b"sleep 100; echo after-sleep-$?\n")
+        time.sleep(0.5)
+        t.send(b"\x1a")
+        t.expect(b"PROMPT$ ")
+        t.send(b"jobs\n")
+        t.expect(b"sleep 100")
+        t.expect(b"PROMPT$ ")
+        t.send(b"fg\n")
+        time.sleep(0.5)
+        t.send(b"\x03")
+        t.expect(b"PROMPT$ ")
+        # a background job left at exit ends with the shell
+        t.send(b"sleep 120 </dev/null >/dev/null 2>&1 & echo B''G:$!; disown\n")
+        t.expect(b"BG:")
+        (bg,) = [identity.read(int(t.expect(b"\n").strip()))]
+        t.expect(b"PROMPT$ ")
+        t.send(b"exit 7\n")
+        assert p.wait(timeout=10) == 7
+        assert wait_dead([bg], 3.0) == []
+    finally:
+        os.close(master)
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("plain", [False, True], ids=["tether-shell", "control-plain"])
+def test_terminal_app_sigkilled_ends_the_interactive_shell(procs, ts, env, tmp_path, shell, plain):
+    # A terminal app (the caller) runs `$SHELL -i` on a terminal and is
+    # SIGKILLed. The terminal stays open (this test holds it), so no hang-up
+    # ends anything: only the caller watch can. The shell's rc file (HOME is
+    # tmp_path) starts a background child. Control: the plain shell - both stay.
+    import pty
+
+    env = _interactive_env(env, tmp_path, shutil.which(shell))
+    rc = 'sleep 120 </dev/null >/dev/null 2>&1 & echo $! >> "$P"; echo $$ >> "$P"\n'
+    for name in (".zshrc", ".bashrc"):
+        (tmp_path / name).write_text((tmp_path / name).read_text() + rc)
+    app = ("import fcntl, os, sys, termios, time\n"
+           "pid = os.fork()\n"
+           "if pid == 0:\n"
+           "    os.setsid()\n"
+           "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+           "    os.execv(sys.argv[1], sys.argv[1:])\n"
+           "time.sleep(600)\n")
+    master, slave = pty.openpty()
+    try:
+        argv = [shutil.which(shell), "-i"] if plain else [ts, "-i"]
+        caller = procs.popen([sys.executable, "-c", app, *argv], env=env, stdin=slave,
+                             stdout=slave, stderr=slave)
+        bg, sh = read_pids(env["P"], 2)
+        caller.kill()
+        caller.wait(timeout=5)
+        if plain:
+            time.sleep(0.5)
+            assert living([bg, sh]) == [bg, sh]  # control: nothing ends them
+        else:
+            assert wait_dead([bg, sh], 3.0) == []
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+# -- 12. TETHER_SHELL_SCOPE=caller: background work for the agent's lifetime ---------
+
+# Command 1 starts a server and returns; command 2 asks it; the server is the
+# caller's until the caller ends. A stand-in agent: runs the commands it reads
+# on stdin one by one through "$SHELL -c" (each in a session of its own), prints
+# each status, then waits to be killed.
+AGENT = r"""
+import os, subprocess, sys, time
+for line in sys.stdin:
+    p = subprocess.Popen([sys.argv[1], "-c", line], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    out, _ = p.communicate()
+    print(p.returncode, out.decode().strip(), flush=True)
+time.sleep(600)
+"""
+
+SERVER = ('python3 -c \'import http.server, os, socketserver; '
+          's = socketserver.TCPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler); '
+          'open(os.environ["P"] + ".port", "w").write(str(s.server_address[1])); '
+          's.serve_forever()\' </dev/null >/dev/null 2>&1 & echo $! >> "$P"; echo started\n')
+ASK = ('python3 -c \'import os, urllib.request; '
+       'port = open(os.environ["P"] + ".port").read(); '
+       'print(urllib.request.urlopen("http://127.0.0.1:" + port, timeout=5).status)\' 2>&1 '
+       '| tail -n 1\n')
+
+
+def _agent(procs, ts, env):
+    agent = procs.popen([sys.executable, "-c", AGENT, ts], env=env, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE)
+    agent.stdin.write(SERVER.encode())
+    agent.stdin.flush()
+    assert agent.stdout.readline().split() == [b"0", b"started"]
+    # Scope command (the control) may have ended it already: then None.
+    (server,) = read_pids(env["P"], 1, gone_ok=True) or (None,)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(env["P"] + ".port") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    agent.stdin.write(ASK.encode())
+    agent.stdin.flush()
+    return agent, server, agent.stdout.readline().split()
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_scope_caller_server_lives_until_the_agent_is_killed(procs, ts, env, mech):
+    use(env, mech, TETHER_SHELL_SCOPE="caller")
+    agent, server, answer = _agent(procs, ts, env)
+    assert answer == [b"0", b"200"]  # command 2 reached command 1's server
+    assert server is not None and identity.is_alive(server)
+    # `tether ps` lists the caller-scoped job with its caller (the agent) as owner
+    from tether import ps
+
+    jobs = [j for j in ps.collect(os.path.join(env["XDG_STATE_HOME"], "tether"))
+            if any(m.ident.pid == server.pid for m in _walk_members(j.members))]
+    assert len(jobs) == 1 and jobs[0].owner.pid == agent.pid and jobs[0].owner_alive
+    assert jobs[0].name == "tether-shell scope=caller"
+    agent.kill()
+    agent.wait(timeout=5)
+    assert wait_dead([server], 3.0) == []
+    assert procs.wait_all_dead(3.0) == []  # its scope keeper / lingering keeper too
+
+
+def _walk_members(ms):
+    for m in ms:
+        yield m
+        yield from _walk_members(m.children)
+
+
+@pytest.mark.mechanism
+def test_control_scope_command_ends_the_server_with_its_command(procs, ts, env):
+    agent, server, answer = _agent(procs, ts, env)
+    assert answer[0] == b"0" and answer[1:] != [b"200"]  # connection refused: it was ended
+    assert server is None or not identity.is_alive(server)
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_scope_caller_keeps_status_and_ends_a_stopped_command(procs, ts, env, mech):
+    # Per-command status and transparency stay; a command stopped (SIGTERM to
+    # the wrapper, as an agent's timeout does) is still ended whole.
+    use(env, mech, TETHER_SHELL_SCOPE="caller")
+    caller, wrapper = start_caller(procs, ts, env, 'echo $$ >> "$P"; sleep 60 & echo $! >> "$P"; '
+                                   'setsid -f sh -c \'echo $$ >> "$P"; exec sleep 60\'; sleep 60')
+    tree = read_pids(env["P"], 3)
+    os.kill(wrapper.pid, signal.SIGTERM)
+    assert wait_dead(tree + [wrapper], 3.0) == []
+    rc, out = run_py(procs, env, "import os, subprocess, sys; "
+                     f"print(subprocess.run([{ts!r}, '-c', 'exit 5']).returncode)")
+    assert out == b"5\n"
+
+
+# -- 13. named after the real shell: tether shell --install DIR ----------------------
+
+def _install(procs, env, d, *names):
+    p = procs.popen([sys.executable, "-m", "tether", "shell", "--install", str(d), *names], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=20)
+    return p.returncode, out, err
+
+
+def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_path):
+    d, d2 = tmp_path / "tbin", tmp_path / "tbin2"
+    rc, out, _ = _install(procs, env, d)
+    assert rc == 0 and f"SHELL={d}/bash".encode() in out
+    assert sorted(os.listdir(d)) == ["bash", "sh", "zsh"]
+    assert _install(procs, env, d2, "bash")[0] == 0
+    real = shutil.which("bash")
+    # Another install first on PATH, and this one twice: never itself, never the other.
+    env["PATH"] = f"{d2}:{d}:{d}:{env['PATH']}"
+    env["SHELL"] = str(d2 / "bash")
+    p = procs.popen([str(d2 / "bash"), "-c", 'echo "$0 $BASH_VERSION"; exit 3'], env=env,
+                    stdout=subprocess.PIPE)
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == 3
+    got, version = out.decode().split(maxsplit=1)
+    assert os.path.samefile(got, real) and version[0].isdigit()
+    # it ran in a job: its log says so
+    assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])][-2:] == ["start", "exit"]
+
+
+def test_installed_name_without_a_real_shell_after_it_is_127(procs, env, tmp_path):
+    d = tmp_path / "tbin"
+    assert _install(procs, env, d, "zsh")[0] == 0
+    env["PATH"] = str(d)  # nothing after it
+    p = procs.popen([str(d / "zsh"), "-c", "echo ran"], env=env, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=20)
+    assert (p.returncode, out) == (127, b"") and err.count(b"\n") == 1 and b"zsh" in err
+
+
+def test_install_never_replaces_a_real_file(procs, env, tmp_path):
+    d = tmp_path / "tbin"
+    d.mkdir()
+    (d / "bash").write_text("#!/bin/sh\necho real\n")
+    rc, out, err = _install(procs, env, d)
+    assert rc == 2 and err.count(b"\n") == 1 and b"refusing" in err
+    assert (d / "bash").read_text() == "#!/bin/sh\necho real\n" and sorted(os.listdir(d)) == ["bash"]
+    assert _install(procs, env, d, "fish")[0] == 2
+    assert _install(procs, env, tmp_path / "x")[0] == 0 and _install(procs, env, tmp_path / "x")[0] == 0
+
+
+# -- 14. bad TETHER_SHELL_* values: exit 2, one line, nothing run (issue 13) ----------
+
+@pytest.mark.parametrize("name,value", [
+    ("TETHER_SHELL_GRACE", "inf"), ("TETHER_SHELL_GRACE", "1e308"), ("TETHER_SHELL_GRACE", "-1"),
+    ("TETHER_SHELL_GRACE", "nan"), ("TETHER_SHELL_GRACE", "soon"), ("TETHER_SHELL_LOG", "maybe"),
+    ("TETHER_SHELL_LOG_DAYS", "0"), ("TETHER_SHELL_LOG_DAYS", "two"),
+    ("TETHER_SHELL_LOG_MAX_BYTES", "-5"), ("TETHER_SHELL_SCOPE", "agent"),
+    ("TETHER_SHELL_WITH_CALLER", "2"), ("TETHER_SHELL_MECHANISM", "strict"),
+])
+def test_bad_tether_shell_values_are_exit_2(procs, ts, env, tmp_path, name, value):
+    marker = tmp_path / "ran"
+    env[name] = value
+    rc, out, err = run(procs, ts, ["-c", f"touch {marker}"], env)
+    assert rc == 2 and out == b"" and err.count(b"\n") == 1 and name.encode() in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("extra", [{"TETHER_SHELL_WITH_CALLER": "0"},
+                                   {"TETHER_SHELL_MECHANISM": "pgroup"}], ids=repr)
+def test_scope_caller_that_cannot_be_served_is_exit_2(procs, ts, env, tmp_path, extra):
+    marker = tmp_path / "ran"
+    env.update(extra, TETHER_SHELL_SCOPE="caller")
+    rc, out, err = run(procs, ts, ["-c", f"touch {marker}"], env)
+    assert rc == 2 and err.count(b"\n") == 1 and b"TETHER_SHELL_SCOPE" in err
+    assert not marker.exists()
+
+
+def test_good_values_are_taken(procs, ts, env):
+    env.update(TETHER_SHELL_GRACE="0", TETHER_SHELL_LOG="on", TETHER_SHELL_LOG_DAYS="3",
+               TETHER_SHELL_SCOPE="command", TETHER_SHELL_WITH_CALLER="1")
+    assert run(procs, ts, ["-c", "exit 4"], env)[0] == 4
+
+
+# -- 15. a hostile log path never hangs the wrapper (issue 13) ------------------------
+
+def _day_file(env) -> str:
+    d = os.path.join(env["XDG_STATE_HOME"], "tether")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return os.path.join(d, time.strftime("shell-%Y-%m-%d.jsonl", time.gmtime()))
+
+
+@pytest.mark.parametrize("what", ["fifo", "fifo-with-reader", "other-writable", "regular"])
+def test_hostile_day_file_is_not_written_and_nothing_hangs(procs, ts, env, what):
+    path = _day_file(env)
+    reader = None
+    if what.startswith("fifo"):
+        os.mkfifo(path, 0o600)
+        if what == "fifo-with-reader":
+            reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    else:
+        with open(path, "w"):
+            pass
+        os.chmod(path, 0o666 if what == "other-writable" else 0o600)
+    try:
+        t0 = time.monotonic()
+        rc, out, err = run(procs, ts, ["-c", "echo ran"], env, timeout=10)
+        assert (rc, out, err) == (0, b"ran\n", b"") and time.monotonic() - t0 < 5
+        if reader is not None:
+            try:
+                assert os.read(reader, 4096) == b""  # nothing was written into the FIFO
+            except BlockingIOError:
+                pass
+        if not what.startswith("fifo"):
+            size = os.path.getsize(path)
+            assert (size > 0) == (what == "regular")  # control: a good file is written
+    finally:
+        if reader is not None:
+            os.close(reader)
+
+
+def test_fifo_log_wrapper_stays_responsive_to_sigterm(procs, ts, env):
+    os.mkfifo(_day_file(env), 0o600)
+    p = procs.popen([ts, "-c", 'echo $$ >> "$P"; sleep 60'], env=env, stdout=subprocess.DEVNULL)
+    (sh,) = read_pids(env["P"], 1)
+    t0 = time.monotonic()
+    p.terminate()
+    assert p.wait(timeout=5) == -signal.SIGTERM and time.monotonic() - t0 < 3
+    assert wait_dead([sh], 3.0) == []
+
+
+# -- 16. the keeper's death, and tether reap as the backstop (issue 13) --------------
+
+def _tree_and_keeper(procs, ts, env, mech, stderr):
+    use(env, mech)
+    p = procs.popen([ts, "-c", TREE], env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=stderr)
+    tree = read_pids(env["P"], TREE_N)
+    return p, tree, _keeper_of(tree[0])
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mech):
+    # (The control is the next test: with the wrapper killed too, the tree stays.)
+    p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.PIPE)
+    t0 = time.monotonic()
+    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    _, err = p.communicate(timeout=10)
+    assert p.returncode == 123 and time.monotonic() - t0 < 5
+    # one line from tether (the shell, sharing stderr, may report its killed children)
+    assert [ln for ln in err.splitlines() if b"tether" in ln] == [
+        b"tether: keeper died; the job is no longer guarded"]
+    assert wait_dead(tree, 3.0) == []
+    assert log_records(env["XDG_STATE_HOME"])[-1]["detail"]["error"] == "keeper-died"
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, mech):
+    # Control: with both gone nothing guards the tree; then `tether reap`, from
+    # the shell's own records (the cookie finds even the double-forked daemon).
+    p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.DEVNULL)
+    # Both at once (a SIGSTOP would not do: the stopped one's process group,
+    # orphaned by the other's death, gets SIGHUP + SIGCONT from the kernel).
+    # The wrapper needs milliseconds to act on the keeper's death; this takes
+    # microseconds.
+    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    p.kill()
+    p.wait(timeout=5)
+    assert wait_dead([keeper], 3.0) == []
+    time.sleep(0.3)
+    assert len(living(tree)) == TREE_N  # control: all still running
+    state = os.path.join(env["XDG_STATE_HOME"], "tether")
+    r = procs.popen([sys.executable, "-m", "tether", "reap", "--state-dir", state, "--grace", "0.5",
+                     "--json"], env=env, stdout=subprocess.PIPE)
+    out, _ = r.communicate(timeout=60)
+    assert r.returncode == 0, out
+    assert wait_dead(tree, 3.0) == []
+    import json
+
+    ended = {e["pid"] for e in json.loads(out)["ended"]}
+    assert {i.pid for i in tree} <= ended | {i.pid for i in tree if not identity.is_alive(i)}
+
+
+def test_the_command_carries_the_cookie_first_and_the_log_names_it(procs, ts, env):
+    rc, out, _ = run(procs, ts, ["-c", "tr '\\0' '\\n' < /proc/$$/environ | head -n 1"], env)
+    name, _, cookie = out.decode().strip().partition("=")
+    assert rc == 0 and name == "TETHER_JOB"
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    assert start["cookie"] == cookie and start["job"] in cookie and start["run"] in cookie
+    assert start["owner"]["pid"] == start["wrapper"] and start["keeper"]["pid"] > 0

@@ -28,7 +28,11 @@ def test_parse_never_raises_anything_but_usage_error(argv):
         msg = str(exc)
         assert msg and "\n" not in msg
         return
-    if p.mode == sa.SHELL:
+    if p.mode == sa.INTERACTIVE:  # only -i, -l, --login (issue 14): the real shell gets them
+        assert p.flags == tuple(argv)
+        assert all(a == "--login" or (a[:1] == "-" and a[1:] and set(a[1:]) <= set("il"))
+                   for a in argv)
+    elif p.mode == sa.SHELL:
         assert p.command in argv
         head = argv[: argv.index("--") if "--" in argv else len(argv)]
         assert any(a.startswith("-") and not a.startswith("--") and "c" in a for a in head)
@@ -58,12 +62,22 @@ def test_unknown_option_letter_is_refused(before, letter, rest):
         sa.parse([*before, f"-{letter}", "-c", "true", *rest])
 
 
-@given(st.lists(st.sampled_from(["-l", "--login"]), max_size=3), st.lists(TEXT, max_size=3))
+@given(st.lists(st.sampled_from(["-l", "--login"]), max_size=3), st.lists(TEXT, min_size=1, max_size=3))
 def test_without_c_is_refused(opts, operands):
-    assume(not operands or not operands[0].startswith("-"))
+    # Operands without -c (a script) are refused; flags alone are an
+    # interactive shell since issue 14 (below), so min_size=1 here.
+    assume(not operands[0].startswith("-"))
     assume(not (operands and sa.is_comspec_flag(operands[0]) and not opts))
     with pytest.raises(sa.UsageError):
         sa.parse([*opts, *operands])
+
+
+@given(st.lists(st.sampled_from(["-i", "-l", "--login", "-il", "-li", "-ii"]), max_size=4))
+def test_flags_alone_are_an_interactive_shell(flags):
+    p = sa.parse(flags)
+    assert p.mode == sa.INTERACTIVE and p.flags == tuple(flags) and p.command == ""
+    assert p.login == any(f == "--login" or (f != "--login" and "l" in f) for f in flags)
+    assert sa.shell_argv("/bin/bash", p) == ["/bin/bash", *flags]
 
 
 # -- COMSPEC mode -----------------------------------------------------------------------

@@ -9,6 +9,11 @@ SHELL mode (what ``$SHELL -c CMD`` callers pass)::
     -c CMD [ARG0 [ARG...]]        -lc CMD    -l -c CMD    -lc -c CMD    -c -l CMD
     --login, -, -- accepted as bash does; ARG0 ARG... become $0 $1 ... as with sh -c
 
+INTERACTIVE mode (what a terminal that starts ``$SHELL`` passes)::
+
+    (no arguments)    -i    -l    --login    -il    -i -l ...
+    the real shell runs with the same arguments, on the same terminal
+
 COMSPEC mode (what ``%COMSPEC% /c CMD`` callers pass, Windows only)::
 
     /c CMD      /d /s /c CMD      (flags case-insensitive; /d and /s in any order)
@@ -32,6 +37,7 @@ if TYPE_CHECKING:  # collections.abc/typing cost milliseconds of start-up: hints
 
 SHELL = "shell"
 COMSPEC = "comspec"
+INTERACTIVE = "interactive"
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127
@@ -48,10 +54,12 @@ _SELF_NAMES = frozenset({"tether-shell", "tether-shell.exe", "tether-cmd", "teth
 class Parsed:
     """One parsed invocation.
 
-    ``mode``: ``"shell"`` or ``"comspec"``. ``login``: ``-l``/``--login`` was
-    given. ``command``: CMD. ``args``: what follows CMD (``$0 $1 ...``; in
-    COMSPEC mode the words after ``/c`` are joined into ``command`` instead).
-    ``flags``: the COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``.
+    ``mode``: ``"shell"``, ``"comspec"`` or ``"interactive"``. ``login``:
+    ``-l``/``--login`` was given. ``command``: CMD (``""`` in interactive
+    mode). ``args``: what follows CMD (``$0 $1 ...``; in COMSPEC mode the
+    words after ``/c`` are joined into ``command`` instead). ``flags``: the
+    COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``; in interactive mode
+    the arguments as given, which the real shell gets unchanged.
     """
 
     __slots__ = ("mode", "login", "command", "args", "flags")
@@ -118,42 +126,53 @@ def wants_help(argv: "Sequence[str]") -> bool:
 def parse(argv: "Sequence[str]") -> "Parsed":
     """Parse the arguments after the program name; raise ``UsageError``."""
     if not argv:
-        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+        return Parsed(INTERACTIVE, "", ())
     if is_comspec_flag(argv[0]):
         return _parse_comspec(argv)
     return _parse_shell(argv)
 
 
+_SUPPORTED = "supported: -c CMD, -l, --login; -i, -l or --login alone for an interactive shell"
+
+
 def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     login = False
-    saw_c = False
+    saw_c = saw_i = ended = False
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg in ("--", "-"):
             i += 1
+            ended = True
             break
         if arg == "--login":
             login = True
         elif arg.startswith("--"):
-            raise UsageError(f"unrecognised option {arg!r} (supported: -c CMD, -l, --login)")
+            raise UsageError(f"unrecognised option {arg!r} ({_SUPPORTED})")
         elif arg.startswith("-"):
             for ch in arg[1:]:
                 if ch == "c":
                     saw_c = True
                 elif ch == "l":
                     login = True
+                elif ch == "i":
+                    saw_i = True
                 else:
-                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} "
-                                     "(supported: -c CMD, -l, --login)")
+                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} ({_SUPPORTED})")
         else:
             break
         i += 1
+    if saw_c and saw_i:
+        raise UsageError("unrecognised option '-i' with -c: tether-shell runs a command "
+                         "(-c CMD) or an interactive shell (-i, -l, --login alone)")
     if not saw_c:
         if i < len(argv):
-            raise UsageError("missing -c: tether-shell runs a command string (-c CMD), "
-                             "not a script or an interactive shell")
-        raise UsageError("missing -c CMD (tether-shell only runs commands: -c CMD or /c CMD)")
+            raise UsageError("missing -c: tether-shell runs a command string (-c CMD) or an "
+                             "interactive shell, not a script")
+        if ended:
+            raise UsageError(f"missing -c CMD ({_SUPPORTED})")
+        # Only -i, -l, --login: an interactive shell, given the same arguments.
+        return Parsed(INTERACTIVE, "", (), login=login, flags=argv)
     if i >= len(argv):
         raise UsageError("-c requires a command")
     return Parsed(SHELL, argv[i], argv[i + 1:], login=login)
@@ -363,22 +382,20 @@ def which(name: str, path_env: str | None) -> str | None:
 def _file_marks(path: str) -> bytes:
     """The first and last few KiB of a file (launchers put their script at one end)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(_PROBE)
-            size = os.fstat(f.fileno()).st_size
-            if size > 2 * _PROBE:
-                f.seek(size - _PROBE)
-                return head + f.read(_PROBE)
-            return head + f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return b""
-
-
-def same_file(a: str, b: str) -> bool:
     try:
-        return os.path.samefile(a, b)
+        head = os.read(fd, _PROBE)
+        size = os.fstat(fd).st_size
+        if size > 2 * _PROBE:
+            os.lseek(fd, size - _PROBE, os.SEEK_SET)
+            return head + os.read(fd, _PROBE)
+        return head + os.read(fd, _PROBE)
     except OSError:
-        return False
+        return b""
+    finally:
+        os.close(fd)
 
 
 class SelfCheck:
@@ -392,28 +409,40 @@ class SelfCheck:
     """
 
     def __init__(self, self_paths: "Sequence[str]") -> None:
-        self.paths = [p for p in self_paths if p and os.path.isfile(p)]
-        self._real = {os.path.realpath(p) for p in self.paths}
+        # One stat each: the same file (a symlink or hard link to it) is the
+        # same (device, inode); a copy has the same size. (Every check runs on
+        # every command: a stat beats a realpath, which lstats each component.)
+        self.paths: list[str] = []
+        self._ids: set[tuple[int, int]] = set()
+        self._sizes: dict[str, int] = {}
+        for p in self_paths:
+            try:
+                st = os.stat(p) if p else None
+            except OSError:
+                continue
+            if st is not None and (st.st_mode & 0o170000) == 0o100000:
+                self.paths.append(p)
+                self._ids.add((st.st_dev, st.st_ino))
+                self._sizes[p] = st.st_size
         self._bytes: dict[str, bytes] = {}
 
     def __call__(self, cand: str) -> bool:
         if os.path.basename(cand).lower() in _SELF_NAMES:
             return True
-        if os.path.realpath(cand) in self._real:
+        try:
+            st = os.stat(cand)
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) in self._ids:
             return True
-        for p in self.paths:
-            if same_file(cand, p):
-                return True
         marks = _file_marks(cand)
         if any(m in marks for m in _MARKERS):
             return True
-        try:
-            size = os.path.getsize(cand)
-        except OSError:
+        if st is None:
             return False
         for p in self.paths:
             try:
-                if os.path.getsize(p) != size:
+                if self._sizes[p] != st.st_size:
                     continue
                 if p not in self._bytes:
                     with open(p, "rb") as f:
@@ -460,12 +489,9 @@ def login_shell() -> str | None:
 def find_posix_shell(env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
                      login: str | None = None, fallback: str = "/bin/sh") -> str:
     """The documented POSIX search: login shell (if not tether-shell), bash on PATH, /bin/sh."""
-    cands: list[str | None] = [
-        login,
-        which("bash", env.get("PATH", os.defpath)),
-        fallback,
-    ]
-    for c in cands:
+    for k in range(3):
+        # PATH is searched only when the login shell will not do (a stat per entry).
+        c = login if k == 0 else which("bash", env.get("PATH", os.defpath)) if k == 1 else fallback
         if not c or not os.path.isabs(c):
             continue
         if os.path.basename(c) in _NOT_SHELLS or not _is_exe_file(c):
@@ -573,6 +599,12 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     Linux/macOS-only, so dropped on Windows); cmd.exe gets ``/d /c CMD``.
     """
     flavour = shell_flavour(shell)
+    if parsed.mode == INTERACTIVE:
+        # The same arguments, unchanged (a POSIX shell reads -i, -l, --login
+        # as tether-shell did); PowerShell only understands the login part.
+        if flavour == "posix":
+            return [shell, *parsed.flags]
+        return [shell, "-Login"] if parsed.login and flavour == "pwsh" and not windows else [shell]
     if flavour == "pwsh":
         argv = [shell, "-NoLogo"]
         if parsed.login and not windows:
@@ -586,9 +618,44 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     return argv + ["-c", parsed.command, *parsed.args]
 
 
+#: The names ``tether shell --install DIR`` gives tether-shell: run as
+#: ``DIR/bash``, it runs the real ``bash`` found on PATH after DIR.
+INSTALL_NAMES = ("bash", "zsh", "sh")
+
+
+def installed_name(argv0: str) -> "tuple[str, str] | None":
+    """``(name, directory)`` when tether-shell was started as an installed
+    shell name (``DIR/bash``: one of :data:`INSTALL_NAMES`), else None."""
+    name = os.path.basename(argv0)
+    if name not in INSTALL_NAMES:
+        return None
+    return name, os.path.dirname(os.path.abspath(argv0))
+
+
+def find_after(name: str, directory: str, path_env: str | None,
+               is_self: "Callable[[str], bool]") -> str:
+    """The real ``name`` on PATH after ``directory`` (all of PATH when it is
+    not on it), never tether-shell itself (another install of it included)."""
+    dirs = [d for d in (path_env or "").split(os.pathsep) if d and os.path.isabs(d)]
+    real = os.path.realpath(directory)
+    for k, d in enumerate(dirs):
+        if os.path.realpath(d) == real:
+            dirs = dirs[k + 1:]
+            break
+    for d in dirs:
+        cand = os.path.join(d, name)
+        if _is_exe_file(cand) and not is_self(cand):
+            return cand
+    raise ShellNotFound(f"no real {name} found on PATH after {directory}; "
+                        "put the directory of the real shell after it, or set TETHER_SHELL")
+
+
 def resolve(parsed: "Parsed", env: "Mapping[str, str]", is_self: "Callable[[str], bool]",
-            windows: bool | None = None, login: str | None = None) -> str:
-    """The program to run for ``parsed``: ``TETHER_SHELL``, else the documented search.
+            windows: bool | None = None, login: str | None = None,
+            installed: "tuple[str, str] | None" = None) -> str:
+    """The program to run for ``parsed``: ``TETHER_SHELL``, else the real
+    shell of the installed name (``installed``, see :func:`installed_name`),
+    else the documented search.
 
     COMSPEC mode always runs ``%SystemRoot%\\System32\\cmd.exe``.
     """
@@ -602,6 +669,8 @@ def resolve(parsed: "Parsed", env: "Mapping[str, str]", is_self: "Callable[[str]
     value = _env_get(env, "TETHER_SHELL") if windows else env.get("TETHER_SHELL")
     if value:
         return check_tether_shell(value, is_self, windows)
+    if installed is not None and not windows:
+        return find_after(installed[0], installed[1], env.get("PATH", os.defpath), is_self)
     if windows:
         return find_windows_shell(env, is_self)
     return find_posix_shell(env, is_self, login if login is not None else login_shell())

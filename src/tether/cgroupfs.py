@@ -31,41 +31,56 @@ __all__ = [
     "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
-    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER",
+    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER", "SHELL_SCOPE_DIR",
 ]
 
 RUN_PREFIX = "tether-"
 #: A job directory whose name ends so belongs to a background job: it
 #: outlives its owner on purpose and no reaper ends it.
 BACKGROUND_SUFFIX = ".bg"
+#: The cgroup of tether-shell's caller scope:
+#: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
+SHELL_SCOPE_DIR = "shell-scope"
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
 
 
 # -- where -------------------------------------------------------------------------
 
-def mount() -> str | None:
-    """The cgroup v2 mount point, from ``/proc/self/mountinfo``; None if none."""
+def _read(path: str) -> bytes | None:
+    # Bytes through one fd: a text-mode open costs more than the read (every
+    # tether-shell command's keeper reads both files below).
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split(" ")[4].replace("\\040", " ")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def mount() -> str | None:
+    """The cgroup v2 mount point, from ``/proc/self/mountinfo``; None if none."""
+    for line in (_read("/proc/self/mountinfo") or b"").split(b"\n"):
+        left, _, right = line.partition(b" - ")
+        if right.split(b" ", 1)[0] == b"cgroup2":
+            return left.split(b" ")[4].decode("utf-8", "replace").replace("\\040", " ")
     return None
 
 
 def own(pid: int | str = "self") -> str | None:
     """The v2 cgroup of ``pid`` as ``/proc/PID/cgroup`` names it (``/a/b``)."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        return None
+    for line in (_read(f"/proc/{pid}/cgroup") or b"").split(b"\n"):
+        if line.startswith(b"0::"):
+            return line[3:].strip().decode("utf-8", "replace")
     return None
 
 

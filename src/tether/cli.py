@@ -64,6 +64,10 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["shell", "--install"]:
+        from ._shellinstall import cli as install
+
+        return install(argv[2:])
     if argv and argv[0] in _DELEGATED:
         import importlib
 

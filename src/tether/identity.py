@@ -73,6 +73,8 @@ __all__ = [
     "send_signal",
     "Proof",
     "COOKIE_VAR",
+    "carriers",
+    "environ_value",
 ]
 
 _LINUX = sys.platform.startswith("linux")
@@ -737,6 +739,51 @@ def environ_has(pid: int, entry: bytes) -> bool | None:
         return None
     finally:
         os.close(fd)
+
+
+def environ_value(pid: int, name: bytes) -> bytes | None:
+    """The value of the first ``name=`` entry in the environment of ``pid``
+    (Linux: at most 1 MiB read), or None: no such entry, or not readable. One
+    read answers for many cookies at once (the reaper's search)."""
+    if not _LINUX or _PORTABLE_ENVIRON:
+        ps = _psutil()
+        try:
+            v = ps.Process(pid).environ().get(os.fsdecode(name))
+        except (ps.Error, OSError):
+            return None
+        return None if v is None else os.fsencode(v)
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = b"\0" + _read_fd(fd, _ENVIRON_CAP)
+    except OSError:
+        return None
+    i = data.find(b"\0" + name + b"=")
+    if i < 0:
+        return None
+    start = i + len(name) + 2
+    end = data.find(b"\0", start)
+    return data[start:] if end < 0 else data[start:end]
+
+
+def carriers(entry: bytes, *, born_after: int) -> "list[Identity]":
+    """The live processes of this user (root: of anyone) born after
+    ``born_after`` whose environment holds ``entry`` - a job's cookie, the
+    whole ``NAME=value`` - and what those started: a job's members found
+    from outside, when nothing else links them to it (its keeper is gone, or
+    a double fork cut the parent links). One bounded capture; a zombie is
+    left out."""
+    cap = capture(born_after=born_after)
+    uid = os.geteuid()
+    found = {i.pid: i for i in cap.procs.values()
+             if i.pid > 2 and i.state not in "ZXx" and (i.uid == uid or uid == 0)
+             and environ_has(i.pid, entry)}
+    for d in cap.descendants(list(found), born_after=born_after):
+        if d.state not in "ZXx":
+            found.setdefault(d.pid, d)
+    return list(found.values())
 
 
 def _environ_has_psutil(pid: int, entry: bytes) -> "bool | None":

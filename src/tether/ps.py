@@ -8,6 +8,9 @@ Sources, merged into one list of jobs:
 * **cgroup traces**: tether's run directories ``tether-<ownerpid>-<start>``
   anywhere in the cgroup v2 hierarchy (a bounded walk), one sub-directory per
   job, whose ``cgroup.procs`` list the members exactly, escapees included;
+* tether-shell's **day files** (read with the audit log, ``tether.runs``): a
+  command's job, or a caller's scope (``TETHER_SHELL_SCOPE=caller``), whose
+  owner is the caller - the agent CLI - so it is listed with it;
 * **keepers**: the process that holds each job (found from a record, as the
   parent of a recorded child, or by its name ``tether-keeper`` where the
   keeper sets it); for subreaper, PID-namespace and process-group jobs the
@@ -34,6 +37,7 @@ from typing import Any
 
 from . import cgroupfs, identity
 from .identity import Identity
+from .runs import SHELL_JOB, SHELL_SCOPE_JOB
 from .stops import format_duration
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
@@ -244,6 +248,8 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
             j.sources.add("cgroup")
             if j.mechanism is None:
                 j.mechanism = "cgroup"
+            if j.name is None and job_id == cgroupfs.SHELL_SCOPE_DIR:
+                j.name = SHELL_SCOPE_JOB  # its owner (the run dir's) is the caller
             if j.owner is None:
                 j.owner = owner
             if j.opened is None:
@@ -394,8 +400,9 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
                   if i.pid not in helpers and i.state not in ("Z", "X")}
         j.member_count = len(idents)
         j.members = _tree(sorted(idents.values(), key=lambda i: i.pid))
-        if j.member_count == 0 and (j.closed or not j.owner_alive):
-            continue  # over: nothing of it is alive
+        if j.member_count == 0 and (j.closed or not j.owner_alive
+                                    or j.name in (SHELL_JOB, SHELL_SCOPE_JOB)):
+            continue  # over: nothing of it is alive (a shell job is, once empty)
         out.append(j)
     out.sort(key=lambda x: (x.owner.pid if x.owner else 0, x.job or "", x.cgroup or ""))
     return out

@@ -30,10 +30,16 @@ and SIGKILL goes to them deepest first, and ``cgroup.kill`` to stale cgroups.
 Every signal goes through :func:`tether.identity.send_signal`, which checks the
 identity again at the moment of sending. A zombie counts as dead.
 
-Limits: an escapee that double-forked away from a process group/subreaper job
-and whose intermediate parent has exited is linked to its run by nothing the
-kernel keeps (no parent, no cgroup); without a cgroup the reaper cannot prove
-it is a leftover and does not look for it.
+5. A **cookie carrier**: a process of this user, born after an unclosed job
+   of an over run opened, whose environment holds that job's cookie (every
+   process a job starts carries it first, unless it clears its environment):
+   what a double-forked daemon of a subreaper job is left with once its
+   keeper was SIGKILLed (no parent link, no cgroup).
+
+Limits: an escapee that double-forked away from a process group/subreaper job,
+whose intermediate parent has exited and that cleared its environment, is
+linked to its run by nothing the kernel keeps (no parent, no cgroup, no
+cookie); the reaper cannot prove it is a leftover and does not look for it.
 """
 
 from __future__ import annotations
@@ -229,6 +235,7 @@ class _Plan:
         self.uid = os.getuid() if hasattr(os, "getuid") else None
         self.excluded_pids = identity.own_ancestors() | {os.getpid()}
         self._cap: identity.Capture | None = None
+        self.states: dict[str, str] = {}  # run id -> live/over/...: _plan_records decides
         # A take-over's live job cgroups and keepers: looked at again while the
         # ending runs (no cgroup.kill there: a fork during the grace must be found).
         self.watch_dirs: list[tuple[Run | None, str, str]] = []
@@ -397,7 +404,51 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                         proof=_proof(run, p.job, p.cgroup))
             if plan.add(t):
                 roots.append(t)
+    plan.states = states
     return roots
+
+
+def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
+                  session: str | None) -> list[_Target]:
+    """The members of over runs' unclosed jobs that nothing links to a record
+    any more - a double-forked daemon whose subreaper keeper was SIGKILLed
+    first - found by the cookie every process of a job carries: processes of
+    this user born after the job opened whose environment holds it. One
+    capture, and one read of each candidate's environment for all cookies."""
+    want: dict[tuple[bytes, bytes], tuple[Run, Any, int]] = {}
+    slack = identity.clock_ticks()  # the wall clock may have stepped since the record
+    for run in runs.values():
+        if states.get(run.run) != OVER:
+            continue
+        for info in run.jobs.values():
+            if (info.closed or not info.cookie or info.opened is None or info.background
+                    or info.detached or (session is not None and info.session != session)):
+                continue
+            var = (info.cookie_var or identity.COOKIE_VAR).encode()
+            want[(var, info.cookie.encode())] = (run, info, _ticks_at(info.opened) - slack)
+    if not want:
+        return []
+    names = {var for var, _ in want}
+    cap = identity.capture(born_after=min(b for _, _, b in want.values()))
+    found: list[_Target] = []
+    for seen in cap.procs.values():
+        if seen.pid <= 2 or seen.state in ("Z", "X", "x") or seen.pid in plan.excluded_pids:
+            continue
+        for var in names:
+            hit = want.get((var, identity.environ_value(seen.pid, var) or b""))
+            if hit is None or seen.start < hit[2]:
+                continue
+            run, info, _born = hit
+            cur = identity.read(seen.pid)
+            if cur is None or cur.start != seen.start or cur.state in ("Z", "X", "x"):
+                break
+            entry = var + b"=" + info.cookie.encode()
+            t = _Target(cur, run.run, info.session, info.job,
+                        proof=identity.Proof(entry, info.cgroup))
+            if plan.add(t):
+                found.append(t)
+            break
+    return found
 
 
 def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Proof | None:
@@ -797,9 +848,13 @@ def reap(
         stale, probes = _plan_cgroups(runs, plan, app=app, exclude_runs=excl,
                                       cgroup_dirs=cgroup_dirs, session=session,
                                       notes=report.notes, take_over=take_over)
-    # Descendants of every recorded or cgroup-found target.
+    # Descendants of every recorded or cgroup-found target; then what only
+    # its job's cookie still links to an over run, and its descendants.
     if plan.targets:
         _expand(plan, list(plan.targets.values()), report.notes, plan.capture())
+    carriers = _plan_cookies(runs, plan, plan.states, session)
+    if carriers:
+        _expand(plan, carriers, report.notes)
 
     if dry_run:
         now = identity.now_ticks()

@@ -17,6 +17,16 @@ log's length:
 * an ``exit`` record removes its process;
 * records of another boot are dropped (nothing of it is alive).
 
+tether-shell's day files (``shell-YYYY-MM-DD.jsonl`` beside the audit log,
+``tether.shell.ShellLog``) are read here too, after the audit log: a
+``start``/``exit`` record of its one-command path names the wrapper (or, in
+scope ``caller``, the caller) as owner, the job with its cookie, keeper and
+cgroup, and the shell's identity; :func:`shell_records` turns each into the
+audit records it stands for (``job-open`` + ``spawn``; ``exit`` +
+``job-close``). In scope ``caller`` the job is the caller's: one job per
+caller cgroup (``shell-scope``), or one per command with the subreaper, left
+open while what the command left may run.
+
 Every app's runs are read, always: a run that is not being reaped still
 protects its processes from a walk that starts at another run's leftover.
 
@@ -36,13 +46,16 @@ from . import identity
 from .audit import parse_pid, parse_start
 from .identity import Identity
 
-__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "SOURCES", "LIVE", "OVER",
-           "UNKNOWN"]
+__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "shell_records",
+           "shell_log_names", "SOURCES", "LIVE", "OVER", "UNKNOWN", "SHELL_JOB", "SHELL_SCOPE_JOB"]
 
 #: The events that say something about runs (reap and error records prove nothing).
 SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end", "tasks"))
 MAX_TASKS = 256  # tasks kept of one ``tasks`` record (a record is at most 64 KiB anyway)
 LIVE, OVER, UNKNOWN = "live", "over", "unknown"
+#: Job names of tether-shell's jobs: one command's, and a caller's scope (its
+#: commands' leftovers, kept until the caller ends).
+SHELL_JOB, SHELL_SCOPE_JOB = "tether-shell", "tether-shell scope=caller"
 
 
 class Proc:
@@ -193,6 +206,14 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
                 unusable += 1
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
+    for name in shell_log_names(state_dir):
+        for rec in audit.read_records(state_dir, filename=name, stats=stats):
+            try:
+                for r in shell_records(rec):
+                    if not _absorb(r, runs, boot, cache, alive):
+                        unusable += 1
+            except (TypeError, ValueError, KeyError, AttributeError):
+                unusable += 1
     if notes is not None:
         if unusable:
             notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
@@ -202,6 +223,61 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
             notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
                          "have carried forward: what they proved cannot be proven now")
     return runs
+
+
+def shell_log_names(state_dir: str | os.PathLike[str]) -> list[str]:
+    """tether-shell's day files in ``state_dir`` (``shell-YYYY-MM-DD.jsonl``), oldest first."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if len(n) == 22 and n.startswith("shell-")
+                  and n.endswith(".jsonl") and n[6:16].replace("-", "").isdigit())
+
+
+def shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The audit records a tether-shell record stands for (see the module
+    doc); ``[]`` for one that names no job (an ``error``, an older wrapper's
+    record, the generic path's)."""
+    event = rec.get("event")
+    run, job = _str(rec.get("run")), _str(rec.get("job"))
+    if event not in ("start", "exit") or run is None or job is None:
+        return []
+    boot = _str(rec.get("boot"))
+
+    def ident(v: Any) -> dict[str, Any] | None:
+        if type(v) is not dict or boot is None or type(v.get("start")) is not int:
+            return None
+        return {"pid": v.get("pid"), "start": f"{v['start']}@{boot}"}
+
+    scope = rec.get("scope")
+    cg = _str(rec.get("cgroup"))
+    shared = scope == "caller" and cg is not None
+    if shared:
+        job = os.path.basename(cg)  # the caller's one cgroup is the job of all its commands
+    base = {"v": rec.get("v"), "ts": rec.get("ts"), "run": run, "job": job}
+    child, start = rec.get("child"), rec.get("start")
+    proc = ({"pid": child, "start": f"{start}@{boot}"}
+            if type(child) is int and type(start) is int and boot is not None else None)
+    out: list[dict[str, Any]] = []
+    if event == "start":
+        out.append({**base, "event": "job-open", "owner": ident(rec.get("owner")),
+                    "name": SHELL_SCOPE_JOB if scope == "caller" else SHELL_JOB,
+                    "mechanism": rec.get("mechanism"), "cookie": rec.get("cookie"),
+                    "cookie_var": rec.get("cookie_var"), "keeper": ident(rec.get("keeper")),
+                    "cgroup": cg})
+        if proc is not None:
+            out.append({**base, "event": "spawn", **proc, "cgroup": cg})
+        return out
+    if proc is not None:
+        out.append({**base, "event": "exit", **proc})
+    detail = rec.get("detail")
+    left = detail.get("leftovers") if type(detail) is dict else None
+    # A command's job is over when it returned; in scope caller only once it
+    # left nothing (the caller's shared cgroup job never: it ends with the caller).
+    if scope != "caller" or (not shared and left == 0):
+        out.append({**base, "event": "job-close"})
+    return out
 
 
 def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,

@@ -15,27 +15,38 @@ subreaper on Linux, a Job Object on Windows; on macOS/BSD the process-group
 mechanism, under which the command leads its own process group). The exit
 status comes back; a command killed by signal N kills the wrapper with N.
 
-Environment (all optional)::
+Environment (all optional; a bad value is a usage error: exit 2, one line,
+nothing run)::
 
-    TETHER_SHELL            absolute path of the real shell (else: login shell,
-                            bash on PATH, /bin/sh; Windows: pwsh >= 7)
-    TETHER_SHELL_GRACE      seconds leftovers get between SIGTERM and SIGKILL (0.5)
+    TETHER_SHELL            absolute path of the real shell (else: the real shell
+                            of the installed name - DIR/bash runs the bash on PATH
+                            after DIR -, the login shell, bash on PATH, /bin/sh;
+                            Windows: pwsh >= 7)
+    TETHER_SHELL_GRACE      seconds leftovers get between SIGTERM and SIGKILL (0.5;
+                            tether.ending.check_grace's rules)
     TETHER_SHELL_MECHANISM  auto (default), cgroup, subreaper or pgroup
-    TETHER_SHELL_LOG        "off" (or 0) turns the per-day audit log off
+    TETHER_SHELL_SCOPE      command (default: what a command leaves ends with it)
+                            or caller (it runs on until the caller ends)
+    TETHER_SHELL_WITH_CALLER  1 (default: the caller's death ends the job) or 0
+    TETHER_SHELL_LOG        on (default) or off (also 1/0, yes/no, true/false)
     TETHER_SHELL_LOG_DAYS   days of logs kept (14)
     TETHER_SHELL_LOG_MAX_BYTES  cap of one day's log file (4 MiB)
-    TETHER_STATE_DIR        state directory; also turns tether's spawn-audit log on
-                            (the generic Job path)
+    TETHER_STATE_DIR        state directory (the log's; the reaper reads it)
 
-Exit statuses: the command's; 2 bad invocation or bad ``TETHER_SHELL``
-(one line on stderr, nothing run); 125 tether could not create the job; 126
+Modes: ``-c CMD`` (SHELL), ``/c CMD`` (COMSPEC, Windows) and interactive (no
+arguments, ``-i``, ``-l``, ``--login``: the real shell runs interactively with
+the same arguments, on the same terminal, in a job).
+
+Exit statuses: the command's; 2 bad invocation or bad ``TETHER_*`` value
+(one line on stderr, nothing run); 123 the job's keeper died while the
+command ran (one line on stderr; the job was ended from here) or the
+command's status was lost with it; 125 tether could not create the job; 126
 the shell could not be executed; 127 no shell found.
 
 Start-up is measured by ``bench/shell.py``. On Linux each command takes the
 one-command path, ``tether.platform.oneshot`` (a keeper forked from here;
 imports only ``os``, ``sys``, ``select``, ``_signal``). The generic
-``tether.job.Job`` is used for ``TETHER_SHELL_MECHANISM=pgroup``, when
-``TETHER_STATE_DIR`` asks for the library's spawn-audit log, where the
+``tether.job.Job`` is used for ``TETHER_SHELL_MECHANISM=pgroup``, where the
 one-command path is unavailable (no pidfd, a multi-threaded caller of
 ``cli``), on other POSIX systems and on Windows.
 """
@@ -54,6 +65,9 @@ EXIT_NOEXEC = 126
 EXIT_NOT_FOUND = 127
 _PROG = "tether-shell"
 _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
+_SCOPES = ("command", "caller")
+_BOOLS = {"1": True, "on": True, "yes": True, "true": True,
+          "0": False, "off": False, "no": False, "false": False}
 _STOP_SIGNALS = ("SIGTERM", "SIGHUP")  # end the job now, then die by the same signal
 _DEFER_SIGNALS = ("SIGINT", "SIGQUIT")  # the command gets them from the terminal itself
 
@@ -96,8 +110,16 @@ def log_dir(env: "dict[str, str] | os._Environ[str] | None" = None) -> str:
 
 
 def _json_value(v: object) -> str:
-    # The log holds only numbers, booleans and fixed identifiers we choose
-    # (never user text), so a tiny encoder does; json costs ~1 ms to import.
+    # The log holds numbers, booleans, fixed identifiers we choose, ids and
+    # paths - never command text, arguments or environment values - so a
+    # tiny encoder does; json costs ~1 ms to import.
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return _json_str(v[:1024])
+    if t is dict:
+        return "{" + ",".join([f'"{k}":{_json_value(x)}' for k, x in v.items()]) + "}"
     if v is None:
         return "null"
     if v is True:
@@ -108,10 +130,29 @@ def _json_value(v: object) -> str:
         return str(int(v))
     if isinstance(v, float):
         return repr(round(v, 3))
-    if isinstance(v, dict):
-        return "{" + ",".join(f'"{k}":{_json_value(x)}' for k, x in v.items()) + "}"
-    s = "".join(c if (c.isascii() and (c.isalnum() or c in "-_.:")) else "_" for c in str(v))
-    return f'"{s[:64]}"'
+    return _json_str(str(v)[:1024])
+
+
+def _json_str(s: str) -> str:
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or 0xD800 <= ord(c) < 0xE000 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")  # a control character, or a lone surrogate
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _ident(pid: "int | None", start: "int | None") -> "dict[str, object] | None":
+    """An identity for the log: ``{"pid", "start"}`` (start ticks; the
+    record's ``boot`` says of which boot)."""
+    if not pid or not start:
+        return None
+    return {"pid": pid, "start": start}
 
 
 class ShellLog:
@@ -120,17 +161,31 @@ class ShellLog:
     Record fields: ``v`` (schema 1), ``ts`` (epoch seconds), ``event``
     (``start``/``exit``/``error``), ``wrapper`` (this pid), ``parent`` (its
     caller's pid), ``child`` (the shell's pid or null), ``mode``
-    (``shell``/``comspec``), ``mechanism``, ``detail`` (``argc`` and
-    ``login`` at start; ``code`` or ``signal``, ``leftovers`` and ``ms`` at
-    exit; ``error`` - a fixed code such as ``ENOENT`` - for errors). Never
-    command text, arguments or environment values.
+    (``shell``/``interactive``/``comspec``), ``mechanism``, ``detail``
+    (``argc`` and ``login`` at start; ``code`` or ``signal``, ``leftovers``
+    and ``ms`` at exit; ``error`` - a fixed code such as ``ENOENT`` - for
+    errors). Never command text, arguments or environment values.
+
+    What ``tether reap`` and ``tether ps`` read (``tether.runs`` knows these
+    records), on ``start`` and ``exit`` of the one-command path: ``run``,
+    ``job``, ``scope`` (``command``/``caller``), ``boot`` (the boot id the
+    start ticks belong to), ``start`` (the shell's start ticks: with
+    ``child``, its identity); on ``start`` also ``owner`` (``{"pid",
+    "start"}``: the wrapper, or in scope ``caller`` the caller - the run is
+    over when it is gone), ``keeper`` and ``caller`` (identities), ``cookie``
+    (and ``cookie_var`` when not ``TETHER_JOB``: the entry every process of
+    the job carries first in its environment) and ``cgroup`` (the job's).
 
     Each record is one ``os.write`` on an ``O_APPEND`` descriptor (lines of
     concurrent wrappers never interleave on a local file system). Files older
     than ``keep_days`` are deleted when a day's file is created; a day's file
     stops growing at ``max_bytes`` (one ``capped`` record marks it). A
     directory that cannot be created, is a symlink, belongs to someone else
-    or is writable by others turns logging off; the command runs anyway.
+    or is writable by others turns logging off, and so does a day's file that
+    is not a regular file (a FIFO, a device: opened ``O_NONBLOCK`` so nothing
+    can block), is a symlink, belongs to someone else or that another user
+    can write (mode bits or ACL: ``tether.audit.file_refusal``); the command
+    runs anyway.
     """
 
     def __init__(self, directory: str, keep_days: int = DEFAULT_LOG_DAYS,
@@ -145,15 +200,19 @@ class ShellLog:
 
     @classmethod
     def from_env(cls, env: "dict[str, str] | os._Environ[str] | None" = None) -> "ShellLog | None":
+        """The log ``TETHER_SHELL_LOG*`` ask for, or None (off); raises
+        ``UsageError`` for a bad value of any of them."""
         env = os.environ if env is None else env
-        if env.get("TETHER_SHELL_LOG", "").lower() in ("0", "off", "no", "false"):
+        on = _bool_env(env, "TETHER_SHELL_LOG", True)
+        days = _int_env(env, "TETHER_SHELL_LOG_DAYS", DEFAULT_LOG_DAYS)
+        cap = _int_env(env, "TETHER_SHELL_LOG_MAX_BYTES", DEFAULT_LOG_MAX_BYTES)
+        if not on:
             return None
         try:
             directory = log_dir(env)
         except (KeyError, RuntimeError):  # no home directory at all
             return None
-        return cls(directory, _int_env(env, "TETHER_SHELL_LOG_DAYS", DEFAULT_LOG_DAYS),
-                   _int_env(env, "TETHER_SHELL_LOG_MAX_BYTES", DEFAULT_LOG_MAX_BYTES))
+        return cls(directory, days, cap)
 
     def _open(self) -> bool:
         if self.fd is not None:
@@ -173,8 +232,12 @@ class ShellLog:
 
             day = time.strftime("%Y-%m-%d", time.gmtime())
             self.path = os.path.join(self.directory, f"shell-{day}.jsonl")
+            # O_NONBLOCK: a FIFO (or a device) at the path must never block
+            # us (with no reader, opening a FIFO so fails with ENXIO); the
+            # file is checked through the descriptor before the first write.
             flags = (os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_BINARY", 0))
             try:
                 self.fd = os.open(self.path, flags)
             except FileNotFoundError:
@@ -183,8 +246,17 @@ class ShellLog:
                     self.prune(day)  # the first wrapper of a day cleans up old days
                 except FileExistsError:
                     self.fd = os.open(self.path, flags)
-            self.size = os.fstat(self.fd).st_size
+            st = os.fstat(self.fd)
+            if not _safe_file(st, self.fd):
+                os.close(self.fd)
+                self.fd = None
+                self.off = True
+                return False
+            self.size = st.st_size
         except OSError:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
             self.off = True
             return False
         return True
@@ -223,7 +295,9 @@ class ShellLog:
         return removed
 
     def write(self, event: str, *, child: int | None, mode: str | None,
-              mechanism: str | None, detail: dict[str, object]) -> bool:
+              mechanism: str | None, detail: dict[str, object],
+              job: "dict[str, object] | None" = None) -> bool:
+        """One record; ``job``: the fields that name the job (see the class doc)."""
         if not self._open():
             return False
         import time
@@ -231,6 +305,8 @@ class ShellLog:
         rec = {"v": 1, "ts": time.time(), "event": event, "wrapper": os.getpid(),
                "parent": _parent_pid(), "child": child, "mode": mode, "mechanism": mechanism,
                "detail": detail}
+        if job:
+            rec.update((k, v) for k, v in job.items() if v is not None)
         line = (_json_value(rec) + "\n").encode()
         # Room is kept for the one "capped" marker, so the file never passes the cap.
         if self.size + len(line) > self.max_bytes - _CAP_RESERVE:
@@ -276,20 +352,73 @@ def _safe_dir(st: "os.stat_result") -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
+def _safe_file(st: "os.stat_result", fd: int) -> bool:
+    """Whether the opened day's file may be written: a regular file of ours
+    that no one else can write. The common case is decided here; anything
+    else (a FIFO, another owner, group/other write bits, an ACL) is left to
+    ``tether.audit.file_refusal`` - the audit log's own rule - imported only
+    then (it costs milliseconds to import)."""
+    if sys.platform != "win32" and (st.st_mode & 0o170000) == 0o100000 \
+            and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+        try:
+            os.getxattr(fd, "system.posix_acl_access")
+        except OSError:  # ENODATA (no ACL) or ENOTSUP: nothing grants anyone else
+            return True
+        except AttributeError:
+            return True
+    from .audit import file_refusal
+
+    return file_refusal(st, fd) is None
+
+
+def _usage(msg: str) -> "BaseException":
+    from .errors import UsageError
+
+    return UsageError(msg)
+
+
+def _bool_env(env, name: str, default: bool) -> bool:
+    v = env.get(name)
+    if not v:
+        return default
+    b = _BOOLS.get(v.lower())
+    if b is None:
+        raise _usage(f"{name} must be 1 or 0 (on/off, yes/no, true/false), not {v!r}")
+    return b
+
+
 def _int_env(env, name: str, default: int) -> int:
-    try:
-        v = int(env.get(name, ""))
-        return v if v > 0 else default
-    except ValueError:
+    v = env.get(name)
+    if not v:
         return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise _usage(f"{name} must be a positive whole number, not {v!r}")
+    return n
 
 
-def _float_env(env, name: str, default: float) -> float:
+def _grace_env(env) -> float:
+    v = env.get("TETHER_SHELL_GRACE")
+    if not v:
+        return DEFAULT_GRACE
+    from .ending import check_grace  # only when set: the engine is not on the hot path
+
     try:
-        v = float(env.get(name, ""))
-        return v if v >= 0 else default
-    except ValueError:
-        return default
+        return check_grace(float(v), "TETHER_SHELL_GRACE")
+    except ValueError as exc:
+        if "finite" in str(exc):
+            raise _usage(str(exc)) from None
+        raise _usage(f"TETHER_SHELL_GRACE must be a number of seconds, not {v!r}") from None
+
+
+def _choice_env(env, name: str, choices: "tuple[str, ...]", default: str, why: str = "") -> str:
+    v = env.get(name) or default
+    if v not in choices:
+        raise _usage(f"{name} must be one of {', '.join(choices)}{why}, not {v!r}")
+    return v
 
 
 def _errcode(exc: "BaseException") -> str:
@@ -346,18 +475,29 @@ def cli(argv: list[str]) -> int:
         os.write(1, sa.USAGE.encode())
         return 0
     env = os.environ
-    log = ShellLog.from_env(env)
     windows = sys.platform == "win32"
     mode = None
+    log = None
     args: object = None
     try:
+        log = ShellLog.from_env(env)
         parsed = sa.parse(argv)
         mode = parsed.mode
-        shell = sa.resolve(parsed, env, sa.SelfCheck(_self_paths()), windows)
-        mech = env.get("TETHER_SHELL_MECHANISM") or "auto"
-        if mech not in _MECHANISMS:
-            raise sa.UsageError(f"TETHER_SHELL_MECHANISM must be one of {', '.join(_MECHANISMS)} "
-                                f"(the shell wrapper is always transparent), not {mech!r}")
+        if parsed.mode == sa.INTERACTIVE and windows:
+            raise sa.UsageError("an interactive shell is not served on Windows; use -c CMD or /c CMD")
+        installed = None if windows or not sys.argv else sa.installed_name(sys.argv[0])
+        shell = sa.resolve(parsed, env, sa.SelfCheck(_self_paths()), windows, installed=installed)
+        mech = _choice_env(env, "TETHER_SHELL_MECHANISM", _MECHANISMS, "auto",
+                           " (the shell wrapper is always transparent)")
+        grace = _grace_env(env)
+        scope = _choice_env(env, "TETHER_SHELL_SCOPE", _SCOPES, "command")
+        with_caller = _bool_env(env, "TETHER_SHELL_WITH_CALLER", True)
+        if scope == "caller" and not with_caller:
+            raise sa.UsageError("TETHER_SHELL_SCOPE=caller needs the caller watched: "
+                                "unset TETHER_SHELL_WITH_CALLER=0")
+        if scope == "caller" and not (sys.platform.startswith("linux") and mech != "pgroup"):
+            raise sa.UsageError("TETHER_SHELL_SCOPE=caller needs Linux and mechanism auto, cgroup "
+                                f"or subreaper (not {mech})")
         if windows and parsed.mode == sa.SHELL:
             # A command line in the target's own quoting (cmd.exe knows no \").
             args = sa.windows_command_line(shell, parsed)
@@ -372,8 +512,7 @@ def cli(argv: list[str]) -> int:
         args = _windows_command(parsed, argv, shell)
     elif args is None:
         args = sa.shell_argv(shell, parsed, windows)
-    grace = _float_env(env, "TETHER_SHELL_GRACE", DEFAULT_GRACE)
-    code = _run(args, shell, parsed, len(argv), mech, grace, log)
+    code = _run(args, shell, parsed, len(argv), mech, grace, log, scope, with_caller)
     if windows:
         # A DWORD (0xC0000005 = 3221225477 after an access violation), which
         # os._exit and sys.exit take only as the signed int of the same bits.
@@ -384,21 +523,19 @@ def cli(argv: list[str]) -> int:
 
 
 def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
-         log: "ShellLog | None") -> int:
+         log: "ShellLog | None", scope: str = "command", with_caller: bool = True) -> int:
     import time
 
     t0 = time.monotonic()
     # The one-command path (POSIX/Linux): a keeper forked from here, no socket,
-    # no subprocess/threading/dataclasses - see tether.platform.oneshot. The
-    # spawn-audit log ($TETHER_STATE_DIR, read by the reaper) is written by the
-    # generic Job only, so asking for it takes the generic path.
-    if (sys.platform.startswith("linux") and mech in ("auto", "cgroup", "subreaper")
-            and not os.environ.get("TETHER_STATE_DIR")):
+    # no subprocess/threading/dataclasses - see tether.platform.oneshot.
+    if sys.platform.startswith("linux") and mech in ("auto", "cgroup", "subreaper"):
         from .platform import oneshot
 
         if oneshot.available():
             try:
-                return _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0)
+                return _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0,
+                                    scope, with_caller)
             except oneshot.Unavailable:
                 pass  # e.g. a multi-threaded caller of cli(): nothing ran yet
     # Handlers first, so no signal is lost while the job is set up. A Python
@@ -407,23 +544,42 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
 
     sigs = SignalWatch(_signal_numbers(_STOP_SIGNALS), _signal_numbers(_DEFER_SIGNALS))
     try:
-        return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0)
+        return _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller)
     finally:
         sigs.restore()
 
 
-def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> int:
+def _job_fields(res, start: bool) -> "dict[str, object]":
+    """What names the job in the log, for ``tether reap`` and ``tether ps``
+    (``tether.runs`` reads these records): see :class:`ShellLog`."""
+    from .identity import COOKIE_VAR, boot_id
+
+    fields: dict[str, object] = {"run": res.run, "job": res.job, "scope": res.scope,
+                                 "boot": boot_id(), "start": res.child_start or None}
+    if start:
+        owner = res.caller if res.scope == "caller" else (os.getpid(), res.owner_start)
+        fields.update(owner=_ident(*owner), keeper=_ident(res.keeper, res.keeper_start),
+                      caller=_ident(*(res.caller or (None, None))), cookie=res.cookie,
+                      cookie_var=None if res.cookie_var == COOKIE_VAR else res.cookie_var,
+                      cgroup=res.cgroup)
+    return fields
+
+
+def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0, scope,
+                 with_caller) -> int:
     import time
 
     from .errors import JobRefused
 
-    def started(pid: int, mechanism: str) -> None:
+    def started(res) -> None:
         if log is not None:
-            log.write("start", child=pid, mode=parsed.mode, mechanism=mechanism,
-                      detail={"argc": argc, "login": parsed.login})
+            log.write("start", child=res.child, mode=parsed.mode, mechanism=res.mechanism,
+                      detail={"argc": argc, "login": parsed.login}, job=_job_fields(res, True))
 
+    caller = oneshot.watch_caller() if with_caller else None
     try:
-        res = oneshot.run(args, executable=shell, mechanism=mech, grace=grace, on_start=started)
+        res = oneshot.run(args, executable=shell, mechanism=mech, grace=grace, on_start=started,
+                          caller=caller, scope=scope)
     except JobRefused as exc:
         _say(f"cannot create a job, nothing was run: {exc}")
         if log is not None:
@@ -439,6 +595,9 @@ def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> in
         return code
     if res.child is None and res.stopped_by is not None:
         return _die_by(res.stopped_by)  # interrupted before the command existed: nothing ran
+    if res.child is None and res.error == "keeper-died":
+        _say("the job's keeper died before the command started; nothing was run")
+        return EXIT_INTERNAL
     st = res.status
     rc = None if st is None else os.waitstatus_to_exitcode(st)
     if log is not None:
@@ -453,20 +612,25 @@ def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0) -> in
         detail["ms"] = round((time.monotonic() - t0) * 1000, 1)
         if res.stopped_by is not None:
             detail["stopped_by"] = res.stopped_by
+        if res.ended_by is not None:
+            detail["ended_by"] = res.ended_by
         log.write("exit", child=res.child, mode=parsed.mode, mechanism=res.mechanism,
-                  detail=detail)
+                  detail=detail, job=_job_fields(res, False))
         log.close()
     if res.stopped_by is not None:
         return _die_by(res.stopped_by)
     if rc is None:
-        _say("the job's keeper was lost; the command's status is unknown")
-        return EXIT_INTERNAL
+        from .runner import EXIT_GUARD_LOST  # the same code as `tether run`'s
+
+        if res.error != "keeper-died":  # that one was said the moment it happened
+            _say("the command's exit status was lost with the job's keeper")
+        return EXIT_GUARD_LOST
     if rc < 0:
         return _die_by(-rc)
     return rc
 
 
-def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
+def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller=True) -> int:
     import subprocess
     import time
 
@@ -485,6 +649,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
     p = None
     stop = None
     leftovers: list = []
+    caller = _caller_pidfd() if with_caller else None
     try:
         early = sigs.first(any_kind=True)
         if early is not None:
@@ -510,8 +675,15 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
         if log is not None:
             log.write("start", child=p.pid, mode=parsed.mode, mechanism=job.mechanism,
                       detail={"argc": argc, "login": parsed.login})
-        stop = _wait(p, sigs)
-        if stop is not None:
+        stop = _wait(p, sigs, caller)
+        if stop == _CALLER_GONE:
+            job.kill_all()  # the caller is gone: the job goes with it, at once
+            stop = None
+            try:
+                p.wait(timeout=5)
+            except (subprocess.TimeoutExpired, TetherError):
+                pass
+        elif stop is not None:
             # The caller asked us to stop: end the whole job now (grace, then SIGKILL).
             job.terminate(grace)
             try:
@@ -521,6 +693,8 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
         leftovers = job.terminate(grace)
     finally:
         job.close()
+        if caller is not None:
+            os.close(caller)
     rc = p.returncode
     if log is not None:
         detail: dict[str, object] = {}
@@ -545,8 +719,22 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0) -> int:
     return rc
 
 
-def _wait(p, sigs: "SignalWatch") -> int | None:
-    """Wait for the shell; return None, or the stop signal (SIGTERM/SIGHUP) we received.
+_CALLER_GONE = -1
+
+
+def _caller_pidfd() -> "int | None":
+    """The generic path's caller watch: a pidfd of the caller (Linux), else None."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
+        return None
+    from .platform.oneshot import watch_caller
+
+    found = watch_caller()
+    return found[2] if found is not None else None
+
+
+def _wait(p, sigs: "SignalWatch", caller: "int | None" = None) -> int | None:
+    """Wait for the shell; return None, the stop signal (SIGTERM/SIGHUP) we
+    received, or ``_CALLER_GONE`` when the caller's pidfd says it is gone.
 
     SIGINT and SIGQUIT are recorded but not acted on, like a shell waiting for
     a foreground command: the command is in our process group, so a terminal's
@@ -572,11 +760,14 @@ def _wait(p, sigs: "SignalWatch") -> int | None:
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     poller.register(sigs.rfd, select.POLLIN)
+    if caller is not None:
+        poller.register(caller, select.POLLIN)
     while p.poll() is None:
         stop = sigs.first()
         if stop is not None:
             return stop
-        poller.poll()
+        if any(fd == caller for fd, _ in poller.poll()):
+            return _CALLER_GONE
         sigs.drain()
     return None
 

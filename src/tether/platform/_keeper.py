@@ -145,16 +145,17 @@ class Keeper:
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
 
-    def reap(self) -> None:
+    def reap(self) -> bool:
+        """Reap every exited child; False once there are no children left."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             except InterruptedError:
                 continue
             if pid == 0:
-                return
+                return True
             self.reaped(pid, status)
 
     def spawn(self, exe: bytes | str, argv: list, env, **kwargs) -> int:
@@ -201,15 +202,28 @@ class Keeper:
 
     # -- driver 2: the pipe, for the one-command path ------------------------------------
     def run_one(self, executable: str, argv: list[str], *, pgid: int, ignored: set[int],
-                grace: float, rep_w: int, ctl_r: int) -> int:
+                grace: float, rep_w: int, ctl_r: int, env=None, caller_fd: int | None = None,
+                shared: bool = False) -> int:
         """Start the one command (it inherits this keeper's fds, cwd and
-        environment, which are the owner's), report ``P <pid> <mechanism>``
-        on ``rep_w``, wait for it, end what it left behind (SIGTERM, ``grace``,
-        the mechanism's kill) and report ``X <status> <leftovers>``. A byte on
-        ``ctl_r`` (the owner got SIGTERM/SIGHUP) ends the job now; EOF on it,
-        or the owner's pidfd, means the owner is gone: end everything, no
-        grace, report nothing."""
+        environment, which are the owner's; ``env``: that environment with
+        the job's cookie first), report ``P <pid> <mechanism> <start ticks>
+        <cgroup or ->`` on ``rep_w``, wait for it, end what it left behind
+        (SIGTERM, ``grace``, the mechanism's kill) and report ``X <status>
+        <leftovers>``. A byte on ``ctl_r`` (the owner got SIGTERM/SIGHUP) ends
+        the job now; EOF on it, or the owner's pidfd, means the owner is gone:
+        end everything, no grace, report nothing. ``caller_fd`` (a pidfd of
+        the owner's caller) readable: the caller is gone - end everything at
+        once, report ``X <status> <leftovers> caller``.
+
+        ``shared`` (tether-shell's scope ``caller``): what the command leaves
+        is not ended when it returns but lives until the caller ends. The
+        job is the caller's cgroup (shared by its commands: only this
+        command's processes, by its cookie, are ended when the command is
+        stopped or its owner dies), or this subreaper, which then stays,
+        watching the caller, until its last descendant is gone.
+        """
         mech = self.mech
+        env = os.environ if env is None else env
 
         def say(line: str) -> None:
             try:
@@ -217,21 +231,28 @@ class Keeper:
             except OSError:  # the owner is gone; the owner-gone path ends the job
                 pass
 
-        if _readable(ctl_r):  # stopped (or the owner died) while we set up
-            mech.cleanup(self)
+        def done() -> None:
+            if shared:
+                mech.step_aside()  # the caller's cgroup stays: its scope keeper removes it
+            else:
+                mech.cleanup(self)
+
+        if _readable(ctl_r) or (caller_fd is not None and _readable(caller_fd)):
+            done()  # stopped (or the owner or its caller died) while we set up
             say("X -1 0")
             return 0
         born = identity.now_ticks()  # nothing of the command is older
         try:
-            child = self.spawn(executable, argv, os.environ, setpgroup=pgid, keep_ignored=ignored)
+            child = self.spawn(executable, argv, env, setpgroup=pgid, keep_ignored=ignored)
         except Unplaced as exc:
-            mech.cleanup(self)
+            done()
             say(f"E job 0 {exc}")
             return 0
         except OSError as exc:
-            mech.cleanup(self)
+            done()
             say(f"E exec {exc.errno or 0}")
             return 0
+        child_start = identity.start_ticks(child) or 0
         try:
             # Out of the job's cgroup at once, while the command runs: the
             # move's cost overlaps the command instead of following it.
@@ -239,22 +260,24 @@ class Keeper:
         except OSError as exc:
             # Spawned, but we cannot step out: cgroup.kill would end us too.
             mech.kill_all(self, timeout=1.0)
-            mech.cleanup(self)
+            done()
             say(f"E job {exc.errno or 0} cannot leave the job's cgroup: {exc.strerror}")
             return 0
-        say(f"P {child} {mech.name}")
-        self._let_go({self.owner_pidfd, rep_w, ctl_r, self.wake_r, self.wake_w})
+        say(f"P {child} {mech.name} {child_start} {mech.trace().get('cgroup_path') or '-'}")
+        self._let_go({self.owner_pidfd, rep_w, ctl_r, self.wake_r, self.wake_w, caller_fd})
         poller = select.poll()
-        poller.register(self.owner_pidfd, select.POLLIN)
-        poller.register(ctl_r, select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
-        owner_gone = stop = False
+        for fd in (self.owner_pidfd, ctl_r, self.wake_r, caller_fd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        owner_gone = stop = caller_gone = False
         self.reap()
-        while child not in self.status and not owner_gone and not stop:
+        while child not in self.status and not owner_gone and not stop and not caller_gone:
             for fd, _ev in poller.poll():
                 if fd == self.wake_r:
                     self.drain_wakeups()
                     self.reap()
+                elif fd == caller_fd:
+                    caller_gone = True
                 elif fd == self.owner_pidfd:
                     owner_gone = True
                 elif fd == ctl_r:
@@ -262,23 +285,43 @@ class Keeper:
                         stop = True
                     else:  # the owner's end closed: it died
                         owner_gone = True
-        if owner_gone:
-            # Nobody to report to: end everything now, no grace.
+        if caller_gone:
+            # The caller (an agent CLI) is gone: its commands go with it, at
+            # once - in scope caller everything it kept, too.
             mech.kill_all(self, timeout=KILL_BOUND)
+            self.reap()
+            status = self.status.get(child)
+            say(f"X {-1 if status is None else status} 0 caller")
             mech.cleanup(self)
             return 0
-        left = [p for p in mech.member_pids(os.getpid()) if _alive_pid(p)]
-        leftovers = len([p for p in left if p != child])
-        if left:
-            from ..ending import end
+        cookie = f"{mech.options.cookie_var}={mech.options.cookie}".encode()
+        if shared and mech.keeper_inside:
+            # The caller's cgroup is shared: this command's processes are
+            # those that carry its cookie (and the shell itself).
+            def members() -> list:
+                return [i for i in map(identity.read, mech.member_pids(os.getpid()))
+                        if i is not None and (i.pid == child or identity.environ_has(i.pid, cookie))]
 
+            kill = None
+        else:
             def members() -> list:
                 return [i for i in map(identity.read, mech.member_pids(os.getpid()))
                         if i is not None]
 
-            end(members, born_after=born, grace=grace, on_round=self.reap,
-                cancel=lambda: not self.owner_alive(),
-                kill=lambda: mech.kill_all(self, timeout=KILL_BOUND), kill_name=mech.name)
+            def kill() -> None:
+                mech.kill_all(self, timeout=KILL_BOUND)
+        if owner_gone:
+            # Nobody to report to: end everything now, no grace.
+            if kill is not None:
+                kill()
+            else:
+                self._end(members, born, 0, None)
+            done()
+            return 0
+        left = [i.pid for i in members() if i.state not in ("Z", "X", "x")]
+        leftovers = len([p for p in left if p != child])
+        if left and (stop or not shared):
+            self._end(members, born, grace, kill)
         self.reap()
         status = self.status.get(child)
         if status is None:
@@ -286,9 +329,42 @@ class Keeper:
                 _, status = os.waitpid(child, 0)  # dead: it was killed above
             except ChildProcessError:
                 status = None
-        say(f"X {-1 if status is None else status} {leftovers}")
-        mech.cleanup(self)
+        linger = shared and not stop and leftovers and not mech.keeper_inside \
+            and caller_fd is not None
+        # "linger": the owner must not wait for this keeper, which stays.
+        say(f"X {-1 if status is None else status} {leftovers}" + (" linger" if linger else ""))
+        if linger:
+            self._linger(caller_fd, {rep_w, ctl_r, self.owner_pidfd})
+        done()
         return 0
+
+    def _end(self, members, born: int, grace: float, kill) -> None:
+        from ..ending import end
+
+        end(members, born_after=born, grace=grace, on_round=self.reap,
+            cancel=lambda: not self.owner_alive(), kill=kill, kill_name=self.mech.name)
+
+    def _linger(self, caller_fd: int, drop: set) -> None:
+        """Scope caller, subreaper: the command returned and left processes,
+        which are ours (this keeper is their subreaper) until the caller
+        ends. Stay, watching only the caller now, until the last of them is
+        gone (reaped) or the caller dies (then end them all)."""
+        for fd in drop:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.owner_pidfd = None  # the owner exits now: no longer a reason to end anything
+        poller = select.poll()
+        poller.register(caller_fd, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while self.reap():  # every orphan below us is our child: none left, none below
+            for fd, _ev in poller.poll():
+                if fd == caller_fd:
+                    self.mech.kill_all(self, timeout=KILL_BOUND)
+                    return
+                self.drain_wakeups()
 
     def _let_go(self, keep: set) -> None:
         """Drop what the command inherited from the owner: fds, stdio, the cwd."""
@@ -306,14 +382,84 @@ class Keeper:
             pass
 
 
+SCOPE_COMM = b"tether-scope"
+
+
+def ensure_scope_keeper(path: str, caller_fd: int) -> None:
+    """Make sure one process watches the caller of the shared cgroup
+    ``path`` (tether-shell's scope ``caller``) and ends it, with everything
+    in it, when the caller dies.
+
+    The watcher holds an exclusive ``flock`` on the cgroup's directory for
+    its whole life, so "is anyone watching" is one non-blocking lock try,
+    answered by the kernel: the lock goes with its holder, however it dies
+    (and the next command of the same caller starts a new watcher). The
+    watcher is forked from here, before the keeper joins the cgroup, so it
+    lives outside it; it is named ``tether-scope``, leads a session of its
+    own, holds only the caller's pidfd and the lock, and ignores what a
+    keeper ignores (only the caller's death ends it)."""
+    import fcntl
+
+    try:
+        lock = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: the caller is watched already
+        os.close(lock)
+        return
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(lock)  # no watcher: the commands' own keepers still watch while they run
+        return
+    if pid:
+        os.close(lock)  # the watcher's copy holds it now
+        return
+    try:
+        _scope_keeper(path, caller_fd, lock)
+    finally:
+        os._exit(0)
+
+
+def _scope_keeper(path: str, caller_fd: int, lock: int) -> None:
+    from .. import cgroupfs
+    from .._prctl import name_process
+
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    name_process(SCOPE_COMM)
+    _signal.set_wakeup_fd(-1)
+    close_other_fds({caller_fd, lock})
+    try:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
+    try:
+        os.chdir("/")
+    except OSError:
+        pass
+    poller = select.poll()
+    poller.register(caller_fd, select.POLLIN)
+    while not poller.poll():
+        pass
+    cgroupfs.kill(path, KILL_BOUND)
+    cgroupfs.remove_tree(path)
+    try:
+        os.rmdir(os.path.dirname(path))  # the caller's run directory, when nothing else is in it
+    except OSError:
+        pass
+
+
 def _readable(fd: int) -> bool:
     r, _, _ = select.select([fd], [], [], 0)
     return bool(r)
-
-
-def _alive_pid(pid: int) -> bool:
-    cur = identity.read(pid)
-    return cur is not None and cur.state not in ("Z", "X", "x")
 
 
 _OWN_IGNORED: tuple[int, tuple[int, ...]] = (0, ())

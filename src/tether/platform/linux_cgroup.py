@@ -97,13 +97,16 @@ class Mechanism(KeeperMechanism):
             path = os.path.join(run_dir, leaf)
         try:
             os.mkdir(path)
-        except OSError:
-            if made_run is not None:
-                try:
-                    os.rmdir(made_run)
-                except OSError:
-                    pass
-            raise
+        except OSError as exc:
+            # A shared job (tether-shell's scope caller: one cgroup per caller,
+            # used by each of its commands) is opened again by each of them.
+            if not (isinstance(exc, FileExistsError) and self.params.get("shared")):
+                if made_run is not None:
+                    try:
+                        os.rmdir(made_run)
+                    except OSError:
+                        pass
+                raise
         self.params["cgroup_path"] = path
         self.params["home_cgroup"] = loc[1] if loc else "/"
         self.params["mount"] = loc[0] if loc else None

@@ -43,12 +43,18 @@ import os
 import select
 import sys
 
+from .. import identity
 from .._sigwatch import SignalWatch
+from ..cgroupfs import SHELL_SCOPE_DIR
 from ..errors import JobRefused, Unavailable
 
-__all__ = ["Result", "Unavailable", "available", "run", "MECHANISMS"]
+__all__ = ["Result", "Unavailable", "available", "run", "watch_caller", "MECHANISMS", "SCOPES"]
 
 MECHANISMS = ("auto", "cgroup", "subreaper")
+COMMAND, CALLER = "command", "caller"
+SCOPES = (COMMAND, CALLER)
+SCOPE_JOB = SHELL_SCOPE_DIR  # the cgroup of a caller's scope
+COOKIE_VAR = identity.COOKIE_VAR
 STOP_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP)  # end the job now
 DEFER_SIGNALS = (_signal.SIGINT, _signal.SIGQUIT)  # the command gets them from the terminal
 # = _keeper.RESTORED: Python ignores these at start-up, and every keeper
@@ -62,13 +68,25 @@ class Result:
 
     ``status``: its raw wait status (``os.waitstatus_to_exitcode`` turns it
     into a return code), or None (never started, or the keeper was lost).
-    ``child``: its pid. ``mechanism``: ``cgroup`` or ``subreaper``.
-    ``leftovers``: processes still in the job when the command returned (they
-    were ended). ``stopped_by``: the stop signal the owner received, if any.
-    ``error``: ``keeper-gone`` when the keeper vanished without a report.
+    ``child``: its pid; ``child_start``: its start ticks. ``mechanism``:
+    ``cgroup`` or ``subreaper``. ``leftovers``: processes still in the job
+    when the command returned (ended, or in scope ``caller`` left running).
+    ``stopped_by``: the stop signal the owner received, if any. ``error``:
+    ``keeper-died`` when the keeper vanished without a report (the job was
+    then ended from here), ``no-status`` when it could not tell the status.
+    ``ended_by``: ``caller`` when the caller's death ended the job.
+
+    The job's identity, for the audit: ``run`` and ``job`` (ids),
+    ``owner_start`` (this process's start ticks), ``keeper`` and
+    ``keeper_start``, ``cgroup`` (the job's cgroup, or None), ``cookie``
+    (what every process of the job carries in its environment, first, as
+    ``cookie_var=cookie``), ``scope`` and ``caller`` (``(pid, start)`` of
+    the watched caller, or None).
     """
 
-    __slots__ = ("status", "child", "mechanism", "leftovers", "stopped_by", "error")
+    __slots__ = ("status", "child", "mechanism", "leftovers", "stopped_by", "error", "ended_by",
+                 "run", "job", "owner_start", "keeper", "keeper_start", "child_start", "cgroup",
+                 "cookie", "cookie_var", "scope", "caller")
 
     def __init__(self) -> None:
         self.status: int | None = None
@@ -77,6 +95,13 @@ class Result:
         self.leftovers = 0
         self.stopped_by: int | None = None
         self.error: str | None = None
+        self.ended_by: str | None = None
+        self.run = self.job = self.cookie = ""
+        self.cookie_var = COOKIE_VAR
+        self.owner_start = self.keeper = self.keeper_start = self.child_start = 0
+        self.cgroup: str | None = None
+        self.scope = COMMAND
+        self.caller: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return "Result(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
@@ -89,31 +114,74 @@ def available() -> bool:
         and hasattr(os, "posix_spawn")
 
 
+# -- the caller --------------------------------------------------------------------
+
+def watch_caller() -> "tuple[int, int, int] | None":
+    """``(pid, start ticks, pidfd)`` of this process's caller (its parent),
+    to be watched from the start; None when it is not watched:
+
+    * PID 1 (or 0, a parent outside our PID namespace): init never exits
+      while we run - and when a namespace's init dies the kernel ends every
+      process in it, ours included - so watching it protects nothing;
+    * an orphan adopted at start: our caller exited before we could look,
+      and the process we now see as our parent (PID 1 or a sub-reaper such
+      as ``systemd --user`` or ``tether run``) is not the one that started
+      us: tying the job to it would end the job at a moment that has nothing
+      to do with the caller. We can tell when we are not a session leader:
+      our session was inherited from whoever forked us, so a parent in
+      another session did not (a session leader, as agent CLIs make every
+      tool call, cannot be told apart from a child: its parent is watched).
+    """
+    ppid = os.getppid()
+    if ppid <= 1:
+        return None
+    try:
+        fd = os.pidfd_open(ppid)
+        sid = os.getsid(0)
+        if sid != os.getpid() and os.getsid(ppid) != sid:
+            os.close(fd)
+            return None
+    except OSError:  # gone already (ESRCH): we are an orphan now
+        return None
+    start = identity.start_ticks(ppid)
+    if start is None:
+        os.close(fd)
+        return None
+    return ppid, start, fd
+
+
 # -- the owner's side --------------------------------------------------------------
 
-def _self_status() -> tuple[int, int, int]:
-    from .. import identity
-
-    return identity.self_status()
-
-
-def _start_ticks() -> int:
-    from .. import identity
-
-    return identity.start_ticks("self") or 0
+def _start_ticks(pid: "int | str" = "self") -> int:
+    return identity.start_ticks(pid) or 0
 
 
 def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: float = 0.5,
-        on_start=None, stop_signals=STOP_SIGNALS, defer_signals=DEFER_SIGNALS) -> "Result":
+        on_start=None, stop_signals=STOP_SIGNALS, defer_signals=DEFER_SIGNALS,
+        caller: "tuple[int, int, int] | None" = None, scope: str = COMMAND) -> "Result":
     """Run ``argv`` (``executable``, an absolute path) in a job of its own; wait.
 
     ``mechanism``: ``auto`` (cgroup v2 where writable, else a subreaper),
-    ``cgroup`` or ``subreaper``. ``on_start(pid, mechanism)`` is called once
-    the command runs. A stop signal (SIGTERM, SIGHUP) received meanwhile ends
-    the job (SIGTERM, ``grace``, SIGKILL) and is returned as ``stopped_by``;
-    SIGINT/SIGQUIT are recorded and otherwise left to the command (it shares
-    our process group), as a shell waiting for a foreground command does.
-    Signal handlers are restored before returning.
+    ``cgroup`` or ``subreaper``. ``on_start(result)`` is called once the
+    command runs (the job's identity filled in). A stop signal (SIGTERM,
+    SIGHUP) received meanwhile ends the job (SIGTERM, ``grace``, SIGKILL) and
+    is returned as ``stopped_by``; SIGINT/SIGQUIT are recorded and otherwise
+    left to the command (it shares our process group), as a shell waiting for
+    a foreground command does. Signal handlers are restored before returning.
+
+    ``caller``: :func:`watch_caller`'s answer (its pidfd is closed here): the
+    caller's death ends the job at once, as this process's own would.
+    ``scope``: ``command`` (what the command leaves is ended when it
+    returns) or ``caller`` (what it leaves runs on, in one job per caller -
+    the cgroup ``tether-<caller pid>-<caller start>/shell-scope``, or, with
+    the subreaper, this command's keeper, which stays - and is ended when
+    the caller ends; a command stopped or whose owner dies is still ended
+    whole). ``caller`` scope needs a watched caller (else: ``command``).
+
+    If the keeper dies while the command runs, one line says so on stderr
+    (``tether: keeper died; the job is no longer guarded``), the job is
+    ended from here (its cgroup's ``cgroup.kill``, or the processes that
+    carry its cookie) and ``error`` is ``keeper-died``.
 
     Raises ``Unavailable`` (nothing started: use the generic ``Job``),
     ``JobRefused`` (the job could not be created: nothing ran) or the
@@ -128,15 +196,22 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
     except ValueError as e:
         raise Unavailable(str(e)) from None
     try:
-        return _run(argv, executable, mechanism, float(grace), on_start, sigs)
+        return _run(argv, executable, mechanism, float(grace), on_start, sigs, caller,
+                    scope if caller is not None else COMMAND)
     finally:
         sigs.restore()
+        if caller is not None:
+            try:
+                os.close(caller[2])
+            except OSError:
+                pass
 
 
-def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "Result":
+def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", caller,
+         scope) -> "Result":
     res = Result()
     try:
-        threads, ign, _blocked = _self_status()
+        threads, ign, _blocked = identity.self_status()
     except (OSError, ValueError):
         raise Unavailable("/proc/self/status is not readable") from None
     if threads != 1:
@@ -150,6 +225,18 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
     pgid = os.getpgrp()
     owner_ignores = {s for s in range(1, 65) if ign & (1 << (s - 1))}
     ignored = owner_ignores - set(_RESTORED)
+    res.owner_start = owner_start
+    res.scope = scope
+    if caller is not None:
+        res.caller = (caller[0], caller[1])
+    if scope == CALLER:
+        # One run per caller: it is over when the caller is.
+        res.run, res.job = f"{caller[0]}-{caller[1]}", f"s{owner}-{owner_start}"
+    else:
+        res.run, res.job = f"{owner}-{owner_start}", f"j{owner}-1"
+    # The job's cookie: random, so a stranger given a leftover's pid within the
+    # same clock tick cannot carry it (os.urandom: `secrets` costs an import).
+    res.cookie = f"{res.run}:{res.job}:{os.urandom(8).hex()}"
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     early = sigs.first(any_kind=True)
@@ -159,6 +246,7 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
             os.close(fd)
         res.stopped_by = early
         return res
+    born = identity.now_ticks()  # nothing of the job is older
     try:
         keeper = os.fork()
     except OSError as exc:
@@ -171,7 +259,7 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
         try:
             code = _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid,
                                 ignored, owner_ignores, owner_fd, rep_w, ctl_r,
-                                (sigs.rfd, sigs.wfd, rep_r, ctl_w))
+                                (sigs.rfd, sigs.wfd, rep_r, ctl_w), res, caller)
         except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
             try:
                 import traceback
@@ -184,7 +272,9 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
     os.close(owner_fd)
     os.close(rep_w)
     os.close(ctl_r)
+    res.keeper = keeper
     failure = None
+    reported = lingers = False
     try:
         poller = select.poll()
         poller.register(rep_r, select.POLLIN)
@@ -210,30 +300,52 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
                 continue
             data = os.read(rep_r, 4096)
             if not data:
-                res.error = "keeper-gone"
+                # EOF without a report: the keeper died (its end of the pipe
+                # was its alone), at once noticed. The job is unguarded now.
+                res.error = "keeper-died"
                 break
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                word = line.split(b" ", 3)
+                word = line.split(b" ", 4)
                 if word[0] == b"P":
                     res.child = int(word[1])
                     res.mechanism = word[2].decode()
+                    res.child_start = int(word[3])
+                    path = word[4].decode("utf-8", "surrogateescape")
+                    res.cgroup = None if path == "-" else path
+                    res.keeper_start = _start_ticks(keeper)  # our child: readable until reaped
                     if on_start is not None:
-                        on_start(res.child, res.mechanism)
+                        on_start(res)
                 elif word[0] == b"X":
                     st = int(word[1])
                     res.status = st if st >= 0 else None
+                    if st < 0:
+                        res.error = "no-status"
                     res.leftovers = int(word[2])
-                    done = True
+                    if len(word) > 3 and word[3] == b"caller":
+                        res.ended_by = CALLER
+                    lingers = len(word) > 3 and word[3] == b"linger"
+                    done = reported = True
                 elif word[0] == b"E":
-                    failure = (word[1], int(word[2]), word[3].decode("utf-8", "replace")
-                               if len(word) > 3 else "")
+                    failure = (word[1], int(word[2]), b" ".join(word[3:]).decode(
+                        "utf-8", "replace"))
                     done = True
     finally:
         os.close(rep_r)
         os.close(ctl_w)
-        while True:
+        if res.error == "keeper-died" and res.child is not None and not reported:
+            from ..runner import KEEPER_DIED  # the same words as `tether run`'s
+
+            try:
+                os.write(2, (KEEPER_DIED + "\n").encode())
+            except OSError:
+                pass
+            _end_from_here(res, born)
+        # A keeper that stays (scope caller, subreaper: it keeps what the
+        # command left until the caller ends) is not waited for; once we exit
+        # it is re-parented and reaped by its new parent.
+        while not lingers:
             try:
                 os.waitpid(keeper, 0)
                 break
@@ -249,10 +361,25 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch") -> "
     return res
 
 
+def _end_from_here(res: "Result", born: int) -> None:
+    """The keeper is gone while the command runs: end the job from the owner -
+    the job's cgroup (``cgroup.kill``; in scope ``caller`` only this command's
+    processes, the scope is shared), and every process that carries the job's
+    cookie (what a subreaper job's members were re-parented away with)."""
+    from .. import cgroupfs
+    from ..ending import KILL_BOUND, end
+
+    if res.cgroup and res.scope == COMMAND:
+        cgroupfs.kill(res.cgroup, KILL_BOUND)
+    entry = f"{res.cookie_var}={res.cookie}".encode()
+    end(lambda: identity.carriers(entry, born_after=born), born_after=born, grace=0,
+        member=False, bound=KILL_BOUND)
+
+
 # -- the keeper's side ---------------------------------------------------------------
 
 def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
-                 owner_ignores, owner_fd, rep_w, ctl_r, inherited) -> int:
+                 owner_ignores, owner_fd, rep_w, ctl_r, inherited, res, caller) -> int:
     """In the forked keeper: open the job, then ``Keeper.run_one``."""
     from . import _keeper as kp
 
@@ -273,8 +400,9 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
     from .._prctl import name_process
 
     name_process(kp.KEEPER_COMM)
+    caller_fd = caller[2] if caller is not None else None
     try:
-        keeper = _open_job(kp, mechanism, owner, owner_start, owner_fd)
+        keeper = _open_job(kp, mechanism, owner, owner_start, owner_fd, res, caller_fd)
     except OSError as exc:
         say(f"E job {exc.errno or 0} cannot create the job ({mechanism}): {exc.strerror or exc}")
         return 0
@@ -283,31 +411,46 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
         return 0
     # What this keeper ignores now: what it inherited, and what it ignores itself.
     keeper.ignoring = tuple(sorted((owner_ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
+    from .base import with_cookie
+
+    env = with_cookie(os.environ, keeper.mech.options)
     try:
         return keeper.run_one(executable, argv, pgid=pgid, ignored=ignored, grace=grace,
-                              rep_w=rep_w, ctl_r=ctl_r)
+                              rep_w=rep_w, ctl_r=ctl_r, env=env, caller_fd=caller_fd,
+                              shared=res.scope == CALLER)
     except BaseException:
         # Never leave the job running on a keeper bug: end it, then say so.
         try:
             keeper.mech.kill_all(keeper, timeout=kp.KILL_BOUND)
         finally:
-            keeper.mech.cleanup(keeper)
+            if res.scope != CALLER:
+                keeper.mech.cleanup(keeper)
             say("X -1 0")
         raise
 
 
-def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int):
+def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, res: "Result",
+              caller_fd: "int | None"):
     """A set-up Keeper with its job open: cgroup where asked (or, for auto,
-    where this process may join one), else a subreaper."""
-    from .. import identity
+    where this process may join one), else a subreaper. In scope ``caller``
+    the cgroup is the caller's (shared by its commands, named for it) and a
+    scope keeper watches it; a subreaper job is this command's."""
     from . import keeper_mechanism
     from .base import JobOptions
 
-    options = JobOptions(name="tether-shell", job_id=f"j{owner}-1")
+    shared = res.scope == CALLER
+
+    def options(job_id: str) -> "JobOptions":
+        return JobOptions(name="tether-shell", job_id=job_id, cookie=res.cookie,
+                          cookie_var=res.cookie_var)
+
     born = identity.now_ticks()
     if mechanism in ("auto", "cgroup"):
-        mech = keeper_mechanism("cgroup")(options, owner, owner_start, born_after=born,
-                                           sweep=False)
+        # The run directory names the job's owner: in scope caller the caller.
+        run_owner = res.caller if shared else (owner, owner_start)
+        mech = keeper_mechanism("cgroup")(options(SCOPE_JOB if shared else res.job), run_owner[0],
+                                           run_owner[1], born_after=born, sweep=False,
+                                           shared=shared)
         try:
             mech.prepare()
         except OSError:
@@ -316,16 +459,19 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int):
             mech = None  # auto: no writable cgroup v2 here (EACCES, EROFS, none mounted)
         if mech is not None:
             keeper = kp.Keeper(mech, owner, owner_fd)
+            if shared and caller_fd is not None:
+                kp.ensure_scope_keeper(mech.path, caller_fd)
             mech.keeper_setup(keeper)
             # Joining is the real permission test (a delegated subtree needs
             # write access to the common ancestor's cgroup.procs).
             if mech.inside:
                 keeper.setup_wakeup()
                 return keeper
-            mech.cleanup(keeper)
+            if not shared:
+                mech.cleanup(keeper)
             if mechanism == "cgroup":
                 raise PermissionError(13, "cannot join the job's cgroup")
-    mech = keeper_mechanism("subreaper")(options, owner, owner_start, born_after=born)
+    mech = keeper_mechanism("subreaper")(options(res.job), owner, owner_start, born_after=born)
     keeper = kp.Keeper(mech, owner, owner_fd)
     keeper.setup()
     return keeper

@@ -215,15 +215,7 @@ class KeeperJob(JobBackend):
         o = self.options
         if not o.cookie:
             return []
-        entry = f"{o.cookie_var}={o.cookie}".encode()
-        cap = identity.capture(born_after=self.born_after)
-        uid = os.geteuid()
-        found = {i.pid: i for i in cap.procs.values()
-                 if i.state not in "ZXx" and (i.uid == uid or uid == 0)
-                 and identity.environ_has(i.pid, entry)}
-        for d in cap.descendants(list(found), born_after=self.born_after):
-            found.setdefault(d.pid, d)
-        return list(found.values())
+        return identity.carriers(f"{o.cookie_var}={o.cookie}".encode(), born_after=self.born_after)
 
     def member_pids(self) -> list[int]:
         if self._closed:
