@@ -117,13 +117,13 @@ def start_host_child(procs, state: Path, scenario: str, app: str = APP) -> tuple
 def provable(tree: list[Identity], info: dict) -> list[Identity]:
     """What of a tree whose guardians died the audit can still tie to its run.
 
-    With a cgroup, everything (the stale cgroup holds it). Otherwise the
-    setsid escapee whose parent exited is linked to the run by nothing the
-    kernel keeps (docs/reaper.md, "Limits"): it is left to the fixture.
+    With a cgroup, everything (the stale cgroup holds it). Otherwise what the
+    keeper's records and parent links reach, and the setsid escapee whose
+    parent exited by the job's cookie, which it keeps in its environment
+    (docs/reaper.md, "Limits"): everything too, for a tree that leaves its
+    environment alone, as these do.
     """
-    if info["mechanism"] == "cgroup":
-        return tree
-    return [i for i in tree if i.sid != i.pid]
+    return list(tree)
 
 
 def kill_run_with_guardians(p: subprocess.Popen, info: dict) -> None:

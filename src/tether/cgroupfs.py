@@ -31,13 +31,16 @@ __all__ = [
     "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
-    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER",
+    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER", "SHELL_SCOPE_DIR",
 ]
 
 RUN_PREFIX = "tether-"
 #: A job directory whose name ends so belongs to a background job: it
 #: outlives its owner on purpose and no reaper ends it.
 BACKGROUND_SUFFIX = ".bg"
+#: The cgroup of tether-shell's caller scope:
+#: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
+SHELL_SCOPE_DIR = "shell-scope"
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
 

@@ -37,7 +37,6 @@ from typing import Any
 
 from . import cgroupfs, identity
 from .identity import Identity
-from .platform.oneshot import SCOPE_JOB as _SHELL_SCOPE_DIR
 from .runs import SHELL_JOB, SHELL_SCOPE_JOB
 from .stops import format_duration
 
@@ -249,7 +248,7 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
             j.sources.add("cgroup")
             if j.mechanism is None:
                 j.mechanism = "cgroup"
-            if j.name is None and job_id == _SHELL_SCOPE_DIR:
+            if j.name is None and job_id == cgroupfs.SHELL_SCOPE_DIR:
                 j.name = SHELL_SCOPE_JOB  # its owner (the run dir's) is the caller
             if j.owner is None:
                 j.owner = owner

@@ -216,7 +216,8 @@ def outliving_processes(settle: float = 0.25) -> list[Identity]:
     cap = identity.capture(time_cap=0.5, born_after=start)
     found = {i.pid: i for i in cap.descendants([me], born_after=start)}
     ancestors = identity.own_ancestors()
-    mine = {os.getsid(0), os.getpgrp()} - {0, 1}
+    # Windows has no sessions or process groups: there, only descendants.
+    mine = {os.getsid(0), os.getpgrp()} - {0, 1} if hasattr(os, "getsid") else set()
     for ident in cap.procs.values():
         # Strictly later than us (a pipeline's other commands start in the
         # same clock tick), never an ancestor (a wrapper such as `timeout`).

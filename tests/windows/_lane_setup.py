@@ -33,8 +33,12 @@ def main() -> int:
 
     prefix = os.path.join(dest, "tether")
     shutil.rmtree(prefix, ignore_errors=True)
+    # --ignore-installed: this Python's path puts the checkout's src first,
+    # and an editable install there (CI's) leaves tether.egg-info, which pip
+    # would take for tether already installed, and install nothing.
     rc = pip_main(["install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-                   "--disable-pip-version-check", "--prefix", prefix, tether_wheel])
+                   "--ignore-installed", "--disable-pip-version-check", "--prefix", prefix,
+                   tether_wheel])
     if rc:
         print(f"pip install of {tether_wheel} failed: {rc}", flush=True)
         return 1

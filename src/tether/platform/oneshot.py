@@ -45,6 +45,7 @@ import sys
 
 from .. import identity
 from .._sigwatch import SignalWatch
+from ..cgroupfs import SHELL_SCOPE_DIR
 from ..errors import JobRefused, Unavailable
 
 __all__ = ["Result", "Unavailable", "available", "run", "watch_caller", "MECHANISMS", "SCOPES"]
@@ -52,8 +53,7 @@ __all__ = ["Result", "Unavailable", "available", "run", "watch_caller", "MECHANI
 MECHANISMS = ("auto", "cgroup", "subreaper")
 COMMAND, CALLER = "command", "caller"
 SCOPES = (COMMAND, CALLER)
-#: The cgroup of a caller's scope: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
-SCOPE_JOB = "shell-scope"
+SCOPE_JOB = SHELL_SCOPE_DIR  # the cgroup of a caller's scope
 COOKIE_VAR = identity.COOKIE_VAR
 STOP_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP)  # end the job now
 DEFER_SIGNALS = (_signal.SIGINT, _signal.SIGQUIT)  # the command gets them from the terminal
