@@ -323,12 +323,12 @@ def test_audited_spawn_identity_is_read_before_reaping(tmp_path, mech):
         assert by_pid[p.pid]["start"] == p.tether_identity.token()
 
 
-@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 def _cgroup_of(pid):
     with open(f"/proc/{pid}/cgroup") as f:
         return next(line[3:].strip() for line in f if line.startswith("0::"))
 
 
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs, monkeypatch):
     monkeypatch.setenv("TETHER_NATIVE", "0")  # the Python keeper
     cgroup_of = _cgroup_of

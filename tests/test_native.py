@@ -199,7 +199,7 @@ def test_a_datagram_larger_than_the_buffer_is_refused_whole(keeper):
     assert keeper.alive()
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(
     st.binary(max_size=300),
