@@ -32,15 +32,29 @@ from tether.platform import choose, native, probe  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn.json")
 
 
-def pss_kb(pid: int) -> int | None:
+def _rollup(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    out[parts[0].rstrip(":")] = int(parts[1])
     except OSError:
-        return None
-    return None
+        pass
+    return out
+
+
+def pss_kb(pid: int) -> int | None:
+    """Proportional set size: shared pages split among the processes mapping them."""
+    return _rollup(pid).get("Pss")
+
+
+def uss_kb(pid: int) -> int | None:
+    """Unique set size: the pages only this process maps, what one more job costs.
+    (PSS of a lone keeper also carries its share of libc pages few others touch.)"""
+    r = _rollup(pid)
+    return r["Private_Clean"] + r["Private_Dirty"] if "Private_Dirty" in r else None
 
 
 def timed(fn) -> float:
@@ -81,7 +95,13 @@ def main() -> int:
     print(f"spawn+wait of /bin/true, {n} rounds, median µs (auto = {out['auto']})")
     print(f"  {'mechanism':<17} {'plain':>8} {'tether':>8} {'ratio':>6}  {'open job':>9} {'keeper PSS':>10}")
     for label, m, k in mechs:
-        t_open = [timed(lambda m=m, k=k: job_of(m, k).close()) for _ in range(max(5, n // 20))]
+        t_open = []
+        for i in range(max(5, n // 20) + 3):  # open only (close is not timed); 3 warm-ups
+            t0 = time.perf_counter()
+            j = job_of(m, k)
+            if i >= 3:
+                t_open.append(time.perf_counter() - t0)
+            j.close()
         job = job_of(m, k)
         for _ in range(10):  # warm up both paths
             plain()
@@ -136,14 +156,17 @@ def main() -> int:
                 ts = [timed(lambda jobs=jobs: jobs[-1].popen(["/bin/true"]).wait())
                       for _ in range(max(20, n // 5))]
                 pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
+                uss = sum(uss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
             finally:
                 for j in jobs:
                     j.close()
             growth.append({"keeper": k, "open_jobs": count,
                            "spawn_us": round(statistics.median(ts) * 1e6, 1),
-                           "keepers_pss_kb_total": pss, "pss_kb_per_job": round(pss / count, 1)})
+                           "keepers_pss_kb_total": pss, "pss_kb_per_job": round(pss / count, 1),
+                           "uss_kb_per_job": round(uss / count, 1)})
             print(f"  {k:<6} {count:3d} open jobs: spawn {growth[-1]['spawn_us']:.0f} µs, "
-                  f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS per job")
+                  f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS, "
+                  f"{growth[-1]['uss_kb_per_job']:.0f} kB USS per job")
     out["growth"] = growth
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
