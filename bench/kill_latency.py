@@ -9,8 +9,11 @@ even for 1000 processes; a zombie counts as dead (pidfds fire at exit).
 Members are found only among processes born after the trial began that carry
 the trial's environment mark; leftovers are ended by recorded identity.
 
-Target (issue 2): tether's median within 1.5x of the unshare baseline at 100
-and 1000 processes.
+Each keeper mechanism runs with both keepers where the native one is built
+(``cgroup/native`` and ``cgroup/python``: TETHER_NATIVE=1 / 0).
+
+Targets: issue 2, tether's median within 1.5x of the unshare baseline at 100
+and 1000 processes; issue 18, the native keeper at or below 1.0x there.
 
 usage: python3 bench/kill_latency.py [--trials 20] [--sizes 1,10,100,1000] [--quick]
 """
@@ -35,7 +38,7 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 sys.path.insert(0, SRC)
 
 from tether import identity  # noqa: E402
-from tether.platform import probe  # noqa: E402
+from tether.platform import native, probe  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kill_latency.json")
 
@@ -64,6 +67,9 @@ def marked(born: int, mark: bytes) -> list[identity.Identity]:
 
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     tree = TREE if n > 1 else "trap '' TERM HUP; exec sleep 300"
+    kind, _, keeper = kind.partition("/")
+    if keeper:
+        env = dict(env, TETHER_NATIVE="1" if keeper == "native" else "0")
     if kind == "unshare":
         args = ["unshare", "--pid", "--fork", "--kill-child"]
         if os.geteuid() != 0:
@@ -149,7 +155,10 @@ def main() -> int:
     sizes = [1, 10, 100] if a.quick else [int(x) for x in a.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    kinds = [m for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available]
+    keepers = ["native", "python"] if native.built() else ["python"]
+    kinds = [f"{m}/{k}" if m != "pgroup" else m
+             for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available
+             for k in (keepers if m != "pgroup" else ["python"])]
     baseline_ok = shutil.which("unshare") is not None
     if baseline_ok:
         kinds.insert(0, "unshare")
@@ -157,7 +166,7 @@ def main() -> int:
                  "kernel": platform.release(), "load_avg_start": os.getloadavg(), "results": {},
                  "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable"}
     print("owner SIGKILL -> last member dead (ms); tree includes setsid/nohup escapees and a TERM-ignorer")
-    print(f"  {'mechanism':<10} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} {'vs unshare':>10}")
+    print(f"  {'mechanism':<17} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} {'vs unshare':>10}")
     for n in sizes:
         t = trials if n < 1000 else max(3, trials // 2)
         for kind in kinds:
@@ -174,7 +183,7 @@ def main() -> int:
             ratio = (row["p50_ms"] / base) if (base and row["p50_ms"]) else None
             row["ratio_vs_unshare"] = round(ratio, 2) if ratio else None
             fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
-            print(f"  {kind:<10} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
+            print(f"  {kind:<17} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
                   f"{surv:9d} {(f'{ratio:.2f}x') if ratio else '-':>10}")
     out["load_avg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)

@@ -4,9 +4,13 @@
 Also: the cost of opening a job, memory per open job (the keeper's PSS), and
 how spawn time grows with the number of open jobs. Rounds interleave tether
 and the baseline so machine noise hits both alike; we report medians and the
-ratio. Target (issue 2): auto <= 1.5x plain Popen.
+ratio. Each mechanism runs with both keepers where the native one is built:
+``native`` (tether-keeper, C) and ``python`` (TETHER_NATIVE=0, the baseline
+it replaces). Targets (issue 18, native keeper): spawn+wait <= 1.25x plain
+Popen, tight and spaced 50 ms apart; opening a job <= 1 ms; <= 256 KiB PSS
+per open job at 1, 10 and 100 jobs, spawn time flat as they grow.
 
-usage: python3 bench/spawn.py [--n 300] [--quick]
+usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python]
 """
 
 from __future__ import annotations
@@ -23,20 +27,34 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from tether import Job  # noqa: E402
-from tether.platform import choose, probe  # noqa: E402
+from tether.platform import choose, native, probe  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn.json")
 
 
-def pss_kb(pid: int) -> int | None:
+def _rollup(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    out[parts[0].rstrip(":")] = int(parts[1])
     except OSError:
-        return None
-    return None
+        pass
+    return out
+
+
+def pss_kb(pid: int) -> int | None:
+    """Proportional set size: shared pages split among the processes mapping them."""
+    return _rollup(pid).get("Pss")
+
+
+def uss_kb(pid: int) -> int | None:
+    """Unique set size: the pages only this process maps, what one more job costs.
+    (PSS of a lone keeper also carries its share of libc pages few others touch.)"""
+    r = _rollup(pid)
+    return r["Private_Clean"] + r["Private_Dirty"] if "Private_Dirty" in r else None
 
 
 def timed(fn) -> float:
@@ -49,21 +67,42 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--keeper", choices=("both", "native", "python"), default="both")
     a = ap.parse_args()
     n = 60 if a.quick else a.n
-    mechs = ["auto"] + [m for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available]
+    keepers = ["native", "python"] if a.keeper == "both" else [a.keeper]
+    if not native.built():
+        keepers = [k for k in keepers if k == "python"] or ["python"]
+    base_mechs = ["auto"] + [m for m in ("cgroup", "subreaper", "pidns", "pgroup")
+                             if probe(m).available]
+    # (label, mechanism, keeper): pgroup keeps its Python keeper
+    mechs = [(m if k == "python" and len(keepers) == 1 else f"{m}/{k}", m, k)
+             for m in base_mechs for k in keepers if not (m == "pgroup" and k == "native")]
     out: dict = {"bench": "spawn", "n": n, "python": platform.python_version(),
                  "kernel": platform.release(), "uid": os.geteuid(), "auto": choose("auto"),
-                 "load_avg": os.getloadavg(), "mechanisms": {}}
+                 "keepers": keepers, "load_avg": os.getloadavg(), "mechanisms": {}}
+
+    def job_of(m: str, k: str) -> Job:
+        os.environ["TETHER_NATIVE"] = "1" if k == "native" else "0"
+        try:
+            return Job(mechanism=m)
+        finally:
+            del os.environ["TETHER_NATIVE"]
 
     def plain() -> None:
         subprocess.Popen(["/bin/true"]).wait()
 
     print(f"spawn+wait of /bin/true, {n} rounds, median µs (auto = {out['auto']})")
-    print(f"  {'mechanism':<10} {'plain':>8} {'tether':>8} {'ratio':>6}  {'open job':>9} {'keeper PSS':>10}")
-    for m in mechs:
-        t_open = [timed(lambda m=m: Job(mechanism=m).close()) for _ in range(max(5, n // 20))]
-        job = Job(mechanism=m)
+    print(f"  {'mechanism':<17} {'plain':>8} {'tether':>8} {'ratio':>6}  {'open job':>9} {'keeper PSS':>10}")
+    for label, m, k in mechs:
+        t_open = []
+        for i in range(max(5, n // 20) + 3):  # open only (close is not timed); 3 warm-ups
+            t0 = time.perf_counter()
+            j = job_of(m, k)
+            if i >= 3:
+                t_open.append(time.perf_counter() - t0)
+            j.close()
+        job = job_of(m, k)
         for _ in range(10):  # warm up both paths
             plain()
             job.popen(["/bin/true"]).wait()
@@ -74,20 +113,21 @@ def main() -> int:
         pss = pss_kb(job.trace()["keeper_pid"])
         job.close()
         b, o = statistics.median(base) * 1e6, statistics.median(ours) * 1e6
-        out["mechanisms"][m] = {"plain_us": round(b, 1), "tether_us": round(o, 1),
+        out["mechanisms"][label] = {"plain_us": round(b, 1), "tether_us": round(o, 1),
                                 "ratio": round(o / b, 3), "open_job_us": round(statistics.median(t_open) * 1e6, 1),
                                 "keeper_pss_kb": pss,
                                 "tether_p90_us": round(sorted(ours)[int(len(ours) * 0.9)] * 1e6, 1),
                                 "plain_p90_us": round(sorted(base)[int(len(base) * 0.9)] * 1e6, 1)}
-        r = out["mechanisms"][m]
-        print(f"  {m:<10} {b:8.0f} {o:8.0f} {o / b:6.2f}  {r['open_job_us']:8.0f}µs {pss or 0:8d}kB")
+        r = out["mechanisms"][label]
+        r["keeper"] = k
+        print(f"  {label:<17} {b:8.0f} {o:8.0f} {o / b:6.2f}  {r['open_job_us']:8.0f}µs {pss or 0:8d}kB")
 
     # Spaced out, as an agent spawns (a command every so often): 50 ms of quiet
     # before each spawn. A tight loop hides costs that only a cold kernel path
     # pays (a cgroup move after an RCU grace period: see linux_cgroup.py).
     spaced_n = 20 if a.quick else 60
     print(f"spaced spawns (50 ms apart), {spaced_n} rounds, median µs")
-    jobs = {m: Job(mechanism=m) for m in mechs if m != "auto"}
+    jobs = {label: job_of(m, k) for label, m, k in mechs if m != "auto"}
     samples: dict[str, list[float]] = {"plain": [], **{m: [] for m in jobs}}
     try:
         for _ in range(spaced_n):
@@ -105,22 +145,28 @@ def main() -> int:
         med = statistics.median(v) * 1e6
         out["spaced"]["mechanisms"][m] = {"tether_us": round(med, 1), "ratio": round(med / pb, 3),
                                           "p90_us": round(v[int(len(v) * 0.9)] * 1e6, 1)}
-        print(f"  {m:<10} plain {pb:6.0f}  tether {med:6.0f}  ratio {med / pb:5.2f}")
+        print(f"  {m:<17} plain {pb:6.0f}  tether {med:6.0f}  ratio {med / pb:5.2f}")
 
     # Growth with the number of open jobs: spawn cost and memory, auto mechanism.
     growth = []
-    for count in (1, 10, 50) if not a.quick else (1, 10):
-        jobs = [Job() for _ in range(count)]
-        try:
-            ts = [timed(lambda jobs=jobs: jobs[-1].popen(["/bin/true"]).wait()) for _ in range(max(20, n // 5))]
-            pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
-        finally:
-            for j in jobs:
-                j.close()
-        growth.append({"open_jobs": count, "spawn_us": round(statistics.median(ts) * 1e6, 1),
-                       "keepers_pss_kb_total": pss, "pss_kb_per_job": round(pss / count, 1)})
-        print(f"  {count:3d} open jobs: spawn {growth[-1]['spawn_us']:.0f} µs, "
-              f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS per job")
+    for k in keepers:
+        for count in (1, 10, 100) if not a.quick else (1, 10):
+            jobs = [job_of("auto", k) for _ in range(count)]
+            try:
+                ts = [timed(lambda jobs=jobs: jobs[-1].popen(["/bin/true"]).wait())
+                      for _ in range(max(20, n // 5))]
+                pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
+                uss = sum(uss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
+            finally:
+                for j in jobs:
+                    j.close()
+            growth.append({"keeper": k, "open_jobs": count,
+                           "spawn_us": round(statistics.median(ts) * 1e6, 1),
+                           "keepers_pss_kb_total": pss, "pss_kb_per_job": round(pss / count, 1),
+                           "uss_kb_per_job": round(uss / count, 1)})
+            print(f"  {k:<6} {count:3d} open jobs: spawn {growth[-1]['spawn_us']:.0f} µs, "
+                  f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS, "
+                  f"{growth[-1]['uss_kb_per_job']:.0f} kB USS per job")
     out["growth"] = growth
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:

@@ -19,12 +19,29 @@ useradd -M -d "$WORK/home" -s /bin/bash "$USER_NAME"
 mkdir -p "$WORK/home"
 # A copy of the tree the user can read, and a venv from the system Python
 # (the root-only pyenv under /root is not readable by other users).
-cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/bin" "$ROOT/examples" "$ROOT/pyproject.toml" "$ROOT/README.md" "$WORK/"
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/bin" "$ROOT/examples" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/README.md" "$WORK/"
+rm -f "$WORK/src/tether/_native/tether-keeper"  # built again by the install below, as a user gets it
 /usr/bin/python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" install -q "$WORK[test]"
 chown -R "$USER_NAME" "$WORK/home" "$WORK/tests"
 chmod -R a+rX "$WORK"
+# TETHER_UNPRIV_SANITIZED=1 (CI): the user's jobs run the native keeper built
+# with ASan and UBSan (scripts/_sanitized.sh); any report fails the run.
+extra=()
+if [ "${TETHER_UNPRIV_SANITIZED:-0}" = 1 ]; then
+  . "$ROOT/scripts/_sanitized.sh"
+  mkdir "$WORK/sanitized"
+  (cd "$ROOT" && sanitized_build "$WORK/sanitized")
+  mapfile -t extra < <(sanitized_env "$WORK/sanitized")
+  echo "the user's jobs run the sanitized native keeper"
+fi
 cd "$WORK"
+rc=0
 runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" PATH="$WORK/venv/bin:/usr/bin:/bin" \
-  LANG=C.UTF-8 TMPDIR=/tmp \
-  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism tests
+  LANG=C.UTF-8 TMPDIR=/tmp "${extra[@]}" \
+  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism tests \
+  || rc=$?
+if [ "${TETHER_UNPRIV_SANITIZED:-0}" = 1 ]; then
+  sanitized_check "$WORK/sanitized" || rc=1
+fi
+exit "$rc"

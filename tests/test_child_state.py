@@ -19,6 +19,8 @@ import sys
 import pytest
 from procutil import POSIX_MECHS, available
 
+from tether.platform import native
+
 pytestmark = [pytest.mark.mechanism,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
@@ -82,9 +84,19 @@ with Job(mechanism=mech) as job:
 _INTERNAL = (1 << 31) | (1 << 32)
 
 
-def _run_owner(mech: str, threaded: bool, procs) -> list[dict]:
+KEEPERS = ["native", "python"]
+
+
+def _keeper_env(keeper: str) -> dict[str, str]:
+    if keeper == "native" and not native.built():
+        pytest.skip("the native keeper is not built")
+    return {"TETHER_NATIVE": "1" if keeper == "native" else "0"}
+
+
+def _run_owner(mech: str, threaded: bool, procs, keeper: str = "native") -> list[dict]:
     r = subprocess.run([sys.executable, "-c", OWNER, mech, "1" if threaded else "0"],
-                       capture_output=True, text=True, timeout=60, env=procs.env())
+                       capture_output=True, text=True, timeout=60,
+                       env=procs.env(**_keeper_env(keeper)))
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
@@ -95,18 +107,24 @@ def _without_internal(state: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("threaded", [False, True], ids=["forked-keeper", "warden-keeper"])
+@pytest.mark.parametrize("keeper", KEEPERS)
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "threaded"])
 @pytest.mark.parametrize("mech", MECHS)
-def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs):
+def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs, keeper):
     if threaded and mech != MECHS[0]:
-        pytest.skip("the warden path is the same for every mechanism: checked with one")
-    steps = _run_owner(mech, threaded, procs)
+        pytest.skip("the threaded owner's path (the warden, or the native keeper spawned "
+                    "from a thread) is the same for every mechanism: checked with one")
+    if keeper == "native" and mech == "pgroup":
+        pytest.skip("pgroup keeps its Python keeper")
+    steps = _run_owner(mech, threaded, procs, keeper)
     assert [s["step"] for s in steps][0] == "as opened" and len(steps) == 10
     first = steps[0]["subprocess"]
     for s in steps:
         # The control: subprocess's child shows every change of the owner.
         if s["step"] != "as opened":
             assert s["subprocess"] != first or s["step"] == "umask= argument", s["step"]
+        if keeper == "native":  # glibc's 32 and 33 included (see below)
+            assert s["job"] == s["subprocess"], s["step"]
         assert _without_internal(s["job"]) == _without_internal(s["subprocess"]), s["step"]
     by = {s["step"]: s["subprocess"] for s in steps}
     assert by["umask 027"]["Umask"] == "0027"
@@ -117,12 +135,15 @@ def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs):
     assert int(by["SIGUSR2, SIGWINCH blocked"]["SigBlk"], 16) & (1 << 11)  # SIGUSR2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "glibc < 2.38 posix_spawn sets SIGCANCEL/SIGSETXID (32/33) to SIG_IGN in every child "
-    "not given them in POSIX_SPAWN_SETSIGDEF, and os.posix_spawn cannot name them (sigaddset "
-    "refuses glibc's internal signals): the keeper core's spawn needs another primitive"))
-def test_job_child_does_not_ignore_glibc_internal_signals(procs):
-    steps = _run_owner(MECHS[0], False, procs)
+@pytest.mark.parametrize("keeper", [
+    "native", pytest.param("python", marks=pytest.mark.xfail(strict=True, reason=(
+        "glibc < 2.38 posix_spawn sets SIGCANCEL/SIGSETXID (32/33) to SIG_IGN in every child "
+        "not given them in POSIX_SPAWN_SETSIGDEF, and os.posix_spawn cannot name them "
+        "(sigaddset refuses glibc's internal signals); the native keeper sets every signal "
+        "with the raw system call")))])
+def test_job_child_does_not_ignore_glibc_internal_signals(procs, keeper):
+    mech = next((m for m in MECHS if m != "pgroup"), MECHS[0])
+    steps = _run_owner(mech, False, procs, keeper)
     assert not int(steps[0]["subprocess"]["SigIgn"], 16) & _INTERNAL  # the control
     assert not int(steps[0]["job"]["SigIgn"], 16) & _INTERNAL
 

@@ -232,8 +232,8 @@ def test_a_forged_record_naming_a_live_jobs_cgroup_ends_nothing(state, procs, vi
     assert cgroupfs.prove_stale(run_dir) is not None  # what protected it: its owner lives
     # Control: once the run is really over (keeper SIGKILLed first, so its
     # member survives; then the owner), the same records end what is left.
-    keeper = next(i for i in map(identity.read, cgroupfs.procs(job_dir))
-                  if i is not None and i.comm == "tether-keeper")
+    keeper = identity.read(member.ppid)  # it started the command (in the cgroup or not)
+    assert keeper is not None and keeper.comm == "tether-keeper"
     assert identity.send_signal(keeper, signal.SIGKILL, member=True)
     wait_until(lambda: not identity.is_alive(keeper))
     os.kill(runner.pid, signal.SIGKILL)  # our own child, by the pid Popen holds

@@ -14,6 +14,7 @@ import pytest
 from procutil import POSIX_MECHS, available
 
 from tether import Job, JobClosed, JobRefused, identity
+from tether.platform import native
 
 pytestmark = pytest.mark.mechanism
 
@@ -225,8 +226,9 @@ def test_bad_options_are_clear():
         Job(grace=-1)
 
 
-def test_multithreaded_owner_uses_warden(procs):
-    """A multi-threaded owner must not fork: jobs come from the warden."""
+def test_multithreaded_owner_uses_warden(procs, monkeypatch):
+    """A multi-threaded owner must not fork: Python keepers come from the warden."""
+    monkeypatch.setenv("TETHER_NATIVE", "0")
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
@@ -236,6 +238,27 @@ def test_multithreaded_owner_uses_warden(procs):
             assert r.stdout == b"hi\n"
             keeper = identity.read(job.trace()["keeper_pid"])
             assert keeper is not None and keeper.ppid != os.getpid()  # forked by the warden
+    finally:
+        stop.set()
+        t.join()
+
+
+@pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
+def test_multithreaded_owner_starts_the_native_keeper_itself(procs, monkeypatch):
+    """posix_spawn of the native keeper is safe from any thread: no warden."""
+    monkeypatch.setenv("TETHER_NATIVE", "1")
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        with Job(mechanism="auto") as job:
+            r = job.run(["sh", "-c", "echo hi"], capture_output=True)
+            assert r.stdout == b"hi\n"
+            assert job.trace()["keeper"] == "native"
+            keeper = identity.read(job.trace()["keeper_pid"])
+            # started by this very process, from its thread (no warden between)
+            assert keeper is not None and keeper.ppid == os.getpid() and \
+                keeper.comm == "tether-keeper"
     finally:
         stop.set()
         t.join()
@@ -300,12 +323,15 @@ def test_audited_spawn_identity_is_read_before_reaping(tmp_path, mech):
         assert by_pid[p.pid]["start"] == p.tether_identity.token()
 
 
-@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
-def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs):
-    def cgroup_of(pid):
-        with open(f"/proc/{pid}/cgroup") as f:
-            return next(line[3:].strip() for line in f if line.startswith("0::"))
+def _cgroup_of(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(line[3:].strip() for line in f if line.startswith("0::"))
 
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs, monkeypatch):
+    monkeypatch.setenv("TETHER_NATIVE", "0")  # the Python keeper
+    cgroup_of = _cgroup_of
     with Job(mechanism="cgroup") as job:
         path = job.trace()["cgroup_path"]
         keeper = job.trace()["keeper_pid"]
@@ -319,6 +345,43 @@ def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs
         q = job.popen(["sleep", "30"], env=procs.env())
         assert path.endswith(cgroup_of(q.pid))
         assert path.endswith(cgroup_of(keeper))
+    assert q.wait(timeout=5) is not None
+    assert not os.path.exists(path)
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+@pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
+@pytest.mark.parametrize("legacy", [False, True], ids=["clone3", "old-kernel"])
+def test_native_cgroup_keeper_lives_outside_and_children_are_born_inside(procs, monkeypatch,
+                                                                         legacy):
+    monkeypatch.setenv("TETHER_NATIVE", "1")
+    if legacy:  # as on a kernel without clone3 or cgroup.kill: fork, move in, kill each
+        monkeypatch.setenv("_TETHER_NATIVE_LEGACY", "1")
+    with Job(mechanism="cgroup") as job:
+        path = job.trace()["cgroup_path"]
+        keeper = job.trace()["keeper_pid"]
+        assert job.trace()["keeper"] == "native"
+        assert not path.endswith(_cgroup_of(keeper))  # never inside: cgroup.kill spares it
+        # A child reads its cgroup as its first act (no time for a move after).
+        p = job.popen(["sh", "-c", "trap '' TERM; grep '^0::' /proc/self/cgroup; exec sleep 30"],
+                      env=procs.env(),
+                      stdout=subprocess.PIPE, text=True)
+        first = p.stdout.readline()
+        assert first.startswith("0::") and path.endswith(first[3:].strip()), first
+        deadline = time.monotonic() + 5  # grep is on its way out
+        while job.member_pids() != [p.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert job.member_pids() == [p.pid]
+        job.terminate(0.2)  # sleep ignores SIGTERM: cgroup.kill (old kernel: each, frozen)
+        assert p.wait(timeout=5) == -signal.SIGKILL
+        # The job stays open after its cgroup was killed: the next child is
+        # born a member and lives (Linux 6.14+ kills children cloned into a
+        # killed cgroup at birth; the keeper notices and moves them in).
+        q = job.popen(["sleep", "30"], env=procs.env())
+        time.sleep(0.1)
+        assert q.poll() is None, q.returncode
+        assert path.endswith(_cgroup_of(q.pid))
+        assert job.run(["true"]).returncode == 0
     assert q.wait(timeout=5) is not None
     assert not os.path.exists(path)
 

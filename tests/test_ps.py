@@ -48,6 +48,8 @@ mech, sd = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
 if os.environ.get("NAME_KEEPER") == "0":
     # Keepers name themselves "tether-keeper"; the control un-names this one
     # (as a keeper of an older tether would be) to show the name is the trace.
+    # The native keeper is named by its program: the control takes the Python one.
+    os.environ["TETHER_NATIVE"] = "0"
     from tether.platform import _keeper_socket
     _serve = _keeper_socket.SocketKeeper.serve
     def serve(self, ctl):

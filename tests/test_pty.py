@@ -474,17 +474,16 @@ def test_shell_exits_by_itself_during_the_capture(sessions, procs, mechanism):
     s.read_until(b"READY", 5)
     sleeps = wait_until(lambda: (lambda x: x if len(x) == 2 else None)(
         _proc_marked_sleeps(procs.mark, procs.born)))
-    real_capture = s._capture
     root = s.root
 
-    def capture_after_the_shell_left(**kw):
+    def capture_after_the_shell_left(real, **kw):
         # The close has begun (input is refused by now); the shell gets its
         # line through the terminal and exits by itself before the capture.
         os.write(s._master, b"\n")
         wait_until(lambda: not identity.is_alive(root), 5, 0.001)
-        return real_capture(**kw)
+        return real(**kw)
 
-    s._capture = capture_after_the_shell_left
+    _wrap_captures(s, capture_after_the_shell_left)
     r = s.close("immediate")
     assert r.ok and r.error is None
     assert r.returncode == 3  # it exited by itself, not by our signals
@@ -591,12 +590,11 @@ def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, proc
     assert v is not None
     me = identity.read(os.getpid())
     parent = identity.read(os.getppid())
-    real_capture = s._capture
     sent: list[tuple[int, int]] = []
     real_send = s._send
 
-    def capture_with_fakes(**kw):
-        cap = real_capture(**kw)
+    def capture_with_fakes(real, **kw):
+        cap = real(**kw)
         # As a torn or hostile snapshot could show them: the runner, its
         # parent and PID 1 as children of the session's root, and a reused
         # pid (a real process of ours whose start does not match).
@@ -618,7 +616,7 @@ def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, proc
             return real_send(ident, signal.SIGURG, member=member)
         return real_send(ident, sig, member=member)
 
-    s._capture = capture_with_fakes
+    _wrap_captures(s, capture_with_fakes)
     s._send = guarded_send
     r = s.close("immediate")
     pids = {i.pid for i in r.captured}
@@ -631,6 +629,14 @@ def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, proc
         assert victim.poll() is None and identity.is_alive(v)  # ...and the identity check stopped it
     assert all(pid not in (os.getpid(), os.getppid(), 1) for pid, _ in sent)
     assert sigurg_seen == []
+
+
+def _wrap_captures(s, fn) -> None:
+    """Put ``fn(real, **kw)`` around both of the close's captures: the job's
+    members (cgroup, live subreaper or pidns keeper) and the whole table."""
+    table, job = s._capture, s._capture_job
+    s._capture = lambda **kw: fn(table, **kw)
+    s._capture_job = lambda: fn(job)
 
 
 @pytest.fixture

@@ -67,12 +67,26 @@ def _read(path: str) -> bytes | None:
         os.close(fd)
 
 
+_MOUNT: tuple[int, str] | None = None  # (mount namespace, mount point) once found
+
+
 def mount() -> str | None:
-    """The cgroup v2 mount point, from ``/proc/self/mountinfo``; None if none."""
+    """The cgroup v2 mount point, from ``/proc/self/mountinfo``; None if none.
+    Remembered per mount namespace (the file is long, and every job open
+    asked: ~0.1 ms a time)."""
+    global _MOUNT
+    try:
+        ns = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        ns = -1
+    if _MOUNT is not None and _MOUNT[0] == ns and ns != -1:
+        return _MOUNT[1]
     for line in (_read("/proc/self/mountinfo") or b"").split(b"\n"):
         left, _, right = line.partition(b" - ")
         if right.split(b" ", 1)[0] == b"cgroup2":
-            return left.split(b" ")[4].decode("utf-8", "replace").replace("\\040", " ")
+            point = left.split(b" ")[4].decode("utf-8", "replace").replace("\\040", " ")
+            _MOUNT = (ns, point)
+            return point
     return None
 
 

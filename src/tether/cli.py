@@ -64,6 +64,17 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from .errors import UsageError
+
+    try:
+        return _main(argv)
+    except UsageError as e:  # a bad TETHER_* value met on the way: one line, nothing run
+        what = argv[0] if argv and not argv[0].startswith("-") else ""
+        print(f"tether{' ' + what if what else ''}: {e}", file=sys.stderr)
+        return EXIT_TETHER_FAILURE if what == "run" else e.code
+
+
+def _main(argv: list[str]) -> int:
     if argv[:2] == ["shell", "--install"]:
         from ._shellinstall import cli as install
 

@@ -61,6 +61,12 @@ def report() -> dict[str, Any]:
         except (ImportError, OSError, ValueError) as exc:  # a module that cannot load here
             d["guarantee"] = {"error": str(exc)}
         out["mechanisms"].append(d)
+    if os.name == "posix":
+        from .platform import native
+
+        on, why = native.status()
+        out["keeper"] = {"native": on, "what": why, "mechanisms": list(native.MECHANISMS),
+                         "setting": native.setting()}
     cg = next((m for m in out["mechanisms"] if m["mechanism"] == "cgroup"), None)
     out["cgroup_fix"] = cgroup_fix(out["auto"]) if (
         sys.platform.startswith("linux") and cg is not None and not cg["available"]) else []
@@ -129,6 +135,9 @@ def doctor(as_json: bool = False) -> int:
         w("\n  To get a cgroup here (uid {}):\n".format(data["uid"]))
         for line in data["cgroup_fix"]:
             w(f"    {line}\n")
+    if data.get("keeper"):
+        k = data["keeper"]
+        w(f"\n  keeper of {', '.join(k['mechanisms'])} jobs: {k['what']}\n")
     w("\n")
     for key, label in (("auto", "auto   (default, transparent)"), ("strict", "strict (kernel-enforced)")):
         if data[key]:

@@ -670,7 +670,12 @@ def self_status() -> tuple[int, int, int]:
 
 def mask_signals(mask: int) -> list[int]:
     """The signal numbers set in a ``SigIgn``/``SigBlk`` mask."""
-    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+    out = []
+    while mask:  # one step per set bit, not 64
+        low = mask & -mask
+        out.append(low.bit_length())
+        mask ^= low
+    return [n for n in out if n <= 64]
 
 
 def start_ticks(pid: int | str = "self") -> int | None:
@@ -704,6 +709,20 @@ def cmdline(pid: int, limit: int = 4096) -> str:
         return ""
     text = data.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def argv(pid: int, limit: int = 65536) -> list[str]:
+    """The arguments of ``pid`` as the kernel holds them (at most ``limit``
+    bytes read; undecodable bytes escaped); [] when they cannot be read."""
+    if not _LINUX:
+        return []
+    try:
+        data = _read_fd(os.open(f"/proc/{pid}/cmdline", os.O_RDONLY), limit)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]] \
+        if data.endswith(b"\0") else [a.decode("utf-8", "surrogateescape")
+                                       for a in data.split(b"\0")]
 
 
 _ENVIRON_CAP = 1 << 20  # an environment larger than this is not searched further

@@ -31,18 +31,17 @@ if TYPE_CHECKING:  # typing costs start-up time: hints only
 
 _counter = itertools.count(1)
 _run_lock = threading.Lock()
-_run_id: str | None = None
+_run_id: tuple[int, str] | None = None  # (pid, run id): a forked child has a new pid
 
 
 def run_id() -> str:
     """Id of this owner's run: pid + kernel start ticks, unique on this boot."""
     global _run_id
+    pid = os.getpid()
     with _run_lock:
-        me = identity.read(os.getpid())
-        rid = f"{os.getpid()}-{me.start if me else 0}"
-        if _run_id != rid:  # recomputed after a fork
-            _run_id = rid
-        return _run_id
+        if _run_id is None or _run_id[0] != pid:
+            _run_id = (pid, f"{pid}-{identity.start_ticks(pid) or 0}")
+        return _run_id[1]
 
 
 class Job:

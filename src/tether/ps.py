@@ -309,6 +309,27 @@ def _keepers_by_name(notes: list[str]) -> list[Identity]:
     return [i for i in cap.procs.values() if i.comm == KEEPER_COMM and i.state not in "ZXx"]
 
 
+def _native_cgroup(k: Identity) -> str | None:
+    """The job cgroup a native keeper serves (it lives outside it): its
+    ``cgroup=`` argument, believed only when the run directory above it
+    names the owner the keeper watches."""
+    path = next((a[len("cgroup="):] for a in identity.argv(k.pid)[2:]
+                 if a.startswith("cgroup=")), None)
+    if not path:
+        return None
+    path = os.path.normpath(path)
+    run, up = None, os.path.dirname(path)  # a nested job's run directory is further up
+    for _ in range(32):
+        run = cgroupfs.parse_run_dir(os.path.basename(up))
+        if run is not None or up == os.path.dirname(up):
+            break
+        up = os.path.dirname(up)
+    owner = _owner_of_keeper(k)
+    if run is None or owner is None or (owner.pid, owner.start) != run:
+        return None
+    return path
+
+
 def _job_of_keeper(book: _Book, k: Identity) -> PsJob | None:
     """The job a keeper found by name belongs to: the one whose record names
     it, or the cgroup job it lives in or whose members it is the parent of."""
@@ -318,6 +339,11 @@ def _job_of_keeper(book: _Book, k: Identity) -> PsJob | None:
     home = cgroupfs.own_dir(k.pid)
     if home is not None:
         j = book.by_cgroup.get(os.path.normpath(home))
+        if j is not None:
+            return j
+    served = _native_cgroup(k)
+    if served is not None:
+        j = book.by_cgroup.get(served)
         if j is not None:
             return j
     for j in book.by_cgroup.values():

@@ -356,6 +356,7 @@ class PtySession:
         # Test seams (fault injection around the real calls; see tests/test_pty.py).
         self._send: Callable[..., bool] = identity.send_signal
         self._capture: Callable[..., identity.Capture] = identity.capture
+        self._capture_job: Callable[[], identity.Capture] = self._read_job
 
         self._master, slave = os.openpty()
         self.job: Job | None = None
@@ -649,7 +650,16 @@ class PtySession:
     # steps ----------------------------------------------------------------------
     def capture(self) -> tuple[list[Identity], identity.Capture]:
         """One bounded capture of the session's processes (the root
-        excluded): see :meth:`close`. Read-only; safe to call any time."""
+        excluded): see :meth:`close`. Read-only; safe to call any time.
+
+        Where the session's job holds every process it started (a cgroup;
+        a subreaper or PID-namespace keeper that is alive, to which every
+        orphan of the job is re-parented), the job is read, not the machine:
+        its cost follows the session, not the number of processes running.
+        Elsewhere (``pgroup``, a dead keeper) the whole table is captured
+        and walked by descent, session, group and cookie."""
+        if self._job_holds_all():
+            return self._from_job(self._capture_job())
         cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
                             born_after=self.born_after)
         born = self.born_after
@@ -723,6 +733,37 @@ class PtySession:
             frontier = new
         safe = identity.own_ancestors() | {os.getpid()}
         return [i for i in found.values() if i.pid not in safe], cap
+
+    def _job_holds_all(self) -> bool:
+        job = self.job
+        if job is None or job.closed or self.mechanism not in ("cgroup", "subreaper", "pidns"):
+            return False
+        if self.mechanism == "cgroup":
+            return True  # the kernel keeps every member listed, keeper or not
+        alive = getattr(job._backend, "keeper_alive", None)
+        return bool(alive is not None and alive())
+
+    def _read_job(self) -> identity.Capture:
+        """The job's live members born since the session began, as a capture."""
+        t0 = time.monotonic()
+        born = self.born_after
+        procs: dict[int, Identity] = {}
+        try:
+            pids = self.job.member_pids()
+        except (TetherError, OSError):
+            pids = []
+        for pid in pids:
+            ident = identity.read(pid)
+            if ident is not None and ident.start >= born and ident.state not in ("Z", "X"):
+                procs[pid] = ident
+        return identity.Capture(procs, elapsed=time.monotonic() - t0, born_after=born)
+
+    def _from_job(self, cap: identity.Capture) -> tuple[list[Identity], identity.Capture]:
+        excluded = {self.pid} | identity.own_ancestors() | {os.getpid()}
+        keeper = self.job.trace().get("keeper_pid")
+        if keeper:
+            excluded.add(keeper)
+        return [i for i in cap.procs.values() if i.pid > 2 and i.pid not in excluded], cap
 
     def _job_members(self, cap: identity.Capture) -> list[Identity]:
         """The job's members as its mechanism lists them, identified from the

@@ -78,14 +78,22 @@ class SocketKeeper(Keeper):
                 elif fd == self.owner_pidfd:
                     return self.end_for_dead_owner()
                 elif fd == ctl.fileno():
+                    # A failed send or receive means the owner is gone (it
+                    # closed its end): end the job, never leave it unkept.
                     try:
                         msg, fds = _proto.recv(ctl)
-                    except (OSError, ValueError, EOFError, TypeError):
-                        msg, fds = None, []  # a torn or foreign message: the owner is broken
-                    if msg is None:
+                        if msg is None:
+                            return self.end_for_dead_owner()
+                        if self.handle(msg, fds):
+                            return 0
+                    except _proto.Malformed as exc:  # say so, and go on (as the native keeper)
+                        try:
+                            _proto.send(ctl, {"ok": False, "kind": "ValueError",
+                                              "strerror": f"malformed request: {exc}"})
+                        except OSError:
+                            return self.end_for_dead_owner()
+                    except OSError:
                         return self.end_for_dead_owner()
-                    if self.handle(msg, fds):
-                        return 0
             if period is not None and not self.owner_alive():
                 return self.end_for_dead_owner()
 
@@ -143,7 +151,7 @@ class SocketKeeper(Keeper):
             else:
                 _proto.send(self.ctl, {"ok": False, "kind": "ValueError",
                                        "strerror": f"unknown request {op!r}"})
-        except (KeyError, TypeError, ValueError) as exc:  # a malformed request: say so, go on
+        except Exception as exc:  # noqa: BLE001 - a malformed request must not end the job: say so, go on
             _proto.send(self.ctl, {"ok": False, "kind": "ValueError",
                                    "strerror": f"malformed {op!r} request: {exc}"})
         finally:

@@ -62,23 +62,52 @@ def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - (len(payload) % arr.itemsize)])
             fds.extend(arr)
-    if not data:
+    if not data and _hung_up(sock):
         for fd in fds:
             os.close(fd)
         return None, []
-    msg = marshal.loads(data)
-    if isinstance(msg, dict) and "_memfd" in msg and fds:
-        mfd = fds.pop()
-        try:
-            size = msg["_memfd"]
-            chunks = []
-            while size > 0:
-                chunk = os.read(mfd, min(size, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size -= len(chunk)
-            msg = marshal.loads(b"".join(chunks))
-        finally:
-            os.close(mfd)
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise ValueError("request larger than a datagram may be" if flags & socket.MSG_TRUNC
+                             else "more file descriptors than a request may carry")
+        msg = marshal.loads(data)
+        if isinstance(msg, dict) and "_memfd" in msg and fds:
+            mfd = fds.pop()
+            try:
+                size = msg["_memfd"]
+                import stat
+
+                st = os.fstat(mfd)
+                if not stat.S_ISREG(st.st_mode) or not isinstance(size, int) or \
+                        not 0 <= size <= st.st_size:  # a pipe would block us for good
+                    raise ValueError("truncated memfd payload (or not a memfd)")
+                chunks = []
+                while size > 0:
+                    chunk = os.read(mfd, min(size, 1 << 20))
+                    if not chunk:
+                        raise ValueError("truncated memfd payload")
+                    chunks.append(chunk)
+                    size -= len(chunk)
+                msg = marshal.loads(b"".join(chunks))
+            finally:
+                os.close(mfd)
+        if not isinstance(msg, dict):  # None among them: only end of file means "gone"
+            raise ValueError(f"a message is a dict, not {type(msg).__name__}")
+    except (ValueError, EOFError, TypeError, OSError) as exc:
+        for fd in fds:
+            os.close(fd)
+        raise Malformed(str(exc) or type(exc).__name__) from None
     return msg, fds
+
+
+class Malformed(ValueError):
+    """A message that is not one: undecodable, truncated, too large."""
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """After a zero-length read: the peer closed (EOF), or sent an empty datagram."""
+    import select
+
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLIN)
+    return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))

@@ -199,7 +199,8 @@ def with_cookie(env: "dict", options: "JobOptions") -> "dict":
     else:
         key, value = options.cookie_var, options.cookie
     out = {key: value}
-    out.update((k, v) for k, v in env.items() if k != key)
+    out.update(env)  # at C speed; a cookie already in env lands in the first slot...
+    out[key] = value  # ... and is ours again
     return out
 
 
@@ -296,6 +297,7 @@ class KeeperMechanism:
 
     name = "?"
     keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
+    kernel_keeps_members = False  # members stay listed by the kernel when the keeper dies
     exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
     kernel_enforced = False
     transparent = True

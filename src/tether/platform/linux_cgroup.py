@@ -124,7 +124,8 @@ class Mechanism(KeeperMechanism):
     # on every spaced-out spawn (an agent's commands); now a job pays it
     # twice: at open, and before cgroup.kill (which would end the keeper too).
     inside = False
-    keeper_inside = True
+    keeper_inside = True  # the Python keeper; the native one clones into the job from outside
+    kernel_keeps_members = True
 
     def _home_procs(self) -> str:
         return os.path.join(cg.path_of(self.params["home_cgroup"], self.params["mount"]),

@@ -1,0 +1,2037 @@
+/*
+ * tether-keeper: the native keeper of one tether job (Linux).
+ *
+ * The same job the Python keeper (tether/platform/_keeper.py) keeps, with
+ * the same rules, for the price of a small C process instead of an
+ * interpreter: it creates nothing the owner did not ask for, starts each
+ * child inside the job before the child's first instruction, watches the
+ * owner by pidfd and ends the whole job the moment the owner is gone.
+ *
+ *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
+ *                 [background=1] [legacy=1]
+ *
+ * legacy=1 makes it behave as on a kernel without clone3 and cgroup.kill
+ * (fork and move in by hand; freeze and kill each member), so the tests
+ * can run those paths on a kernel that has both.
+ *
+ * MECH is cgroup, subreaper or pidns (the process-group mechanism stays in
+ * Python: it needs the table capture). The owner talks to it over CTL_FD, a
+ * SOCK_SEQPACKET socket, in the protocol of tether/platform/_proto.py: one
+ * datagram is one marshal-encoded dict (version 4, as Python writes it: with
+ * back references), with file descriptors in SCM_RIGHTS; a payload too big
+ * for a datagram travels in a memfd ({"_memfd": size} + the fd). The
+ * requests, and the replies, are those of _keeper_socket.SocketKeeper.
+ *
+ * Mechanisms, and their traps:
+ *  - cgroup: each child is cloned straight into the job's cgroup
+ *    (clone3 with CLONE_INTO_CGROUP | CLONE_PIDFD, Linux >= 5.7), so this
+ *    keeper never moves itself into the job: no cgroup move, no RCU wait, on
+ *    any spawn, and cgroup.kill never hits the keeper. Without clone3 the
+ *    child moves itself in before exec.
+ *  - subreaper: PR_SET_CHILD_SUBREAPER; ending is a kill loop over
+ *    /proc/self/task/<tid>/children (not atomic: rescan after each round of
+ *    reaping, never after each single reap) until waitpid says ECHILD.
+ *  - pidns: unshare(CLONE_NEWPID [| CLONE_NEWUSER]) in this process, then one
+ *    fork: the child is the namespace's init and the keeper; the intermediate
+ *    reports the init's outer pid and exits (after unshare, later forks of
+ *    the intermediate would land in the namespace, and fail once its init
+ *    is gone). When the init exits, the kernel kills the whole namespace.
+ *
+ * Every fd is close-on-exec; children get exactly the fds the owner mapped.
+ * Signals: the keeper ignores hang-up, interrupt, terminate and job control
+ * (a caller killing the owner's group must not take it along); a child gets
+ * the owner's ignored signals as SIG_IGN and every other one as SIG_DFL -
+ * glibc's internal 32 and 33 included, set with the raw system call.
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+#ifndef PR_SET_CHILD_SUBREAPER
+#define PR_SET_CHILD_SUBREAPER 36
+#endif
+
+#define MAX_MSG (64 * 1024 + 4096) /* = _proto.RECV_SIZE */
+#define MAX_FDS 250
+#define MAX_CHILDREN 65536
+#define KILL_BOUND 5.0
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                            */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void nap_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int pidfd_open_(pid_t pid)
+{
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+static int pidfd_signal_(int fd, int sig)
+{
+    return (int)syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0);
+}
+
+static int write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    int err = errno;
+    close(fd);
+    errno = err;
+    return n < 0 ? -1 : 0;
+}
+
+/* Read a whole small file into buf (NUL-terminated); bytes read, or -1. */
+static ssize_t read_file(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t got = 0;
+    while (got + 1 < size) {
+        ssize_t n = read(fd, buf + got, size - 1 - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = '\0';
+    return (ssize_t)got;
+}
+
+/* One entry of getdents64 (glibc's readdir would bring stdio's DIR along). */
+struct dent64 {
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+};
+
+/* ------------------------------------------------------------------------ */
+/* marshal (the subset tether's messages use)                              */
+
+enum vtype { V_NONE, V_BOOL, V_INT, V_FLOAT, V_BYTES, V_STR, V_LIST, V_DICT };
+
+typedef struct value value;
+struct value {
+    enum vtype t;
+    int64_t i;          /* V_INT, V_BOOL */
+    double f;           /* V_FLOAT */
+    const char *s;      /* V_BYTES, V_STR: not NUL-terminated */
+    size_t len;         /* bytes of s, or items of a list/dict */
+    value **items;      /* V_LIST: len items; V_DICT: 2*len (key, value) */
+};
+
+typedef struct {
+    const unsigned char *p, *end;
+    value **refs;
+    size_t nrefs, caprefs;
+    char *arena;        /* every value of one message */
+    size_t used, cap;
+    int bad;
+} reader;
+
+static void *arena_alloc(reader *r, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (r->used + n > r->cap) {
+        r->bad = 1;
+        return NULL;
+    }
+    void *p = r->arena + r->used;
+    r->used += n;
+    return p;
+}
+
+static value *new_value(reader *r, enum vtype t)
+{
+    value *v = arena_alloc(r, sizeof(value));
+    if (v) {
+        memset(v, 0, sizeof *v);
+        v->t = t;
+    }
+    return v;
+}
+
+static int need(reader *r, size_t n)
+{
+    if ((size_t)(r->end - r->p) < n) {
+        r->bad = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static int32_t rd_i32(reader *r)
+{
+    if (!need(r, 4))
+        return 0;
+    uint32_t u = (uint32_t)r->p[0] | ((uint32_t)r->p[1] << 8) | ((uint32_t)r->p[2] << 16) |
+                 ((uint32_t)r->p[3] << 24);
+    r->p += 4;
+    return (int32_t)u;
+}
+
+static size_t add_ref(reader *r, value *v)
+{
+    if (r->nrefs == r->caprefs) {
+        size_t cap = r->caprefs ? r->caprefs * 2 : 64;
+        value **n = arena_alloc(r, cap * sizeof(value *));
+        if (!n)
+            return 0;
+        if (r->nrefs)
+            memcpy(n, r->refs, r->nrefs * sizeof(value *));
+        r->refs = n;
+        r->caprefs = cap;
+    }
+    r->refs[r->nrefs] = v;
+    return r->nrefs++;
+}
+
+static value *rd_value(reader *r, int depth);
+
+static value *rd_seq(reader *r, value *v, size_t n, int depth, int is_dict)
+{
+    if (n > (size_t)(r->end - r->p)) { /* each item is at least one byte */
+        r->bad = 1;
+        return NULL;
+    }
+    v->items = arena_alloc(r, (n ? n : 1) * sizeof(value *) * (is_dict ? 2 : 1));
+    if (!v->items)
+        return NULL;
+    for (size_t k = 0; k < n * (is_dict ? 2 : 1); k++) {
+        v->items[k] = rd_value(r, depth + 1);
+        if (!v->items[k])
+            return NULL;
+    }
+    v->len = n;
+    return v;
+}
+
+static value *rd_value(reader *r, int depth)
+{
+    if (depth > 32 || !need(r, 1)) {
+        r->bad = 1;
+        return NULL;
+    }
+    int code = *r->p++;
+    int flag = code & 0x80;
+    code &= 0x7f;
+    value *v = NULL;
+    size_t slot = 0;
+    switch (code) {
+    case 'N': v = new_value(r, V_NONE); break;
+    case 'T': case 'F':
+        v = new_value(r, V_BOOL);
+        if (v)
+            v->i = code == 'T';
+        break;
+    case 'i':
+        v = new_value(r, V_INT);
+        if (v)
+            v->i = rd_i32(r);
+        break;
+    case 'g': { /* a binary double, little-endian */
+        if (!need(r, 8))
+            return NULL;
+        uint64_t u = 0;
+        for (int k = 7; k >= 0; k--)
+            u = (u << 8) | r->p[k];
+        r->p += 8;
+        v = new_value(r, V_FLOAT);
+        if (v)
+            memcpy(&v->f, &u, sizeof v->f);
+        break;
+    }
+    case 'l': { /* sign and count of 15-bit digits, least significant first */
+        int32_t n = rd_i32(r);
+        int64_t acc = 0;
+        uint32_t cnt = (uint32_t)(n < 0 ? -(int64_t)n : n);
+        if (cnt > 5 || !need(r, cnt * 2)) { /* beyond 75 bits: not one of ours */
+            r->bad = 1;
+            return NULL;
+        }
+        for (uint32_t k = 0; k < cnt; k++) {
+            uint64_t d = (uint64_t)r->p[0] | ((uint64_t)r->p[1] << 8);
+            r->p += 2;
+            if (k == 4 && d > 0xF) { /* keep it in 64 bits: saturate */
+                acc = INT64_MAX;
+                continue;
+            }
+            acc |= (int64_t)(d << (15 * k));
+        }
+        v = new_value(r, V_INT);
+        if (v)
+            v->i = n < 0 ? -acc : acc;
+        break;
+    }
+    case 's': case 'u': case 't': case 'a': case 'A': {
+        int32_t n = rd_i32(r);
+        if (n < 0 || !need(r, (size_t)n)) {
+            r->bad = 1;
+            return NULL;
+        }
+        v = new_value(r, code == 's' ? V_BYTES : V_STR);
+        if (v) {
+            v->s = (const char *)r->p;
+            v->len = (size_t)n;
+        }
+        r->p += n;
+        break;
+    }
+    case 'z': case 'Z': {
+        if (!need(r, 1))
+            return NULL;
+        size_t n = *r->p++;
+        if (!need(r, n))
+            return NULL;
+        v = new_value(r, V_STR);
+        if (v) {
+            v->s = (const char *)r->p;
+            v->len = n;
+        }
+        r->p += n;
+        break;
+    }
+    case '(': case '[': case ')': {
+        size_t n;
+        if (code == ')') {
+            if (!need(r, 1))
+                return NULL;
+            n = *r->p++;
+        } else {
+            int32_t m = rd_i32(r);
+            if (m < 0) {
+                r->bad = 1;
+                return NULL;
+            }
+            n = (size_t)m;
+        }
+        v = new_value(r, V_LIST);
+        if (!v)
+            return NULL;
+        if (flag)
+            slot = add_ref(r, v), flag = 0;
+        (void)slot;
+        return rd_seq(r, v, n, depth, 0);
+    }
+    case '{': {
+        v = new_value(r, V_DICT);
+        if (!v)
+            return NULL;
+        if (flag)
+            add_ref(r, v), flag = 0;
+        size_t cap = 16, n = 0;
+        value **items = arena_alloc(r, cap * 2 * sizeof(value *));
+        for (;;) {
+            if (!items || !need(r, 1))
+                return NULL;
+            if (*r->p == '0') {
+                r->p++;
+                break;
+            }
+            if (n == cap) {
+                value **more = arena_alloc(r, cap * 4 * sizeof(value *));
+                if (!more)
+                    return NULL;
+                memcpy(more, items, cap * 2 * sizeof(value *));
+                items = more;
+                cap *= 2;
+            }
+            items[2 * n] = rd_value(r, depth + 1);
+            if (!items[2 * n])
+                return NULL;
+            items[2 * n + 1] = rd_value(r, depth + 1);
+            if (!items[2 * n + 1])
+                return NULL;
+            n++;
+        }
+        v->items = items;
+        v->len = n;
+        return v;
+    }
+    case 'r': {
+        int32_t k = rd_i32(r);
+        if (k < 0 || (size_t)k >= r->nrefs || !r->refs[k]) {
+            r->bad = 1;
+            return NULL;
+        }
+        return r->refs[k];
+    }
+    default:
+        r->bad = 1;
+        return NULL;
+    }
+    if (v && flag)
+        add_ref(r, v);
+    return v;
+}
+
+static value *dict_get(const value *d, const char *key)
+{
+    if (!d || d->t != V_DICT)
+        return NULL;
+    size_t kl = strlen(key);
+    for (size_t k = 0; k < d->len; k++) {
+        const value *kv = d->items[2 * k];
+        if (kv->t == V_STR && kv->len == kl && memcmp(kv->s, key, kl) == 0)
+            return d->items[2 * k + 1];
+    }
+    return NULL;
+}
+
+static int64_t dict_int(const value *d, const char *key, int64_t dflt)
+{
+    const value *v = dict_get(d, key);
+    return v && (v->t == V_INT || v->t == V_BOOL) ? v->i : dflt;
+}
+
+static int dict_true(const value *d, const char *key)
+{
+    const value *v = dict_get(d, key);
+    return v && (v->t == V_BOOL || v->t == V_INT) && v->i;
+}
+
+/* A timeout: a float or an int, clamped to [0, 3600] (= ending.MAX_GRACE). */
+static double dict_seconds(const value *d, const char *key, double dflt)
+{
+    const value *v = dict_get(d, key);
+    double x = !v ? dflt : v->t == V_FLOAT ? v->f : v->t == V_INT ? (double)v->i : dflt;
+    if (!(x >= 0)) /* NaN too */
+        return dflt;
+    return x > 3600 ? 3600 : x;
+}
+
+/* -- writing replies -------------------------------------------------------- */
+
+typedef struct {
+    unsigned char buf[MAX_MSG];
+    size_t n;
+    int bad;
+} writer;
+
+/* One reply is built at a time: one buffer, never zeroed (a 68 KiB memset per
+ * reply would be most of a spawn's cost, and touch pages for nothing). */
+static writer the_writer;
+
+static writer *wbegin(void)
+{
+    the_writer.n = 0;
+    the_writer.bad = 0;
+    return &the_writer;
+}
+
+static void w_bytes(writer *w, const void *p, size_t n)
+{
+    if (w->n + n > sizeof w->buf) {
+        w->bad = 1;
+        return;
+    }
+    memcpy(w->buf + w->n, p, n);
+    w->n += n;
+}
+
+static void w_byte(writer *w, int c)
+{
+    unsigned char b = (unsigned char)c;
+    w_bytes(w, &b, 1);
+}
+
+static void w_i32raw(writer *w, int32_t v)
+{
+    uint32_t u = (uint32_t)v;
+    unsigned char b[4] = {(unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
+                          (unsigned char)(u >> 24)};
+    w_bytes(w, b, 4);
+}
+
+static void w_int(writer *w, int64_t v)
+{
+    if (v >= INT32_MIN && v <= INT32_MAX) {
+        w_byte(w, 'i');
+        w_i32raw(w, (int32_t)v);
+        return;
+    }
+    uint64_t a = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
+    unsigned char digs[10];
+    int n = 0;
+    while (a) {
+        uint16_t d = (uint16_t)(a & 0x7fff);
+        digs[2 * n] = (unsigned char)d;
+        digs[2 * n + 1] = (unsigned char)(d >> 8);
+        a >>= 15;
+        n++;
+    }
+    w_byte(w, 'l');
+    w_i32raw(w, v < 0 ? -n : n);
+    w_bytes(w, digs, (size_t)(2 * n));
+}
+
+/* Length of the well-formed UTF-8 sequence at p (as Python's strict
+ * decoder sees it: no overlong forms, no surrogates, nothing above
+ * U+10FFFF), or 0 where it is ill-formed. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || len > n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (c == 0xE0)
+        lo = 0xA0;
+    else if (c == 0xED)
+        hi = 0x9F;
+    else if (c == 0xF0)
+        lo = 0x90;
+    else if (c == 0xF4)
+        hi = 0x8F;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < len; k++)
+        if (p[k] < 0x80 || p[k] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* A str as Python decodes these bytes: "surrogateescape" (a file name: each
+ * undecodable byte becomes U+DC80..U+DCFF, which marshal carries
+ * surrogate-passed) or "backslashreplace" (a comm, as identity.read shows it). */
+enum undecodable { AS_SURROGATE, AS_BACKSLASH };
+
+static void w_text(writer *w, const char *s, size_t n, enum undecodable how)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t out = 0;
+    for (size_t k = 0; k < n;) {
+        size_t l = utf8_seq(p + k, n - k);
+        out += l ? l : how == AS_SURROGATE ? 3 : 4;
+        k += l ? l : 1;
+    }
+    w_byte(w, 'u');
+    w_i32raw(w, (int32_t)out);
+    for (size_t k = 0; k < n;) {
+        size_t l = utf8_seq(p + k, n - k);
+        if (l) {
+            w_bytes(w, p + k, l);
+            k += l;
+            continue;
+        }
+        unsigned b = p[k++];
+        if (how == AS_SURROGATE) {
+            unsigned code = 0xDC00 + b;
+            unsigned char e[3] = {(unsigned char)(0xE0 | (code >> 12)),
+                                  (unsigned char)(0x80 | ((code >> 6) & 0x3F)),
+                                  (unsigned char)(0x80 | (code & 0x3F))};
+            w_bytes(w, e, 3);
+        } else {
+            static const char hex[] = "0123456789abcdef";
+            char e[4] = {'\\', 'x', hex[b >> 4], hex[b & 15]};
+            w_bytes(w, e, 4);
+        }
+    }
+}
+
+static void w_str(writer *w, const char *s)
+{
+    w_text(w, s, strlen(s), AS_SURROGATE);
+}
+
+static void w_key(writer *w, const char *k) { w_str(w, k); }
+static void w_bool(writer *w, int b) { w_byte(w, b ? 'T' : 'F'); }
+static void w_none(writer *w) { w_byte(w, 'N'); }
+static void w_dict(writer *w) { w_byte(w, '{'); }
+static void w_end(writer *w) { w_byte(w, '0'); }
+
+/* ------------------------------------------------------------------------ */
+/* the keeper's state                                                       */
+
+enum mech { M_CGROUP, M_SUBREAPER, M_PIDNS };
+
+static struct {
+    enum mech mech;
+    int ctl;
+    pid_t owner;
+    int ownerfd;
+    int background;
+    char cgroup[4096];  /* the job's cgroup directory (cgroup mechanism) */
+    char mount[4096];   /* where cgroup2 is mounted: /proc/PID/cgroup is relative to it */
+    int legacy;         /* behave as a kernel without clone3 and cgroup.kill (tests) */
+    int cgfd;           /* O_PATH fd of it, for CLONE_INTO_CGROUP */
+    int have_clone3;
+    int born_killed;    /* a CLONE_INTO_CGROUP child was killed at birth: see op_spawn */
+    unsigned char ign[65];        /* the signals this keeper ignores */
+    struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
+    int sigfd;
+    char boot[64];
+    /* direct children not yet reaped, and statuses not yet collected */
+    pid_t kids[MAX_CHILDREN];
+    size_t nkids;
+    pid_t done_pid[MAX_CHILDREN];
+    int done_st[MAX_CHILDREN];
+    size_t ndone;
+} K;
+
+static int is_kid(pid_t pid)
+{
+    for (size_t k = 0; k < K.nkids; k++)
+        if (K.kids[k] == pid)
+            return 1;
+    return 0;
+}
+
+static void drop_kid(pid_t pid)
+{
+    for (size_t k = 0; k < K.nkids; k++)
+        if (K.kids[k] == pid) {
+            K.kids[k] = K.kids[--K.nkids];
+            return;
+        }
+}
+
+static void keep_status(pid_t pid, int st)
+{
+    if (K.ndone < MAX_CHILDREN) {
+        K.done_pid[K.ndone] = pid;
+        K.done_st[K.ndone] = st;
+        K.ndone++;
+    }
+}
+
+static int take_status(pid_t pid, int *st)
+{
+    for (size_t k = 0; k < K.ndone; k++)
+        if (K.done_pid[k] == pid) {
+            *st = K.done_st[k];
+            K.ndone--;
+            K.done_pid[k] = K.done_pid[K.ndone];
+            K.done_st[k] = K.done_st[K.ndone];
+            return 1;
+        }
+    return 0;
+}
+
+/* -- sending ---------------------------------------------------------------- */
+
+static int send_msg(writer *w, const int *fds, int nfds, int flags)
+{
+    if (w->bad) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    struct iovec iov = {w->buf, w->n};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (nfds > 0) {
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    for (;;) {
+        ssize_t n = sendmsg(K.ctl, &mh, MSG_NOSIGNAL | flags);
+        if (n < 0 && errno == EINTR)
+            continue;
+        return n < 0 ? -1 : 0;
+    }
+}
+
+static void reply_ok(void)
+{
+    writer *w = wbegin();
+    w_dict(w);
+    w_key(w, "ok");
+    w_bool(w, 1);
+    w_end(w);
+    send_msg(w, NULL, 0, 0);
+}
+
+static void reply_error(const char *kind, int err, const char *strerr, const char *filename)
+{
+    writer *w = wbegin();
+    w_dict(w);
+    w_key(w, "ok");
+    w_bool(w, 0);
+    w_key(w, "kind");
+    w_str(w, kind);
+    if (err) {
+        w_key(w, "errno");
+        w_int(w, err);
+    }
+    w_key(w, "strerror");
+    w_str(w, strerr);
+    if (filename) {
+        w_key(w, "filename");
+        w_str(w, filename);
+    }
+    w_end(w);
+    send_msg(w, NULL, 0, 0);
+}
+
+/* An exit status, pushed at once so the owner's wait() needs no round trip;
+ * kept here if the owner is not reading (the keeper never blocks on it). */
+static void report_exit(pid_t pid, int st)
+{
+    writer *w = wbegin();
+    w_dict(w);
+    w_key(w, "exit");
+    w_int(w, pid);
+    w_key(w, "status");
+    w_int(w, st);
+    w_end(w);
+    if (send_msg(w, NULL, 0, MSG_DONTWAIT) < 0)
+        keep_status(pid, st);
+}
+
+/* -- reaping ---------------------------------------------------------------- */
+
+static void reaped(pid_t pid, int st, int push)
+{
+    if (!is_kid(pid))
+        return; /* an adopted orphan (subreaper, init): nobody asks for it */
+    drop_kid(pid);
+    if (push)
+        report_exit(pid, st);
+    else
+        keep_status(pid, st);
+}
+
+/* Reap everything that has exited; 0 once there are no children at all. */
+static int reap_all(int push)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            return 0; /* ECHILD */
+        if (pid == 0)
+            return 1;
+        reaped(pid, st, push);
+    }
+}
+
+static void drain_sigfd(void)
+{
+    struct signalfd_siginfo si;
+    while (read(K.sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* ending the job, the mechanism's way                                     */
+
+/* Children of pid (every thread's), appended to out; the number added. */
+static size_t children_of(pid_t pid, pid_t *out, size_t cap)
+{
+    char path[64], buf[65536];
+    size_t n = 0;
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return 0;
+    char dents[4096];
+    for (;;) {
+        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
+        if (got <= 0)
+            break;
+        for (long off = 0; off < got;) {
+            struct dent64 *d = (void *)(dents + off);
+            off += d->reclen;
+            if (d->name[0] < '0' || d->name[0] > '9')
+                continue;
+            char cpath[128];
+            snprintf(cpath, sizeof cpath, "/proc/%d/task/%s/children", (int)pid, d->name);
+            ssize_t len = read_file(cpath, buf, sizeof buf);
+            for (char *p = buf; len > 0 && *p;) {
+                char *e;
+                long c = strtol(p, &e, 10);
+                if (e == p)
+                    break;
+                if (c > 1 && n < cap)
+                    out[n++] = (pid_t)c;
+                p = e;
+            }
+        }
+    }
+    close(dfd);
+    return n;
+}
+
+static size_t descendants(pid_t root, pid_t *out, size_t cap)
+{
+    size_t n = children_of(root, out, cap);
+    for (size_t k = 0; k < n; k++)
+        n += children_of(out[k], out + n, cap - n);
+    return n;
+}
+
+static void kill_pid(pid_t pid)
+{
+    /* A pid from our own children lists a moment ago, pinned by its pidfd. */
+    int fd = pidfd_open_(pid);
+    if (fd < 0)
+        return;
+    pidfd_signal_(fd, SIGKILL);
+    close(fd);
+}
+
+static pid_t scratch[MAX_CHILDREN];
+
+/* The subreaper's (and an init's) kill loop: until waitpid says ECHILD. */
+static int kill_descendants(double timeout)
+{
+    double deadline = now_s() + timeout;
+    while (now_s() < deadline) {
+        size_t n = descendants(getpid(), scratch, MAX_CHILDREN);
+        for (size_t k = 0; k < n; k++)
+            kill_pid(scratch[k]);
+        int reaped_any = 0;
+        for (;;) {
+            int st;
+            pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
+            if (pid < 0 && errno == EINTR)
+                continue;
+            if (pid < 0)
+                return 1;
+            if (pid == 0)
+                break;
+            reaped_any = 1;
+            reaped(pid, st, 1);
+        }
+        if (!n && !reaped_any)
+            nap_us(500);
+    }
+    return 0;
+}
+
+static int cg_populated(void)
+{
+    char path[4200], buf[256];
+    snprintf(path, sizeof path, "%s/cgroup.events", K.cgroup);
+    if (read_file(path, buf, sizeof buf) < 0)
+        return errno != ENOENT; /* gone: empty */
+    char *p = strstr(buf, "populated ");
+    return p ? p[10] != '0' : 1;
+}
+
+/* Whether pid's own cgroup file puts it in the job's cgroup or below. */
+static int cg_is_member(pid_t pid)
+{
+    char path[64], buf[4200];
+    snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
+    if (read_file(path, buf, sizeof buf) <= 0)
+        return 0;
+    char *rel = strstr(buf, "0::");
+    if (!rel || (rel != buf && rel[-1] != '\n'))
+        return 0;
+    rel += 3;
+    char *nl = strchr(rel, '\n');
+    if (nl)
+        *nl = '\0';
+    size_t ml = strlen(K.mount), jl = strlen(K.cgroup), rl = strlen(rel);
+    if (!ml || jl < ml || strncmp(K.cgroup, K.mount, ml) != 0)
+        return 0;
+    const char *job = K.cgroup + ml; /* the job's path as /proc/PID/cgroup writes it */
+    size_t l = jl - ml;
+    return rl >= l && strncmp(rel, job, l) == 0 && (rel[l] == '\0' || rel[l] == '/');
+}
+
+/* Linux < 5.14 has no cgroup.kill: freeze (nobody forks between the read
+ * and the kill), SIGKILL each member of the cgroup and every one below it
+ * through a pidfd, checked to be a member still once pinned, then thaw. */
+static void cg_kill_each_in(const char *dir, int depth)
+{
+    char path[4200];
+    static char buf[65536];
+    snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+    ssize_t len = read_file(path, buf, sizeof buf);
+    for (char *p = buf; len > 0 && *p;) {
+        char *e;
+        long c = strtol(p, &e, 10);
+        if (e == p)
+            break;
+        p = e;
+        if (c <= 1)
+            continue;
+        int fd = pidfd_open_((pid_t)c);
+        if (fd < 0)
+            continue;
+        if (cg_is_member((pid_t)c))
+            pidfd_signal_(fd, SIGKILL);
+        close(fd);
+    }
+    if (depth > 16)
+        return;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    char dents[4096];
+    for (;;) {
+        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
+        if (got <= 0)
+            break;
+        for (long off = 0; off < got;) {
+            struct dent64 *d = (void *)(dents + off);
+            off += d->reclen;
+            if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
+                snprintf(path, sizeof path, "%s/%s", dir, d->name);
+                cg_kill_each_in(path, depth + 1);
+            }
+        }
+    }
+    close(dfd);
+}
+
+static void cg_kill_each(void)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cgroup.freeze", K.cgroup);
+    write_file(path, "1");
+    cg_kill_each_in(K.cgroup, 0);
+    write_file(path, "0");
+}
+
+static int kill_cgroup(double timeout)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cgroup.kill", K.cgroup);
+    int has_kill = !K.legacy && access(path, F_OK) == 0;
+    double deadline = now_s() + timeout;
+    for (;;) {
+        if (has_kill)
+            write_file(path, "1");
+        else
+            cg_kill_each();
+        reap_all(1);
+        if (!cg_populated())
+            return 1;
+        if (now_s() > deadline)
+            return 0;
+        nap_us(500);
+    }
+}
+
+static void kill_all(double timeout)
+{
+    if (K.mech == M_CGROUP)
+        kill_cgroup(timeout);
+    else if (K.mech == M_SUBREAPER)
+        kill_descendants(timeout);
+    /* pidns: the owner ends the members by identity from outside (this init
+     * sees outer pids in the shared /proc); here we only reap. Ending the
+     * whole namespace is this process's exit. */
+    reap_all(1);
+}
+
+static void rm_tree(const char *dir)
+{
+    /* deepest first: nested jobs' directories before their parent's */
+    char path[4200];
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        char dents[4096];
+        for (;;) {
+            long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
+            if (got <= 0)
+                break;
+            for (long off = 0; off < got;) {
+                struct dent64 *d = (void *)(dents + off);
+                off += d->reclen;
+                if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
+                    snprintf(path, sizeof path, "%s/%s", dir, d->name);
+                    rm_tree(path);
+                }
+            }
+        }
+        close(dfd);
+    }
+    for (int k = 0; k < 20 && rmdir(dir) < 0 && errno != ENOENT; k++)
+        nap_us(2000);
+}
+
+static void cleanup(void)
+{
+    if (K.mech != M_CGROUP || !K.cgroup[0])
+        return;
+    rm_tree(K.cgroup);
+    /* its run directory, tether-<pid>-<start>, when no other job is in it */
+    char run[4096];
+    snprintf(run, sizeof run, "%s", K.cgroup);
+    char *slash = strrchr(run, '/');
+    if (slash) {
+        *slash = '\0';
+        const char *base = strrchr(run, '/');
+        base = base ? base + 1 : run;
+        if (strncmp(base, "tether-", 7) == 0)
+            rmdir(run);
+    }
+}
+
+/* A background cgroup job outlives its owner: wait (no busy loop: the
+ * kernel flags cgroup.events with POLLPRI when "populated" changes) until
+ * its last member is gone, then remove the directory. */
+static void wait_empty(void)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cgroup.events", K.cgroup);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (cg_populated()) {
+        struct pollfd p = {fd, POLLPRI, 0};
+        if (fd < 0 || poll(&p, 1, 10000) < 0)
+            nap_us(100000);
+    }
+    if (fd >= 0)
+        close(fd);
+}
+
+static void end_for_dead_owner(void) __attribute__((noreturn));
+static void end_for_dead_owner(void)
+{
+    if (K.mech == M_PIDNS && !K.background)
+        _exit(0); /* PID 1 of the job's namespace: the kernel kills the rest at once */
+    if (K.background) {
+        /* outlives its owner on purpose: reap until the job is empty */
+        for (;;) {
+            int st;
+            pid_t pid = waitpid(-1, &st, __WALL);
+            if (pid < 0 && errno == EINTR)
+                continue;
+            if (pid < 0)
+                break;
+        }
+        if (K.mech == M_CGROUP)
+            wait_empty();
+        cleanup();
+        _exit(0);
+    }
+    kill_all(KILL_BOUND);
+    cleanup();
+    _exit(0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* spawning                                                                 */
+
+/* What the child does between clone and exec; its failure is reported on
+ * errfd as (stage, errno). Async-signal-safe calls only. */
+struct spawn_req {
+    char *const *argv;
+    char *const *envp;
+    const char *exe;         /* as given: searched in path when it has no '/' */
+    char *const *path;       /* PATH entries */
+    const char *cwd;         /* or NULL: fchdir(cwd_fd) */
+    int cwd_fd;
+    int nmap;
+    int map_src[MAX_FDS];    /* lifted fds ... */
+    int map_dst[MAX_FDS];    /* ... and the child fd numbers they become */
+    int setsid_;
+    pid_t pgroup;            /* -1: leave; 0: new group; >0: join */
+    sigset_t mask;
+    unsigned char ign[65];   /* 1: SIG_IGN in the child, else SIG_DFL */
+    int umask_;              /* -1: leave */
+    int ctty;
+    int nlim;
+    int lim_res[16];
+    struct rlimit lim[16];
+    int errfd;
+    int into_cgroup_by_hand; /* no clone3: move ourselves in before exec */
+};
+
+/* sigaction by the raw system call: it reaches glibc's own 32 and 33 too
+ * (the library's sigaction refuses them). */
+static void raw_signal(int sig, void (*handler)(int))
+{
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } ka = {handler, 0, NULL, 0};
+    syscall(SYS_rt_sigaction, sig, &ka, NULL, sizeof(uint64_t));
+}
+
+static void child_fail(int errfd, char stage, int err) __attribute__((noreturn));
+static void child_fail(int errfd, char stage, int err)
+{
+    unsigned char b[5] = {(unsigned char)stage, (unsigned char)err, (unsigned char)(err >> 8),
+                          (unsigned char)(err >> 16), (unsigned char)(err >> 24)};
+    ssize_t n = write(errfd, b, sizeof b);
+    (void)n;
+    _exit(127);
+}
+
+static void child_main(struct spawn_req *q) __attribute__((noreturn));
+static void child_main(struct spawn_req *q)
+{
+    /* "I ran": a child the kernel kills before its first instruction never
+     * says it (see op_spawn) */
+    if (write(q->errfd, "a", 1) != 1)
+        _exit(127);
+    if (q->into_cgroup_by_hand) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/cgroup.procs", K.cgroup);
+        if (write_file(path, "0") < 0)
+            child_fail(q->errfd, 'g', errno);
+    }
+    if (q->setsid_) {
+        if (setsid() < 0)
+            child_fail(q->errfd, 's', errno);
+    } else if (q->pgroup >= 0 && setpgid(0, q->pgroup) < 0) {
+        child_fail(q->errfd, 'p', errno);
+    }
+    /* fds: every source was lifted above every target first */
+    for (int k = 0; k < q->nmap; k++) {
+        if (dup2(q->map_src[k], q->map_dst[k]) < 0)
+            child_fail(q->errfd, 'd', errno);
+    }
+    if (q->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
+        child_fail(q->errfd, 't', errno);
+    for (int k = 0; k < q->nlim; k++)
+        if (setrlimit(q->lim_res[k], &q->lim[k]) < 0)
+            child_fail(q->errfd, 'r', errno);
+    if (q->umask_ >= 0)
+        umask((mode_t)q->umask_);
+    if (q->cwd) {
+        if (chdir(q->cwd) < 0)
+            child_fail(q->errfd, 'c', errno);
+    } else if (q->cwd_fd >= 0 && fchdir(q->cwd_fd) < 0) {
+        child_fail(q->errfd, 'c', errno);
+    }
+    /* The owner's ignored signals, and nothing else: exec resets handled
+     * ones, so only what this keeper ignores and the owner does not (and
+     * the other way round) needs a call. */
+    for (int s = 1; s < 65; s++)
+        if (q->ign[s] != K.ign[s])
+            raw_signal(s, q->ign[s] ? SIG_IGN : SIG_DFL);
+    sigprocmask(SIG_SETMASK, &q->mask, NULL);
+    if (strchr(q->exe, '/')) {
+        execve(q->exe, q->argv, q->envp);
+        child_fail(q->errfd, 'e', errno);
+    }
+    /* execvp semantics over the owner's PATH: EACCES is remembered, the
+     * first other error than ENOENT/ENOTDIR stops the search */
+    int denied = 0;
+    char full[4200];
+    for (char *const *d = q->path; *d; d++) {
+        size_t dl = strlen(*d), el = strlen(q->exe);
+        if (dl + el + 2 > sizeof full)
+            continue;
+        if (dl) {
+            memcpy(full, *d, dl);
+            full[dl] = '/';
+            memcpy(full + dl + 1, q->exe, el + 1);
+        } else {
+            memcpy(full, q->exe, el + 1);
+        }
+        execve(full, q->argv, q->envp);
+        if (errno == EACCES)
+            denied = 1;
+        else if (errno != ENOENT && errno != ENOTDIR)
+            child_fail(q->errfd, 'e', errno);
+    }
+    child_fail(q->errfd, 'e', denied ? EACCES : ENOENT);
+}
+
+/* Start the child: straight into the job's cgroup when we can, else in
+ * ours and it moves itself in before exec (into_cgroup_by_hand). */
+static pid_t clone_child(struct spawn_req *q, int *pidfd)
+{
+    int into = K.have_clone3 && K.mech == M_CGROUP && !K.born_killed;
+    q->into_cgroup_by_hand = K.mech == M_CGROUP && !into;
+    if (K.have_clone3) {
+        struct clone_args ca;
+        memset(&ca, 0, sizeof ca);
+        ca.flags = CLONE_PIDFD | (into ? CLONE_INTO_CGROUP : 0);
+        ca.pidfd = (uint64_t)(uintptr_t)pidfd;
+        ca.exit_signal = SIGCHLD;
+        if (into)
+            ca.cgroup = (uint64_t)K.cgfd;
+        long pid = syscall(SYS_clone3, &ca, sizeof ca);
+        if (pid == 0)
+            child_main(q);
+        if (pid > 0)
+            return (pid_t)pid;
+        if (errno != ENOSYS && errno != E2BIG)
+            return -1;
+        K.have_clone3 = 0; /* an older kernel: fork, and move in by hand */
+        q->into_cgroup_by_hand = K.mech == M_CGROUP;
+    }
+    pid_t pid = fork();
+    if (pid == 0)
+        child_main(q);
+    if (pid > 0)
+        *pidfd = pidfd_open_(pid);
+    return pid;
+}
+
+/* The identity of a just-spawned child, read before anything can reap it:
+ * (pid, start, boot, ppid, pgid, sid, uid, state, comm) as identity.read. */
+static int write_ident(writer *w, pid_t pid, int pidfd)
+{
+    char path[64], stat[1024], status[2048];
+    if (pidfd >= 0 && K.mech == M_PIDNS) {
+        /* the pid as our /proc mount names it: the outer one in a PID
+         * namespace (this init's own view says 2, 3, ...) */
+        snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+        if (read_file(path, status, sizeof status) > 0) {
+            char *p = strstr(status, "\nPid:");
+            long outer = p ? strtol(p + 5, NULL, 10) : 0;
+            if (outer <= 0)
+                return 0; /* gone already, or not visible from here */
+            pid = (pid_t)outer;
+        }
+    }
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (read_file(path, stat, sizeof stat) <= 0)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    if (read_file(path, status, sizeof status) <= 0)
+        return 0;
+    char *open_ = strchr(stat, '('), *close_ = strrchr(stat, ')');
+    if (!open_ || !close_ || close_[1] != ' ')
+        return 0;
+    char state = close_[2];
+    long long f[22] = {0};
+    char *p = close_ + 4;
+    for (int k = 1; k < 20 && *p; k++) { /* fields after state: ppid, pgrp, session, ... */
+        f[k] = strtoll(p, &p, 10);
+        while (*p == ' ')
+            p++;
+    }
+    long long start = 0;
+    {
+        /* field 22 (starttime) is the 19th after the state letter (field 3) */
+        char *q = close_ + 2;
+        for (int k = 0; k < 19 && q; k++) {
+            q = strchr(q, ' ');
+            if (q)
+                q++;
+        }
+        if (!q)
+            return 0;
+        start = strtoll(q, NULL, 10);
+    }
+    long uid = -1;
+    char *u = strstr(status, "\nUid:");
+    if (u)
+        uid = strtol(u + 5, NULL, 10);
+    char comm[64];
+    size_t cl = (size_t)(close_ - open_ - 1);
+    if (cl >= sizeof comm)
+        cl = sizeof comm - 1;
+    memcpy(comm, open_ + 1, cl);
+    comm[cl] = '\0';
+    char st[2] = {state, 0};
+    w_key(w, "ident");
+    w_byte(w, ')');
+    w_byte(w, 9);
+    w_int(w, pid);
+    w_int(w, start);
+    w_str(w, K.boot);
+    w_int(w, f[1]);
+    w_int(w, f[2]);
+    w_int(w, f[3]);
+    w_int(w, uid);
+    w_str(w, st);
+    w_text(w, comm, strlen(comm), AS_BACKSLASH);
+    return 1;
+}
+
+static char *dup_cstr(reader *r, const value *v)
+{
+    if (!v || (v->t != V_BYTES && v->t != V_STR))
+        return NULL;
+    if (memchr(v->s, '\0', v->len))
+        return NULL;
+    char *s = arena_alloc(r, v->len + 1);
+    if (s) {
+        memcpy(s, v->s, v->len);
+        s[v->len] = '\0';
+    }
+    return s;
+}
+
+static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
+{
+    struct spawn_req *q = arena_alloc(r, sizeof *q);
+    if (!q) {
+        reply_error("ValueError", 0, "spawn request too large", NULL);
+        return;
+    }
+    memset(q, 0, sizeof *q);
+    const value *argv = dict_get(msg, "argv"), *envd = dict_get(msg, "env");
+    const value *path = dict_get(msg, "path"), *fdmap = dict_get(msg, "fdmap");
+    const value *ids = dict_get(msg, "ids");
+    if (ids && ids->t == V_LIST && ids->len == 4) {
+        /* a keeper that is no longer who the owner is starts nothing */
+        int64_t want[4] = {getuid(), geteuid(), getgid(), getegid()};
+        for (int k = 0; k < 4; k++)
+            if (ids->items[k]->t != V_INT || ids->items[k]->i != want[k]) {
+                char why[512];
+                long long got[4];
+                for (int j = 0; j < 4; j++)
+                    got[j] = ids->items[j]->t == V_INT ? (long long)ids->items[j]->i : -1;
+                snprintf(why, sizeof why,
+                         "this process now runs as uid/euid/gid/egid %lld/%lld/%lld/%lld, not as "
+                         "the job's keeper (%lld/%lld/%lld/%lld, since the job opened): it would "
+                         "start the child as the wrong user; open the job after changing user",
+                         got[0], got[1], got[2], got[3], (long long)want[0], (long long)want[1],
+                         (long long)want[2], (long long)want[3]);
+                reply_error("refused", 0, why, NULL);
+                return;
+            }
+    }
+    q->exe = dup_cstr(r, dict_get(msg, "executable"));
+    if (!argv || argv->t != V_LIST || !q->exe || !envd || envd->t != V_DICT) {
+        reply_error("ValueError", 0, "malformed spawn request", NULL);
+        return;
+    }
+    char **av = arena_alloc(r, (argv->len + 1) * sizeof(char *));
+    char **ev = arena_alloc(r, (envd->len + 1) * sizeof(char *));
+    size_t np = path && path->t == V_LIST ? path->len : 0;
+    char **pv = arena_alloc(r, (np + 1) * sizeof(char *));
+    if (!av || !ev || !pv) {
+        reply_error("ValueError", 0, "spawn request too large", NULL);
+        return;
+    }
+    for (size_t k = 0; k < argv->len; k++) {
+        av[k] = dup_cstr(r, argv->items[k]);
+        if (!av[k]) {
+            reply_error("ValueError", 0, "embedded null byte", NULL);
+            return;
+        }
+    }
+    av[argv->len] = NULL;
+    for (size_t k = 0; k < envd->len; k++) {
+        const value *kk = envd->items[2 * k], *vv = envd->items[2 * k + 1];
+        if (!kk || !vv || (kk->t != V_BYTES && kk->t != V_STR) ||
+            (vv->t != V_BYTES && vv->t != V_STR) || memchr(kk->s, '\0', kk->len) ||
+            memchr(vv->s, '\0', vv->len) || memchr(kk->s, '=', kk->len)) {
+            reply_error("ValueError", 0, "embedded null byte or bad name in the environment",
+                        NULL);
+            return;
+        }
+        char *e = arena_alloc(r, kk->len + vv->len + 2);
+        if (!e) {
+            reply_error("ValueError", 0, "environment too large", NULL);
+            return;
+        }
+        memcpy(e, kk->s, kk->len);
+        e[kk->len] = '=';
+        memcpy(e + kk->len + 1, vv->s, vv->len);
+        e[kk->len + 1 + vv->len] = '\0';
+        ev[k] = e;
+    }
+    ev[envd->len] = NULL;
+    for (size_t k = 0; k < np; k++)
+        pv[k] = dup_cstr(r, path->items[k]) ? dup_cstr(r, path->items[k]) : (char *)"";
+    pv[np] = NULL;
+    q->argv = av;
+    q->envp = ev;
+    q->path = pv;
+    const value *cwd = dict_get(msg, "cwd");
+    q->cwd = cwd && cwd->t != V_NONE ? dup_cstr(r, cwd) : NULL;
+    q->cwd_fd = -1;
+    if (!q->cwd) {
+        int64_t k = dict_int(msg, "cwd_fd", -1);
+        if (k >= 0 && k < nfds)
+            q->cwd_fd = fds[k];
+    }
+    /* fds: lift every source above every target, then map */
+    int base = 3;
+    if (fdmap && fdmap->t == V_DICT)
+        for (size_t k = 0; k < fdmap->len; k++)
+            if (fdmap->items[2 * k]->t == V_INT && fdmap->items[2 * k]->i + 1 > base &&
+                fdmap->items[2 * k]->i < 1 << 20) /* a bigger one is refused below */
+                base = (int)fdmap->items[2 * k]->i + 1;
+    int lifted[MAX_FDS];
+    int nlifted = 0;
+    for (int k = 0; k < nfds; k++) {
+        lifted[k] = fcntl(fds[k], F_DUPFD_CLOEXEC, base);
+        nlifted++;
+        if (lifted[k] < 0) {
+            int err = errno;
+            for (int j = 0; j < k; j++)
+                close(lifted[j]);
+            reply_error("os", err, strerror(err), NULL);
+            return;
+        }
+    }
+    if (q->cwd_fd >= 0)
+        for (int k = 0; k < nfds; k++)
+            if (fds[k] == q->cwd_fd)
+                q->cwd_fd = lifted[k];
+    if (fdmap && fdmap->t == V_DICT)
+        for (size_t k = 0; k < fdmap->len; k++) {
+            const value *t = fdmap->items[2 * k], *i = fdmap->items[2 * k + 1];
+            if (t->t != V_INT || i->t != V_INT || i->i < 0 || i->i >= nfds || t->i < 0 ||
+                t->i > 1 << 20 || q->nmap == MAX_FDS) {
+                for (int j = 0; j < nlifted; j++)
+                    close(lifted[j]);
+                reply_error("ValueError", 0, "malformed spawn request: a bad fd map", NULL);
+                return;
+            }
+            q->map_src[q->nmap] = lifted[i->i];
+            q->map_dst[q->nmap] = (int)t->i;
+            q->nmap++;
+        }
+    q->setsid_ = dict_true(msg, "setsid");
+    int64_t pg = dict_int(msg, "pgroup", -1);
+    q->pgroup = pg == -1 ? (pid_t)dict_int(msg, "owner_pgid", -1) : (pid_t)pg;
+    if (K.mech == M_PIDNS && !q->setsid_)
+        q->pgroup = 0; /* the owner's group is not visible inside the namespace */
+    sigemptyset(&q->mask);
+    const value *sm = dict_get(msg, "sigmask");
+    if (sm && sm->t == V_LIST)
+        for (size_t k = 0; k < sm->len; k++)
+            if (sm->items[k]->t == V_INT && sm->items[k]->i > 0 && sm->items[k]->i < 65)
+                sigaddset(&q->mask, (int)sm->items[k]->i);
+    const value *ig = dict_get(msg, "ignored");
+    if (ig && ig->t == V_LIST)
+        for (size_t k = 0; k < ig->len; k++)
+            if (ig->items[k]->t == V_INT && ig->items[k]->i > 0 && ig->items[k]->i < 65 &&
+                ig->items[k]->i != SIGCHLD)
+                q->ign[ig->items[k]->i] = 1;
+    q->umask_ = (int)dict_int(msg, "umask", -1);
+    q->ctty = dict_true(msg, "ctty");
+    const value *rl = dict_get(msg, "rlimits");
+    if (rl && rl->t == V_LIST)
+        for (size_t k = 0; k < rl->len && q->nlim < 16; k++) {
+            const value *t = rl->items[k];
+            if (t->t == V_LIST && t->len == 3 && t->items[0]->t == V_INT &&
+                t->items[1]->t == V_INT && t->items[2]->t == V_INT) {
+                int res = (int)t->items[0]->i;
+                rlim_t cur = t->items[1]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[1]->i;
+                rlim_t max = t->items[2]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[2]->i;
+                if (res >= 0 && res < RLIM_NLIMITS && K.lim[res].rlim_cur == cur &&
+                    K.lim[res].rlim_max == max)
+                    continue; /* the child has it from us already */
+                q->lim_res[q->nlim] = res;
+                q->lim[q->nlim].rlim_cur = cur;
+                q->lim[q->nlim].rlim_max = max;
+                q->nlim++;
+            }
+        }
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0) {
+        int err = errno;
+        for (int k = 0; k < nlifted; k++)
+            close(lifted[k]);
+        reply_error("os", err, strerror(err), NULL);
+        return;
+    }
+    int pidfd = -1;
+    pid_t pid;
+    unsigned char b[6];
+    ssize_t n = 0;
+    int err;
+    for (;;) {
+        q->errfd = pipefd[1];
+        pid = clone_child(q, &pidfd);
+        err = errno;
+        close(pipefd[1]); /* ours: the read below sees EOF at the child's exec */
+        pipefd[1] = -1;
+        if (pid < 0)
+            break;
+        n = 0;
+        for (;;) { /* "a", then (stage, errno) if it fails before exec; EOF at exec */
+            ssize_t got = read(pipefd[0], b + n, sizeof b - (size_t)n);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                break;
+            n += got;
+            if (n == (ssize_t)sizeof b)
+                break;
+        }
+        if (n > 0 || K.mech != M_CGROUP || K.born_killed)
+            break;
+        /* Killed before its first instruction. Linux 6.14 to at least 6.18
+         * compares the kill count of the *parent's* cgroup with the
+         * target's for CLONE_INTO_CGROUP, so once the job's cgroup (or an
+         * ancestor) has seen a cgroup.kill, every child cloned into it from
+         * outside is SIGKILLed at birth. It never ran: start it again the
+         * old way (born here, moved in before exec), and from now on. */
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        if (pidfd >= 0)
+            close(pidfd);
+        pidfd = -1;
+        K.born_killed = 1;
+        close(pipefd[0]);
+        if (pipe2(pipefd, O_CLOEXEC) < 0) {
+            pid = -1;
+            err = errno;
+            pipefd[0] = pipefd[1] = -1;
+            break;
+        }
+    }
+    if (pipefd[1] >= 0)
+        close(pipefd[1]);
+    for (int k = 0; k < nlifted; k++)
+        close(lifted[k]);
+    if (pid < 0) {
+        if (pipefd[0] >= 0)
+            close(pipefd[0]);
+        if (K.mech == M_CGROUP &&
+            (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
+            char why[256];
+            snprintf(why, sizeof why, "cannot place the child in the job: %s", strerror(err));
+            reply_error("refused", 0, why, NULL);
+        } else
+            reply_error("os", err, strerror(err), NULL);
+        return;
+    }
+    close(pipefd[0]);
+    if (n == 0) { /* killed at birth on the old path too: the job is being killed */
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        if (pidfd >= 0)
+            close(pidfd);
+        reply_error("refused", 0, "the child was killed at birth: the job is being ended", NULL);
+        return;
+    }
+    if (n == (ssize_t)sizeof b) { /* "a", then the stage and errno where it failed */
+        int cerr = (int)b[2] | ((int)b[3] << 8) | ((int)b[4] << 16) | ((int)b[5] << 24);
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        if (pidfd >= 0)
+            close(pidfd);
+        char why[256];
+        if (b[1] == 'g') {
+            snprintf(why, sizeof why, "cannot place the child in the job: %s", strerror(cerr));
+            reply_error("refused", 0, why, NULL);
+        } else if (b[1] == 'r') {
+            snprintf(why, sizeof why, "cannot give the child this process's resource limits: %s",
+                     strerror(cerr));
+            reply_error("os", cerr, why, NULL);
+        } else {
+            /* as subprocess names them: the cwd (None when it was passed as
+             * a directory fd), else the executable as given */
+            const char *fname = b[1] == 'c' ? q->cwd : b[1] == 'e' ? q->exe : NULL;
+            reply_error("os", cerr, strerror(cerr), fname);
+        }
+        return;
+    }
+    if (K.nkids < MAX_CHILDREN)
+        K.kids[K.nkids++] = pid;
+    writer *w = wbegin();
+    w_dict(w);
+    w_key(w, "ok");
+    w_bool(w, 1);
+    w_key(w, "pid");
+    w_int(w, pid);
+    if (dict_true(msg, "ident"))
+        write_ident(w, pid, pidfd);
+    w_end(w);
+    send_msg(w, pidfd >= 0 ? &pidfd : NULL, pidfd >= 0, 0);
+    if (pidfd >= 0)
+        close(pidfd);
+}
+
+/* ------------------------------------------------------------------------ */
+/* requests                                                                 */
+
+static char msgbuf[MAX_MSG];
+static char arena[4 << 20];
+
+/* One request; 1 when the job is closed and the keeper leaves. */
+static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
+{
+    reader r = {.p = data, .end = data + len, .arena = arena, .cap = sizeof arena};
+    value *msg = rd_value(&r, 0);
+    int done = 0;
+    if (!msg || r.bad || msg->t != V_DICT) {
+        reply_error("ValueError", 0, "malformed request", NULL);
+        goto out;
+    }
+    /* a big payload travels in a memfd: {"_memfd": size} + the fd, last */
+    const value *mf = dict_get(msg, "_memfd");
+    static char *big;
+    if (mf && mf->t == V_INT && nfds > 0) {
+        size_t size = (size_t)mf->i;
+        int mfd = fds[--nfds];
+        struct stat sb;
+        if (fstat(mfd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < mf->i || mf->i < 0) {
+            /* a pipe would block this keeper for good: a memfd (a file) only */
+            close(mfd);
+            reply_error("ValueError", 0, "truncated memfd payload (or not a memfd)", NULL);
+            goto out;
+        }
+        free(big);
+        big = size < (1u << 30) ? malloc(size ? size : 1) : NULL;
+        size_t got = 0;
+        while (big && got < size) {
+            ssize_t n = read(mfd, big + got, size - got);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        close(mfd);
+        if (!big || got != size) {
+            reply_error("ValueError", 0, "truncated memfd payload", NULL);
+            goto out;
+        }
+        static char *big_arena;
+        static size_t big_cap;
+        size_t want = size * 8 + (1 << 20);
+        if (want > big_cap) {
+            free(big_arena);
+            big_arena = malloc(want);
+            big_cap = big_arena ? want : 0;
+        }
+        if (!big_arena) {
+            reply_error("ValueError", 0, "payload too large", NULL);
+            goto out;
+        }
+        r = (reader){.p = (unsigned char *)big, .end = (unsigned char *)big + size,
+                     .arena = big_arena, .cap = big_cap};
+        msg = rd_value(&r, 0);
+        if (!msg || r.bad || msg->t != V_DICT) {
+            reply_error("ValueError", 0, "malformed request", NULL);
+            goto out;
+        }
+    }
+    const value *op = dict_get(msg, "op");
+    if (!op || op->t != V_STR) {
+        reply_error("ValueError", 0, "request without an op", NULL);
+        goto out;
+    }
+#define IS(name) (op->len == strlen(name) && memcmp(op->s, name, op->len) == 0)
+    if (IS("spawn")) {
+        op_spawn(&r, msg, fds, nfds);
+    } else if (IS("wait") || IS("poll")) {
+        pid_t pid = (pid_t)dict_int(msg, "pid", 0);
+        int st = 0, have = 0;
+        reap_all(1);
+        have = take_status(pid, &st);
+        if (!have && IS("wait") && is_kid(pid)) {
+            while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+            }
+            drop_kid(pid);
+            have = 1;
+        }
+        writer *w = wbegin();
+        w_dict(w);
+        w_key(w, "ok");
+        w_bool(w, 1);
+        w_key(w, "status");
+        if (have)
+            w_int(w, st);
+        else
+            w_none(w);
+        w_end(w);
+        send_msg(w, NULL, 0, 0);
+    } else if (IS("kill_all")) {
+        kill_all(dict_seconds(msg, "timeout", KILL_BOUND));
+        reply_ok();
+    } else if (IS("close")) {
+        kill_all(dict_seconds(msg, "timeout", KILL_BOUND));
+        cleanup();
+        writer *w = wbegin();
+        w_dict(w);
+        w_key(w, "ok");
+        w_bool(w, 1);
+        w_key(w, "status");
+        w_dict(w);
+        for (size_t k = 0; k < K.ndone; k++) {
+            w_int(w, K.done_pid[k]);
+            w_int(w, K.done_st[k]);
+        }
+        w_end(w);
+        w_end(w);
+        send_msg(w, NULL, 0, 0);
+        done = 1;
+    } else if (IS("step_aside")) {
+        reply_ok(); /* this keeper never lives inside the job's cgroup */
+    } else if (IS("ping")) {
+        writer *w = wbegin();
+        w_dict(w);
+        w_key(w, "ok");
+        w_bool(w, 1);
+        w_key(w, "keeper");
+        w_int(w, getpid());
+        w_end(w);
+        send_msg(w, NULL, 0, 0);
+    } else {
+        reply_error("ValueError", 0, "unknown request", NULL);
+    }
+#undef IS
+out:
+    for (int k = 0; k < nfds; k++)
+        close(fds[k]);
+    return done;
+}
+
+static void serve(void) __attribute__((noreturn));
+static void serve(void)
+{
+    struct pollfd p[3] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0}, {K.ownerfd, POLLIN, 0}};
+    int np = K.ownerfd >= 0 ? 3 : 2;
+    for (;;) {
+        int n = poll(p, (nfds_t)np, K.ownerfd >= 0 ? -1 : 200);
+        if (n < 0 && errno != EINTR)
+            end_for_dead_owner();
+        if (K.ownerfd >= 0 && (p[2].revents & (POLLIN | POLLHUP | POLLERR)))
+            end_for_dead_owner();
+        if (K.ownerfd < 0 && (kill(K.owner, 0) < 0 && errno == ESRCH))
+            end_for_dead_owner(); /* no pidfd: the owner watched by polling */
+        if (p[1].revents & POLLIN) {
+            drain_sigfd();
+            reap_all(1);
+        }
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            union {
+                char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+                struct cmsghdr align;
+            } u;
+            struct iovec iov = {msgbuf, sizeof msgbuf};
+            struct msghdr mh = {0};
+            mh.msg_iov = &iov;
+            mh.msg_iovlen = 1;
+            mh.msg_control = u.buf;
+            mh.msg_controllen = sizeof u.buf;
+            ssize_t got = recvmsg(K.ctl, &mh, MSG_CMSG_CLOEXEC);
+            if (got < 0 && errno == EINTR)
+                continue;
+            int fds[MAX_FDS];
+            int nfds = 0;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                    int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                    for (int k = 0; k < cnt && nfds < MAX_FDS; k++)
+                        memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+                }
+            }
+            if (got <= 0) {
+                /* EOF (the owner's end closed: it is gone), or an empty
+                 * datagram, which only POLLHUP tells apart */
+                struct pollfd h = {K.ctl, POLLIN, 0};
+                if (got < 0 || (poll(&h, 1, 0) == 1 && (h.revents & (POLLHUP | POLLERR)))) {
+                    for (int k = 0; k < nfds; k++)
+                        close(fds[k]);
+                    end_for_dead_owner();
+                }
+            }
+            if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                for (int k = 0; k < nfds; k++)
+                    close(fds[k]);
+                reply_error("ValueError", 0,
+                            (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be"
+                                                       : "more file descriptors than a request may carry",
+                            NULL);
+                continue;
+            }
+            if (handle((unsigned char *)msgbuf, (size_t)got, fds, nfds)) {
+                _exit(0);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* set-up                                                                   */
+
+static void ready(pid_t outer)
+{
+    writer *w = wbegin();
+    w_dict(w);
+    if (outer) {
+        w_key(w, "outer");
+        w_int(w, outer);
+    } else {
+        w_key(w, "ready");
+        w_bool(w, 1);
+        w_key(w, "keeper");
+        w_int(w, getpid());
+        w_key(w, "native");
+        w_bool(w, 1);
+        w_key(w, "trace");
+        w_dict(w);
+        if (K.mech == M_CGROUP) {
+            w_key(w, "cgroup_path");
+            w_str(w, K.cgroup);
+        }
+        w_end(w);
+    }
+    w_end(w);
+    send_msg(w, NULL, 0, 0);
+}
+
+static void refuse(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void refuse(const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    writer *w = wbegin();
+    w_dict(w);
+    w_key(w, "ready");
+    w_bool(w, 0);
+    w_key(w, "error");
+    w_str(w, text);
+    w_end(w);
+    send_msg(w, NULL, 0, 0);
+    _exit(0);
+}
+
+static void enter_pidns(void)
+{
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (uid == 0) {
+        if (unshare(CLONE_NEWPID) < 0)
+            refuse("unshare(CLONE_NEWPID): %s", strerror(errno));
+    } else {
+        if (unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0)
+            refuse("unshare(CLONE_NEWUSER|CLONE_NEWPID): %s", strerror(errno));
+        char map[64];
+        write_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
+        if (write_file("/proc/self/uid_map", map) < 0)
+            refuse("uid_map: %s", strerror(errno));
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
+        if (write_file("/proc/self/gid_map", map) < 0)
+            refuse("gid_map: %s", strerror(errno));
+    }
+    pid_t pid = fork();
+    if (pid < 0)
+        refuse("fork into the namespace: %s", strerror(errno));
+    if (pid > 0) { /* the intermediate: report the init's outer pid, and go */
+        ready(pid);
+        _exit(0);
+    }
+    if (getpid() != 1)
+        refuse("the namespace's keeper is not PID 1");
+}
+
+static void close_span(unsigned lo, unsigned hi)
+{
+    if (lo > hi)
+        return;
+    if (syscall(SYS_close_range, lo, hi, 0) == 0)
+        return;
+    /* Linux < 5.9: the ones /proc says are open */
+    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    char dents[4096];
+    int fds[1024];
+    int n = 0;
+    for (;;) {
+        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
+        if (got <= 0)
+            break;
+        for (long off = 0; off < got;) {
+            struct dent64 *d = (void *)(dents + off);
+            off += d->reclen;
+            char *e;
+            long fd = strtol(d->name, &e, 10);
+            if (*e == '\0' && e != d->name && fd != dfd && (unsigned long)fd >= lo &&
+                (unsigned long)fd <= hi && n < 1024)
+                fds[n++] = (int)fd;
+        }
+    }
+    close(dfd);
+    for (int k = 0; k < n; k++)
+        close(fds[k]);
+}
+
+/* Close every fd above 2 but a and b (-1: none). */
+static void close_others(int a, int b)
+{
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+    if (lo < 3)
+        lo = hi; /* at most one to keep above stdio */
+    if (hi < 3) {
+        close_span(3, ~0U);
+        return;
+    }
+    if (lo == hi) {
+        close_span(3, (unsigned)hi - 1);
+        close_span((unsigned)hi + 1, ~0U);
+        return;
+    }
+    close_span(3, (unsigned)lo - 1);
+    close_span((unsigned)lo + 1, (unsigned)hi - 1);
+    close_span((unsigned)hi + 1, ~0U);
+}
+
+static int usage(void)
+{
+    static const char text[] =
+        "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
+        "[background=1] [legacy=1]\n"
+        "       tether-keeper --version\n"
+        "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
+    ssize_t n = write(2, text, sizeof text - 1);
+    (void)n;
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        puts("tether-keeper 1 (protocol: marshal 4 over SOCK_SEQPACKET)");
+        return 0;
+    }
+    if (argc < 6 || strcmp(argv[1], "serve") != 0)
+        return usage();
+    if (strcmp(argv[2], "cgroup") == 0)
+        K.mech = M_CGROUP;
+    else if (strcmp(argv[2], "subreaper") == 0)
+        K.mech = M_SUBREAPER;
+    else if (strcmp(argv[2], "pidns") == 0)
+        K.mech = M_PIDNS;
+    else
+        return usage();
+    char *end;
+    K.ctl = (int)strtol(argv[3], &end, 10);
+    if (*end || K.ctl < 0)
+        return usage();
+    K.owner = (pid_t)strtol(argv[4], &end, 10);
+    if (*end || K.owner <= 0)
+        return usage();
+    K.ownerfd = (int)strtol(argv[5], &end, 10);
+    if (*end)
+        return usage();
+    K.cgfd = -1;
+    for (int k = 6; k < argc; k++) {
+        if (strncmp(argv[k], "cgroup=", 7) == 0)
+            snprintf(K.cgroup, sizeof K.cgroup, "%s", argv[k] + 7);
+        else if (strncmp(argv[k], "mount=", 6) == 0)
+            snprintf(K.mount, sizeof K.mount, "%s", argv[k] + 6);
+        else if (strcmp(argv[k], "background=1") == 0)
+            K.background = 1;
+        else if (strcmp(argv[k], "legacy=1") == 0)
+            K.legacy = 1;
+        else
+            return usage();
+    }
+    /* nothing of the owner's but these two: a leaked pipe end would hold a
+     * lifeline open for as long as the job lives */
+    close_others(K.ctl, K.ownerfd);
+    /* the fds the owner handed over must not reach any child */
+    fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
+    if (K.ownerfd >= 0)
+        fcntl(K.ownerfd, F_SETFD, FD_CLOEXEC);
+    prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
+    setpgid(0, 0); /* a caller killing the owner's group must not take us along */
+    /* A known signal state: everything default (an owner's posix_spawn on
+     * glibc < 2.38 leaves glibc's 32 and 33 ignored here), then ignore what
+     * a keeper must survive (the caller may kill the owner's group). */
+    for (int s = 1; s < 65; s++)
+        if (s != SIGKILL && s != SIGSTOP)
+            raw_signal(s, SIG_DFL);
+    static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU,
+                                  SIGPIPE};
+    for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++) {
+        raw_signal(ignored[k], SIG_IGN);
+        K.ign[ignored[k]] = 1;
+    }
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        if (getrlimit(r, &K.lim[r]) < 0)
+            K.lim[r].rlim_cur = K.lim[r].rlim_max = 0; /* unknown: always set */
+    if (chdir("/") < 0) { /* never pin a mount point; children chdir to the owner's cwd */
+    }
+    if (read_file("/proc/sys/kernel/random/boot_id", K.boot, sizeof K.boot) > 0) {
+        char *nl = strchr(K.boot, '\n');
+        if (nl)
+            *nl = '\0';
+    }
+    switch (K.mech) {
+    case M_CGROUP:
+        if (!K.cgroup[0])
+            refuse("cgroup: no cgroup= given");
+        K.cgfd = open(K.cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (K.cgfd < 0)
+            refuse("cgroup: cannot open %s: %s", K.cgroup, strerror(errno));
+        break;
+    case M_SUBREAPER:
+        if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+            refuse("prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+        break;
+    case M_PIDNS:
+        enter_pidns();
+        break;
+    }
+    K.have_clone3 = !K.legacy;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (K.sigfd < 0)
+        refuse("signalfd: %s", strerror(errno));
+    /* The owner may have died before the watch was set up. */
+    if (K.ownerfd >= 0) {
+        struct pollfd o = {K.ownerfd, POLLIN, 0};
+        if (poll(&o, 1, 0) > 0)
+            end_for_dead_owner();
+    } else if (kill(K.owner, 0) < 0 && errno == ESRCH) {
+        end_for_dead_owner();
+    }
+    ready(0);
+    serve();
+}

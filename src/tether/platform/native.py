@@ -1,0 +1,116 @@
+"""The native keeper: ``tether-keeper``, one small C program per job.
+
+What it is: the keeper of ``_keeper_socket`` (the same requests, replies and
+rules over the same socket, see ``_proto``) written in C
+(``src/tether/_native/keeper.c``), built when tether is installed where a C
+compiler exists. A job then costs a ~100 KiB process instead of a forked
+interpreter, a spawn is one ``clone3`` straight into the job, and an owner
+with threads needs no warden (a fork server): ``posix_spawn`` of the helper is
+safe from any thread.
+
+Which keeper a job gets: the native one for the cgroup, subreaper and pidns
+mechanisms when the helper is built, else the Python one (the same
+behaviour, slower); ``TETHER_NATIVE`` decides:
+
+``auto`` (or unset)
+    the native keeper where it is built, else the Python keeper.
+``0`` / ``off``
+    always the Python keeper.
+``1`` / ``on``
+    the native keeper or nothing: a job that cannot have it is refused
+    (:class:`tether.errors.JobRefused`), never silently served by Python.
+
+Trap: the helper must get nothing of the owner but its control socket and
+the owner's pidfd. ``posix_spawn`` keeps every inheritable fd, so the
+helper closes all others itself before it serves, and its stdio is
+``/dev/null`` (a keeper holding the owner's stdout would keep a pipe's
+reader waiting after the owner is gone).
+"""
+
+import os
+
+HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
+                      "tether-keeper")
+# Test knob: another build of the same program (the sanitizer build in CI).
+HELPER = os.environ.get("_TETHER_NATIVE_HELPER") or HELPER
+# What a sanitizer build reads (it writes its reports where these say).
+_PASSED_ON = ("ASAN_OPTIONS", "UBSAN_OPTIONS")
+MECHANISMS = ("cgroup", "subreaper", "pidns")
+ENV = "TETHER_NATIVE"
+_WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "yes": "on", "true": "on",
+          "0": "off", "off": "off", "no": "off", "false": "off"}
+
+
+def setting() -> str:
+    """``auto``, ``on`` or ``off``, from ``TETHER_NATIVE``; a value that is
+    none of those is a :class:`tether.errors.UsageError`."""
+    raw = os.environ.get(ENV, "")
+    word = _WORDS.get(raw.strip().lower())
+    if word is None:
+        from ..errors import UsageError
+
+        raise UsageError(f"{ENV} must be auto, 1 (on) or 0 (off), not {raw!r}")
+    return word
+
+
+def built() -> bool:
+    return os.access(HELPER, os.X_OK)
+
+
+def status() -> "tuple[bool, str]":
+    """Whether jobs get the native keeper, and why, in words for ``doctor``."""
+    word = setting()
+    if word == "off":
+        return False, f"the Python keeper ({ENV}=0)"
+    if built():
+        return True, f"the native keeper ({HELPER})"
+    why = ("not built (no C compiler when tether was installed; "
+           "install gcc and reinstall tether)")
+    if word == "on":
+        return False, f"none: {ENV}=1 asks for the native keeper, which is {why}"
+    return False, f"the Python keeper (the native helper is {why})"
+
+
+def wanted(mechanism: str) -> bool:
+    """Whether a job of ``mechanism`` is to get the native keeper. Raises
+    :class:`tether.errors.JobRefused` when ``TETHER_NATIVE=1`` and it cannot."""
+    word = setting()
+    if word == "off" or mechanism not in MECHANISMS:
+        if word == "on" and mechanism not in MECHANISMS:
+            return False  # pgroup keeps its Python keeper (it needs the table capture)
+        return False
+    if built():
+        return True
+    if word == "on":
+        from ..errors import JobRefused
+
+        why = status()[1]
+        raise JobRefused(f"{mechanism}: {why}", reason=why, mechanism=mechanism)
+    return False
+
+
+def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> int:
+    """Start the native keeper of ``mech`` serving socket fd ``ctl_child``;
+    its pid (a child of this process, to be reaped by the caller)."""
+
+    # The two fds move above every source first (either may be 0-2 in an
+    # owner that closed its stdio), then stdio becomes /dev/null.
+    hi = max(ctl_child, owner_pidfd if owner_pidfd is not None else 0, 2) + 1
+    actions = [(os.POSIX_SPAWN_DUP2, ctl_child, hi)]
+    if owner_pidfd is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, owner_pidfd, hi + 1))
+    actions += [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+                (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+    args = [HELPER, "serve", mech.name, str(hi), str(owner_pid),
+            str(hi + 1) if owner_pidfd is not None else "-1"]
+    if mech.name == "cgroup":
+        args += [f"cgroup={mech.params['cgroup_path']}", f"mount={mech.params.get('mount') or ''}"]
+    if mech.options.background:
+        args.append("background=1")
+    if os.environ.get("_TETHER_NATIVE_LEGACY") == "1":  # tests: the old-kernel paths
+        args.append("legacy=1")
+    env = {k: os.environ[k] for k in _PASSED_ON if k in os.environ}
+    # No setsigdef: exec resets handled signals, and the keeper sets every
+    # disposition itself first (ignored ones included); 64 sigactions fewer
+    # in the vfork'd child the owner waits for.
+    return os.posix_spawn(HELPER, args, env, file_actions=actions, setpgroup=0, setsigmask=())

@@ -1,0 +1,304 @@
+"""The native keeper (tether-keeper, C) itself: its protocol under bad
+input, what it inherits, its settings. Its behaviour as a job's keeper is
+tested by every mechanism test (run with TETHER_NATIVE=0 too, and again
+with a sanitizer build in CI: scripts/native-tests.sh)."""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tether import identity
+from tether.platform import _proto, native
+
+pytestmark = [
+    pytest.mark.mechanism,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only"),
+    pytest.mark.skipif(not native.built(), reason="the native keeper is not built"),
+    pytest.mark.timeout(120),
+]
+
+
+class Keeper:
+    """A native subreaper keeper started by hand, with its socket; or, with
+    ``python=True``, a Python keeper (the one of a ``Job``), for the same
+    checks."""
+
+    def __init__(self, python: bool = False) -> None:
+        self.job = None
+        if python:
+            from tether import Job
+
+            os.environ["TETHER_NATIVE"] = "0"
+            try:
+                self.job = Job(mechanism="subreaper")
+            finally:
+                del os.environ["TETHER_NATIVE"]
+            self.sock = self.job._backend._sock  # the test speaks the protocol itself
+            self.pid = self.job.trace()["keeper_pid"]
+            return
+        self.sock, child = _proto.socketpair()
+        mech = types.SimpleNamespace(name="subreaper", params={},
+                                     options=types.SimpleNamespace(background=False))
+        fd = identity.open_pidfd(os.getpid())
+        try:
+            self.pid = native.start(mech, child.fileno(), os.getpid(), fd)
+        finally:
+            child.close()
+            if fd is not None:
+                os.close(fd)
+        self.sock.settimeout(10)
+        ready = self.recv()
+        assert ready.get("ready") is True, ready
+        assert ready["keeper"] == self.pid
+
+    def recv(self) -> dict:
+        msg, fds = _proto.recv(self.sock)
+        for fd in fds:
+            os.close(fd)
+        assert msg is not None, "the keeper closed its socket"
+        return msg
+
+    def raw(self, data: bytes, fds: tuple[int, ...] = ()) -> dict:
+        if fds:
+            import array
+
+            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                        array.array("i", fds).tobytes())])
+        else:
+            self.sock.send(data)
+        while True:
+            reply = self.recv()
+            if "exit" not in reply:
+                return reply
+
+    def ask(self, msg: dict, fds: tuple[int, ...] = ()) -> dict:
+        return self.raw(marshal.dumps(msg), fds)
+
+    def alive(self) -> bool:
+        reply = self.ask({"op": "ping"})
+        return reply == {"ok": True, "keeper": self.pid}
+
+    def fd_count(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def close(self) -> None:
+        if self.job is not None:
+            self.job.close()
+            return
+        self.sock.close()  # EOF: the keeper ends its job and leaves
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                return
+            time.sleep(0.01)
+        os.kill(self.pid, 9)  # our own child, not yet reaped: the pid is its
+        os.waitpid(self.pid, 0)
+
+
+@pytest.fixture(params=["native", "python"])
+def keeper(request):
+    k = Keeper(python=request.param == "python")
+    yield k
+    k.close()
+
+
+SPAWN = {"op": "spawn", "argv": [b"true"], "executable": b"/bin/true", "env": {b"A": b"1"},
+         "cwd": "/", "path": ["/usr/bin", "/bin"], "fdmap": {}, "pgroup": -1, "setsid": False,
+         "owner_pgid": os.getpgrp(), "umask": 0o22, "ignored": [], "sigmask": [],
+         "rlimits": [], "ident": True, "timeout": 1.5}
+GOOD = marshal.dumps(SPAWN)
+
+BAD = {
+    "empty": b"",
+    "not marshal": b"\xff\x00garbage",
+    "a bare int": marshal.dumps(5),
+    "a list, not a dict": marshal.dumps([1, 2]),
+    "no op": marshal.dumps({"pid": 3}),
+    "unknown op": marshal.dumps({"op": "format-disk"}),
+    "op of the wrong type": marshal.dumps({"op": 7}),
+    "dict without its end": GOOD[:-1],
+    "a string longer than the message": b"{" + b"u" + (1 << 30).to_bytes(4, "little") + b"ab",
+    "a list of 2**31-1 items": b"[" + (2**31 - 1).to_bytes(4, "little") + b"N",
+    "negative length": b"{u" + (2**32 - 5).to_bytes(4, "little") + b"op",
+    "nesting too deep": b"[\x01\x00\x00\x00" * 200 + b"N",
+    "a back reference to nothing": b"{" + b"r" + (99).to_bytes(4, "little") + b"N0",
+    "a huge long": b"{" + marshal.dumps("op")[0:0] + b"u\x02\x00\x00\x00op" + b"l"
+                   + (40).to_bytes(4, "little") + b"\xff\x7f" * 40 + b"0",
+    "argv is not a list": marshal.dumps({**SPAWN, "argv": b"true"}),
+    "argv with a NUL": marshal.dumps({**SPAWN, "argv": [b"tr\0ue"]}),
+    "env with a NUL": marshal.dumps({**SPAWN, "env": {b"A": b"x\0y"}}),
+    "env name with =": marshal.dumps({**SPAWN, "env": {b"A=B": b"1"}}),
+    "no executable": marshal.dumps({k: v for k, v in SPAWN.items() if k != "executable"}),
+    "fd index out of range": marshal.dumps({**SPAWN, "fdmap": {0: 5}}),
+    "memfd without its fd": marshal.dumps({"_memfd": 100}),
+    "unknown type code": b"{u\x02\x00\x00\x00op?0",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_malformed_request_is_an_error_reply_and_the_keeper_goes_on(keeper, name):
+    before = keeper.fd_count()
+    r, w = os.pipe()
+    try:
+        reply = keeper.raw(BAD[name], (r,))  # an fd rides along: it must be closed, not kept
+    finally:
+        os.close(r)
+        os.close(w)
+    assert reply["ok"] is False and reply.get("strerror"), reply
+    assert keeper.alive()
+    assert keeper.fd_count() == before
+
+
+def test_every_truncation_of_a_good_request_is_an_error(keeper):
+    # Control: the whole message spawns.
+    full = keeper.raw(GOOD)
+    assert full["ok"] is True and full["pid"] > 0 and full["ident"][0] == full["pid"]
+    for n in range(len(GOOD) - 1):
+        reply = keeper.raw(GOOD[:n])
+        assert reply["ok"] is False, (n, reply)
+    assert keeper.alive()
+
+
+def test_a_memfd_shorter_than_it_says_is_an_error(keeper):
+    payload = marshal.dumps({"op": "ping"})
+    fd = os.memfd_create("short", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, payload)
+        os.lseek(fd, 0, os.SEEK_SET)
+        reply = keeper.raw(marshal.dumps({"_memfd": len(payload) + 50}), (fd,))
+    finally:
+        os.close(fd)
+    assert reply["ok"] is False and "truncated" in reply["strerror"]
+    # Control: the right size is served.
+    fd = os.memfd_create("right", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, payload)
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert keeper.raw(marshal.dumps({"_memfd": len(payload)}), (fd,)) == {
+            "ok": True, "keeper": keeper.pid}
+    finally:
+        os.close(fd)
+
+
+def test_a_datagram_larger_than_the_buffer_is_refused_whole(keeper):
+    big = marshal.dumps({"op": "ping", "pad": b"x" * (_proto.RECV_SIZE + 10)})
+    reply = keeper.raw(big)
+    assert reply["ok"] is False and "larger" in reply["strerror"]
+    assert keeper.alive()
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.tuples(st.integers(0, len(GOOD) - 1), st.integers(0, 255)).map(
+        lambda t: GOOD[:t[0]] + bytes([t[1]]) + GOOD[t[0] + 1:])))
+def test_random_bytes_never_crash_the_keeper(keeper, data):
+    reply = keeper.raw(data)
+    assert isinstance(reply, dict) and reply.get("ok") in (True, False)
+    if reply.get("ok") and "pid" in reply:  # a mutation that still spawns: reap it
+        keeper.ask({"op": "wait", "pid": reply["pid"]})
+    assert keeper.alive()
+
+
+def test_the_keeper_holds_nothing_of_the_owner_but_its_socket_and_pidfd(procs):
+    r, w = os.pipe()
+    os.set_inheritable(w, True)  # an fd any child of this process would get
+    k = Keeper()
+    try:
+        fds = {int(n): os.readlink(f"/proc/{k.pid}/fd/{n}") for n in os.listdir(
+            f"/proc/{k.pid}/fd")}
+        assert all(fds[n] == "/dev/null" for n in (0, 1, 2)), fds
+        mine = os.readlink(f"/proc/self/fd/{w}")
+        assert mine not in fds.values(), fds  # the pipe the owner holds did not leak
+        kinds = sorted(v.split(":")[0] for n, v in fds.items() if n > 2)
+        # its socket, the owner's pidfd, and its own signalfd
+        assert kinds == ["anon_inode", "anon_inode", "socket"], fds
+        # Control: a plain child of this process does get the pipe.
+        p = subprocess.Popen(["sleep", "5"], close_fds=False)
+        try:
+            assert mine in {os.readlink(f"/proc/{p.pid}/fd/{n}")
+                            for n in os.listdir(f"/proc/{p.pid}/fd")}
+        finally:
+            p.kill()
+            p.wait()
+    finally:
+        k.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_the_keeper_ends_its_children_when_the_socket_closes(procs):
+    keeper = Keeper()
+    env = {k.encode(): v.encode() for k, v in procs.env().items()}  # marked: cleaned up
+    reply = keeper.ask({**SPAWN, "argv": [b"sleep", b"300"], "executable": b"sleep", "env": env})
+    assert reply["ok"] is True
+    child = identity.Identity(*reply["ident"])
+    assert identity.is_alive(child)
+    keeper.close()  # EOF: the owner is gone
+    deadline = time.monotonic() + 3
+    while identity.is_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not identity.is_alive(child)
+
+
+def test_usage_errors_exit_2_with_a_line():
+    for args in ([], ["serve"], ["serve", "cgroup", "x", "1", "2"],
+                 ["serve", "nonsense", "3", "1", "-1"], ["serve", "subreaper", "3", "0", "-1"],
+                 ["serve", "subreaper", "3", "1", "-1", "what=1"]):
+        r = subprocess.run([native.HELPER, *args], capture_output=True, text=True, timeout=5)
+        assert r.returncode == 2 and r.stderr.startswith("usage: tether-keeper"), (args, r)
+    r = subprocess.run([native.HELPER, "--version"], capture_output=True, text=True, timeout=5)
+    assert r.returncode == 0 and r.stdout.startswith("tether-keeper ")
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", " on-ish"])
+def test_a_bad_tether_native_is_a_usage_error(value, monkeypatch):
+    from tether import Job
+    from tether.errors import UsageError
+
+    monkeypatch.setenv("TETHER_NATIVE", value)
+    with pytest.raises(UsageError, match="TETHER_NATIVE"):
+        Job(mechanism="subreaper")
+
+
+def test_tether_native_0_runs_the_python_keeper_and_1_the_native(monkeypatch):
+    from tether import Job
+
+    for value, want in (("0", "python"), ("1", "native"), ("", "native"), ("auto", "native")):
+        monkeypatch.setenv("TETHER_NATIVE", value)
+        with Job(mechanism="subreaper") as job:
+            assert job.trace()["keeper"] == want
+            assert job.run(["true"]).returncode == 0
+
+
+def test_a_keeper_whose_owner_is_already_gone_ends_at_once():
+    sock, child = _proto.socketpair()
+    p = subprocess.Popen(["true"])
+    p.wait()
+    mech = types.SimpleNamespace(name="subreaper", params={},
+                                 options=types.SimpleNamespace(background=False))
+    try:
+        pid = native.start(mech, child.fileno(), p.pid, None)  # a dead owner, no pidfd
+    finally:
+        child.close()
+    try:
+        r, _, _ = select.select([sock], [], [], 5)
+        assert r
+        assert sock.recv(100) == b""  # no "ready": it left
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        sock.close()
