@@ -315,8 +315,13 @@ def end(
             if kill is not None and rounds == 0:
                 covered = {_key(i) for i in live if kill_covers is None or kill_covers(i)}
             for i in depth_order(live, deepest_first=True):
-                if _key(i) not in covered:
-                    signal(i, _SIGKILL, "SIGKILL")
+                k = _key(i)
+                if k not in covered:
+                    # Still alive a round after a kill (its SIGKILL not yet
+                    # taken): sent again, but the first kill keeps the credit.
+                    was = credit.get(k)
+                    first = was == "SIGKILL" or (kill is not None and was == kill_name)
+                    signal(i, _SIGKILL, None if first else "SIGKILL")
             if kill is not None:
                 kill()  # after the SIGKILLs: what they could not reach, the kernel ends
                 for k in covered:
