@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tether import _shellargs as sa
@@ -172,6 +172,7 @@ def _launcher_argv(program: str, line_after_program: str) -> list[str]:
 @given(st.lists(st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="-_."),
                         min_size=1, max_size=8), min_size=1, max_size=4),
        st.sampled_from(["/c", "/d /s /c", "-c", "-lc"]), st.lists(WIN_TEXT, min_size=1, max_size=4))
+@example(dirs=["0", "-"], flags="/c", rest=[""])  # a path word that starts with "-"
 def test_unsplit_program_restores_an_unquoted_path_with_spaces(dirs, flags, rest):
     program = "C:\\" + " ".join(dirs) + "\\Scripts\\tether-cmd.exe"
     args = [*flags.split(), *rest]

@@ -318,7 +318,9 @@ def unsplit_program(argv: "Sequence[str]", program: str) -> list[str]:
     of ``program`` (``sys.argv[0]``: the launcher's full path, from which it
     removed ``.exe``), so nothing else is ever dropped.
     """
-    if not argv or argv[0][:1] in ("/", "-") or " " not in program:
+    # A first word starting with "/" is a flag (no path component does); one
+    # starting with "-" may be the rest of the path ("C:\\a -b\\...").
+    if not argv or argv[0][:1] == "/" or " " not in program:
         return list(argv)
     low = program.lower()
     ends = (low[:-4], low) if low.endswith(".exe") else (low, low + ".exe")
