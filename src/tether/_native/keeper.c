@@ -890,6 +890,31 @@ static int cg_is_member(pid_t pid)
     return rl >= l && strncmp(rel, job, l) == 0 && (rel[l] == '\0' || rel[l] == '/');
 }
 
+/* fn(path, depth + 1) for each subdirectory of dir (a cgroup's child
+ * cgroups: nested jobs). One level of the walk; fn recurses. */
+static void each_subdir(const char *dir, int depth, void (*fn)(const char *, int))
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    char dents[4096];
+    char path[4200];
+    for (;;) {
+        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
+        if (got <= 0)
+            break;
+        for (long off = 0; off < got;) {
+            struct dent64 *d = (void *)(dents + off);
+            off += d->reclen;
+            if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
+                snprintf(path, sizeof path, "%s/%s", dir, d->name);
+                fn(path, depth + 1);
+            }
+        }
+    }
+    close(dfd);
+}
+
 /* Linux < 5.14 has no cgroup.kill: freeze (nobody forks between the read
  * and the kill), SIGKILL each member of the cgroup and every one below it
  * through a pidfd, checked to be a member still once pinned, then thaw. */
@@ -914,26 +939,8 @@ static void cg_kill_each_in(const char *dir, int depth)
             pidfd_signal_(fd, SIGKILL);
         close(fd);
     }
-    if (depth > 16)
-        return;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return;
-    char dents[4096];
-    for (;;) {
-        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
-        if (got <= 0)
-            break;
-        for (long off = 0; off < got;) {
-            struct dent64 *d = (void *)(dents + off);
-            off += d->reclen;
-            if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", dir, d->name);
-                cg_kill_each_in(path, depth + 1);
-            }
-        }
-    }
-    close(dfd);
+    if (depth <= 16)
+        each_subdir(dir, depth, cg_kill_each_in);
 }
 
 static void cg_kill_each(void)
@@ -977,28 +984,10 @@ static void kill_all(double timeout)
     reap_all(1);
 }
 
-static void rm_tree(const char *dir)
+static void rm_tree(const char *dir, int depth)
 {
     /* deepest first: nested jobs' directories before their parent's */
-    char path[4200];
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        char dents[4096];
-        for (;;) {
-            long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
-            if (got <= 0)
-                break;
-            for (long off = 0; off < got;) {
-                struct dent64 *d = (void *)(dents + off);
-                off += d->reclen;
-                if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
-                    snprintf(path, sizeof path, "%s/%s", dir, d->name);
-                    rm_tree(path);
-                }
-            }
-        }
-        close(dfd);
-    }
+    each_subdir(dir, depth, rm_tree);
     for (int k = 0; k < 20 && rmdir(dir) < 0 && errno != ENOENT; k++)
         nap_us(2000);
 }
@@ -1007,7 +996,7 @@ static void cleanup(void)
 {
     if (K.mech != M_CGROUP || !K.cgroup[0])
         return;
-    rm_tree(K.cgroup);
+    rm_tree(K.cgroup, 0);
     /* its run directory, tether-<pid>-<start>, when no other job is in it */
     char run[4096];
     snprintf(run, sizeof run, "%s", K.cgroup);
