@@ -1029,7 +1029,13 @@ def test_an_orphan_adopted_at_start_does_not_watch_its_adopter(procs, ts, env, a
                           "-c", 'echo $$ >> "$P"; sleep 60'], env=env, stdout=subprocess.PIPE)
     wrapper, mid = map(int, helper.stdout.readline().split())
     (sh,) = read_pids(env["P"], 1)
-    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    # The wrapper writes its start record once it has the keeper's report:
+    # the command may already run by then.
+    deadline = time.monotonic() + 10
+    while not (starts := [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"]):
+        assert time.monotonic() < deadline, "no start record"
+        time.sleep(0.01)
+    start = starts[-1]
     assert start["wrapper"] == wrapper
     if adopt:
         assert "caller" not in start  # its parent is not its caller: not watched
