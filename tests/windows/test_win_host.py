@@ -85,9 +85,13 @@ def test_without_an_enclosing_job_the_background_job_outlives_the_host(tracker, 
     assert out["enclosing_job"] is False and out["leave"] is None and out["disabled"] is None
     assert out["ends_job"].startswith("nobody: a background job outlives its owner on purpose")
     bg = tracker.open(out["background"], token)
+    # The host's plain child is in no job here: it outlives the host too, and
+    # only the tracker's handle ends it (it was left running for 60 s).
+    plain = tracker.open(out["plain"], token)
     api.TerminateProcess(int(p._handle), 9)
     assert p.wait(10) == 9
     assert tracker.wait_gone([bg], 1.0) == [bg]
+    assert tracker.alive(plain)
 
 
 @pytest.mark.parametrize("allow", ["BREAKAWAY_OK", "SILENT_BREAKAWAY_OK"])
