@@ -16,6 +16,7 @@ import socket
 
 from .. import identity
 from .._prctl import name_process
+from ..errors import SignalRefused
 from ._keeper import KEEPER_COMM, KILL_BOUND, Keeper, Unplaced, close_other_fds, detach_signals
 
 
@@ -444,10 +445,13 @@ class _Limits:
             except (ValueError, OSError) as exc:
                 import _signal
 
-                try:
-                    os.kill(pid, _signal.SIGKILL)  # our own child, not yet reaped: the pid is its
-                except ProcessLookupError:
-                    pass
+                # Our own child, not yet reaped; through the one signal gate.
+                child = identity.read(pid)
+                if child is not None:
+                    try:
+                        identity.send_signal(child, _signal.SIGKILL, member=True)
+                    except SignalRefused:
+                        pass
                 keeper.reap()
                 raise PermissionError(errno.EPERM, f"cannot give the child this process's "
                                       f"{_rlimit_name(res)} {lim}: {exc}") from None
