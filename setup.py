@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from distutils.command.build_scripts import build_scripts  # setuptools ships distutils
 
 from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
@@ -31,7 +32,12 @@ except ImportError:  # setuptools < 70.1: the wheel package's, if it is there
         bdist_wheel = None
 
 SOURCE = os.path.join("src", "tether", "_native", "keeper.c")
+SHELL_SOURCE = os.path.join("src", "tether", "_native", "shell.c")
 PROGRAM = "tether-keeper"
+SHELL_PROGRAM = "tether-shell"
+# The Python tether-shell, installed beside the native one: it serves what
+# the native program hands over (an interactive shell, scope caller, errors).
+SHELL_FALLBACK = "tether-shell-py"
 CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2",
           "-fstack-protector-strong", "-fno-strict-aliasing"]
 
@@ -46,8 +52,9 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def compile_keeper(out: str) -> str | None:
-    """Compile the keeper to ``out``; None when it was built, else why not."""
+def compile_keeper(out: str, source: str = SOURCE) -> str | None:
+    """Compile the keeper (or, with ``source=SHELL_SOURCE``, the native
+    tether-shell, which includes it) to ``out``; None when it was built, else why not."""
     if not sys.platform.startswith("linux"):
         return "not Linux"
     if os.environ.get("TETHER_NATIVE_BUILD", "1") == "0":
@@ -60,7 +67,7 @@ def compile_keeper(out: str) -> str | None:
     # Linked dynamically: a static libc costs each keeper ~600 KiB more of
     # memory (its text is not shared with other processes; 720 vs 197 KiB PSS
     # measured with bench/spawn.py), for ~0.1 ms less per job open.
-    r = subprocess.run([*cc, *CFLAGS, "-o", tmp, SOURCE], capture_output=True, text=True)
+    r = subprocess.run([*cc, *CFLAGS, "-o", tmp, source], capture_output=True, text=True)
     if r.returncode == 0:
         os.replace(tmp, out)
         return None
@@ -94,6 +101,41 @@ class build_native(build_ext):
         return [SOURCE]
 
 
+#: (program, the Python launcher it hands over to): on Linux each is the
+#: native program where it can be built, else its Python launcher (bin/).
+NATIVE_SCRIPTS = ((SHELL_PROGRAM, SHELL_FALLBACK), ("tether", "tether-py"))
+
+
+class build_shell_scripts(build_scripts):
+    """The scripts, then the native programs in their place (Linux): for
+    ``tether-shell`` and ``tether``, the Python launcher is kept as
+    ``tether-shell-py`` / ``tether-py`` (what the native program hands the
+    invocations it does not serve to), and the program itself - one binary,
+    shell.c, which acts as the CLI when started as ``tether`` - takes the
+    name where it can be built (else the Python launcher keeps it)."""
+
+    def run(self) -> None:
+        super().run()
+        if not sys.platform.startswith("linux"):
+            return
+        built = None
+        for name, fallback in NATIVE_SCRIPTS:
+            launcher = os.path.join(self.build_dir, name)
+            if not os.path.exists(launcher):
+                continue
+            shutil.copy2(launcher, os.path.join(self.build_dir, fallback))
+            if built is None:
+                built = launcher
+                why = compile_keeper(launcher, SHELL_SOURCE)
+                if why is not None:
+                    print(f"tether: the native tether-shell and tether are not built ({why}); "
+                          "they are the Python ones (the same behaviour, slower start-up)",
+                          file=sys.stderr)
+                    return
+            else:
+                shutil.copy2(built, launcher)
+
+
 if bdist_wheel is not None:
     class bdist_program_wheel(bdist_wheel):
         """py3-none-<platform>: the program needs this platform, not this Python."""
@@ -108,7 +150,21 @@ class _WithProgram(Distribution):
         return sys.platform.startswith("linux")
 
 
-_COMMANDS: dict = {"build_ext": build_native}
+_COMMANDS: dict = {"build_ext": build_native, "build_scripts": build_shell_scripts}
 if bdist_wheel is not None:
     _COMMANDS["bdist_wheel"] = bdist_program_wheel
-setup(cmdclass=_COMMANDS, distclass=_WithProgram)
+
+# The commands. POSIX: tether-shell is a plain script (pip's console-script
+# launcher imports `re` first: milliseconds on every command an agent runs),
+# on Linux replaced by the native program; so is `tether` on Linux. Windows:
+# pip's .exe launchers - Scripts\tether-cmd.exe is what COMSPEC (and SHELL,
+# for -c CMD) point at. There is no console script named tether-shell: pip
+# would install it instead of the script (docs/shell.md, "Start-up cost").
+_CONSOLE = ["tether-cmd = tether.shell:main"]
+_SCRIPTS = ["bin/tether-shell"]
+if sys.platform.startswith("linux"):
+    _SCRIPTS.append("bin/tether")
+else:
+    _CONSOLE.append("tether = tether.cli:main")
+setup(cmdclass=_COMMANDS, distclass=_WithProgram, scripts=_SCRIPTS,
+      entry_points={"console_scripts": _CONSOLE, "pytest11": ["tether = tether.pytest_plugin"]})

@@ -25,13 +25,14 @@ rm -f "$WORK/src/tether/_native/tether-keeper"  # built again by the install bel
 "$WORK/venv/bin/pip" install -q "$WORK[test]"
 chown -R "$USER_NAME" "$WORK/home" "$WORK/tests"
 chmod -R a+rX "$WORK"
-# TETHER_UNPRIV_SANITIZED=1 (CI): the user's jobs run the native keeper built
-# with ASan and UBSan (scripts/_sanitized.sh); any report fails the run.
+# TETHER_UNPRIV_SANITIZED=1 (CI): the user's jobs run the native keeper, and the
+# native tether-shell, built with ASan and UBSan (scripts/_sanitized.sh); any
+# report fails the run.
 extra=()
 if [ "${TETHER_UNPRIV_SANITIZED:-0}" = 1 ]; then
   . "$ROOT/scripts/_sanitized.sh"
   mkdir "$WORK/sanitized"
-  (cd "$ROOT" && sanitized_build "$WORK/sanitized")
+  (cd "$ROOT" && sanitized_build "$WORK/sanitized" "$WORK/venv/bin/python")
   mapfile -t extra < <(sanitized_env "$WORK/sanitized")
   echo "the user's jobs run the sanitized native keeper"
 fi

@@ -271,3 +271,64 @@ def _parents(path: str) -> list[str]:
             return out[::-1]
         p = parent
 
+
+
+# -- the two tether-shells -------------------------------------------------------------
+
+SHELL_KINDS = ("native", "python")
+
+
+def is_native_program(path: str) -> bool:
+    """Whether ``path`` is a compiled program (the native tether-shell), not a script."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def native_shell() -> str | None:
+    """The native tether-shell pip installed (under scripts/_sanitized.sh the
+    same program built with ASan and UBSan), or None where it was not built."""
+    path = os.environ.get("_TETHER_TEST_NATIVE_SHELL") or os.path.join(
+        os.path.dirname(sys.executable), "tether-shell")
+    return path if is_native_program(path) else None
+
+
+def native_cli(honour_off: bool = True) -> str | None:
+    """The native ``tether`` pip installed on Linux (it serves ``tether run``
+    itself; under scripts/_sanitized.sh the same program built with ASan and
+    UBSan), or None where it was not built - or, with ``honour_off``, where
+    ``TETHER_NATIVE=0`` turns it off (it would hand every command over)."""
+    if honour_off and os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no",
+                                                                               "false"):
+        return None
+    path = os.environ.get("_TETHER_TEST_NATIVE_CLI") or os.path.join(
+        os.path.dirname(sys.executable), "tether")
+    return path if is_native_program(path) else None
+
+
+def tether_shell(kind: str, scratch) -> str | None:
+    """The installed tether-shell of ``kind``: ``native`` (the C program pip
+    installs as ``tether-shell`` where it could be built; None where it was
+    not) or ``python`` (``tether-shell-py`` beside it, the Python launcher the
+    native one hands over to - ``tether-shell`` itself where no native one was
+    built). No native one under ``TETHER_NATIVE=0``, where it hands every
+    command over. When the package is only on PYTHONPATH (not installed) the Python
+    one is an equivalent launcher written into ``scratch`` (a directory), so
+    the tests still run the real entry point through a real exec."""
+    bindir = os.path.dirname(sys.executable)
+    main = os.path.join(bindir, "tether-shell")
+    if kind == "native":
+        if os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no", "false"):
+            return None  # it would hand every command to the Python one
+        return native_shell()
+    for cand in (os.path.join(bindir, "tether-shell-py"), main):
+        if os.access(cand, os.X_OK) and not is_native_program(cand):
+            return cand
+    path = os.path.join(str(scratch), "tether-shell")
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {SRC!r})\n"
+                "from tether.shell import main\nsys.exit(main())\n")
+    os.chmod(path, 0o755)
+    return path

@@ -12,17 +12,30 @@ import sys
 import time
 
 import pytest
-from procutil import available
+from procutil import SHELL_KINDS, available, native_cli
 
 TETHER = [sys.executable, "-m", "tether"]
 
 pytestmark = pytest.mark.mechanism
 
 
-def run(args, **kw):
+@pytest.fixture(params=SHELL_KINDS)
+def tether(request) -> list[str]:
+    """How `tether run` is started: the native `tether` pip installs on Linux
+    (it serves `run` itself, no interpreter), and the Python CLI."""
+    if request.param == "python":
+        return TETHER
+    path = native_cli()
+    if path is None:
+        pytest.skip("no native tether here (not built: no C compiler at install time; "
+                    "or TETHER_NATIVE=0, under which it hands every command over)")
+    return [path]
+
+
+def run(args, cli=TETHER, **kw):
     kw.setdefault("capture_output", True)
     kw.setdefault("timeout", 60)
-    return subprocess.run(TETHER + args, **kw)
+    return subprocess.run(cli + args, **kw)
 
 
 @pytest.mark.parametrize("cmd,code", [
@@ -33,34 +46,34 @@ def run(args, **kw):
     (["no-such-command-tether"], 127),
     (["/etc/hostname"], 126),
 ])
-def test_run_exit_status(cmd, code, procs):
-    r = run(["run", "--", *cmd], env=procs.env())
+def test_run_exit_status(tether, cmd, code, procs):
+    r = run(["run", "--", *cmd], tether, env=procs.env())
     assert r.returncode == code, r.stderr
 
 
-def test_run_tether_failure_is_125_with_one_line(procs):
-    r = run(["run", "--mechanism", "subreaper", "--require", "kernel", "--", "true"], env=procs.env())
+def test_run_tether_failure_is_125_with_one_line(tether, procs):
+    r = run(["run", "--mechanism", "subreaper", "--require", "kernel", "--", "true"], tether, env=procs.env())
     assert r.returncode == 125
     assert r.stderr.decode().count("\n") == 1 and "kernel" in r.stderr.decode()
-    r = run(["run"], env=procs.env())
+    r = run(["run"], tether, env=procs.env())
     assert r.returncode == 125 and b"missing command" in r.stderr
-    r = run(["run", "--grace", "abc", "--", "true"], env=procs.env())
+    r = run(["run", "--grace", "abc", "--", "true"], tether, env=procs.env())
     assert r.returncode == 125
 
 
-def test_run_stdio_passthrough_bytes(procs):
+def test_run_stdio_passthrough_bytes(tether, procs):
     data = bytes(range(256)) * 400 + "ünïcødé ✓".encode()
-    r = run(["run", "--", "sh", "-c", "cat; echo err >&2"], input=data, env=procs.env())
+    r = run(["run", "--", "sh", "-c", "cat; echo err >&2"], tether, input=data, env=procs.env())
     assert r.returncode == 0
     assert r.stdout == data
     assert r.stderr == b"err\n"
 
 
-def test_run_ends_leftovers_when_command_exits(procs):
+def test_run_ends_leftovers_when_command_exits(tether, procs):
     t0 = time.monotonic()
     r = run(["run", "--grace", "0.5", "--", "sh", "-c",
              "sleep 300 & (setsid sh -c 'trap \"\" TERM; sleep 301' &); nohup sleep 302 >/dev/null 2>&1 & exit 3"],
-            env=procs.env())
+            tether, env=procs.env())
     assert r.returncode == 3
     assert time.monotonic() - t0 < 10
     assert not procs.wait_all_dead(0.5)
@@ -72,8 +85,8 @@ def test_run_control_plain_sh_leaves_them(procs):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_tether_stops_job_gracefully(procs, sig):
-    p = procs.popen(TETHER + ["run", "--grace", "1", "--", "sh", "-c", "sleep 300 & wait"],
+def test_signal_to_tether_stops_job_gracefully(tether, procs, sig):
+    p = procs.popen(tether + ["run", "--grace", "1", "--", "sh", "-c", "sleep 300 & wait"],
                     stdout=subprocess.PIPE)
     assert procs.wait_count(2)  # tether (marked) + sh + sleep
     time.sleep(0.2)
@@ -82,8 +95,8 @@ def test_signal_to_tether_stops_job_gracefully(procs, sig):
     assert not procs.wait_all_dead(3)
 
 
-def test_killing_tether_process_group_ends_job(procs):
-    p = procs.popen(TETHER + ["run", "--", "sh", "-c",
+def test_killing_tether_process_group_ends_job(tether, procs):
+    p = procs.popen(tether + ["run", "--", "sh", "-c",
                               "sleep 300 & (setsid sleep 301 &); nohup setsid sleep 302 >/dev/null 2>&1 & wait"])
     assert len(procs.wait_count(4)) >= 4
     time.sleep(0.2)
@@ -92,19 +105,19 @@ def test_killing_tether_process_group_ends_job(procs):
     assert not procs.wait_all_dead(3)
 
 
-def test_sigkill_of_tether_alone_ends_job(procs):
-    p = procs.popen(TETHER + ["run", "--", "sh", "-c", "sleep 300 & wait"])
+def test_sigkill_of_tether_alone_ends_job(tether, procs):
+    p = procs.popen(tether + ["run", "--", "sh", "-c", "sleep 300 & wait"])
     assert len(procs.wait_count(3)) >= 3
     p.kill()
     p.wait(timeout=5)
     assert not procs.wait_all_dead(3)
 
 
-def test_die_with_stdin_ends_job_when_writer_dies(procs):
+def test_die_with_stdin_ends_job_when_writer_dies(tether, procs):
     r, w = os.pipe()
     writer = procs.popen(["sleep", "300"], stdout=w)  # holds the write end, like an ssh link
     os.close(w)
-    p = procs.popen(TETHER + ["run", "--die-with-stdin", "--grace", "0.5", "--",
+    p = procs.popen(tether + ["run", "--die-with-stdin", "--grace", "0.5", "--",
                               "sh", "-c", "sleep 300 & (setsid sleep 301 &); wait"], stdin=r)
     os.close(r)
     assert len(procs.wait_count(5)) >= 5
@@ -144,7 +157,7 @@ def _pty_run(args, env, send=None, timeout=20):
 
 
 @pytest.mark.parametrize("mechanism", ["auto", "pgroup", "pidns"])
-def test_run_under_pty_command_has_terminal_and_ctrl_c(procs, mechanism):
+def test_run_under_pty_command_has_terminal_and_ctrl_c(tether, procs, mechanism):
     if mechanism != "auto" and not available(mechanism):
         pytest.skip(f"{mechanism} not available")
     prog = ("import os, signal, sys, time\n"
@@ -157,7 +170,7 @@ def test_run_under_pty_command_has_terminal_and_ctrl_c(procs, mechanism):
             "while not got and time.time() - t < 10: time.sleep(0.01)\n"
             "print('GOT-INT' if got else 'NO-INT', flush=True)\n"
             "sys.exit(5)\n")
-    code, out = _pty_run(TETHER + ["run", "-m", mechanism, "--", sys.executable, "-c", prog],
+    code, out = _pty_run(tether + ["run", "-m", mechanism, "--", sys.executable, "-c", prog],
                          procs.env(), send=b"\x03")
     text = out.decode(errors="replace")
     assert "TTY True FG True" in text, text
@@ -207,7 +220,7 @@ def _keeper_of_run(runner_pid: int, timeout: float = 10.0):
 
 
 @pytest.mark.parametrize("mech", ["cgroup", "subreaper", "pgroup"])
-def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(procs, mech, tmp_path):
+def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(tether, procs, mech, tmp_path):
     """The keeper SIGKILLed mid-command: one line on stderr, the command's own
     status (not 137), and what the command left is still ended."""
     if not available(mech):
@@ -215,7 +228,7 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(procs,
     from tether import identity
 
     mark = tmp_path / "left"
-    p = procs.popen(TETHER + ["run", "-m", mech, "--", "sh", "-c",
+    p = procs.popen(tether + ["run", "-m", mech, "--", "sh", "-c",
                               f"sleep 300 & echo $! > {mark}; sleep 1; exit 5"],
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
@@ -231,7 +244,7 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(procs,
     assert not identity.is_alive(left), "tether walked away from the command's leftover"
 
 
-def test_control_keeper_and_runner_killed_leave_the_tree(procs, tmp_path):
+def test_control_keeper_and_runner_killed_leave_the_tree(tether, procs, tmp_path):
     """Control: with both the keeper and `tether run` SIGKILLed, nothing ends
     the subreaper job's tree (the guarantee says so), so the checks above can fail."""
     if not available("subreaper"):
@@ -239,7 +252,7 @@ def test_control_keeper_and_runner_killed_leave_the_tree(procs, tmp_path):
     from tether import identity
 
     mark = tmp_path / "left"
-    p = procs.popen(TETHER + ["run", "-m", "subreaper", "--", "sh", "-c",
+    p = procs.popen(tether + ["run", "-m", "subreaper", "--", "sh", "-c",
                               f"sleep 300 & echo $! > {mark}; sleep 300"],
                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
@@ -277,3 +290,29 @@ def _wait_file(path, timeout: float = 10.0) -> str:
             pass
         time.sleep(0.01)
     raise AssertionError(f"{path} never written")
+
+
+@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-TETHER_NATIVE=0"])
+def test_native_tether_run_runs_no_interpreter(procs, native_off):
+    """The command's parent is the job's keeper, forked from `tether run`: both
+    run the native program - or, with TETHER_NATIVE=0 (the control: the same
+    check sees the interpreter), the Python CLI it handed `run` to."""
+    path = native_cli(honour_off=False)
+    if path is None:
+        pytest.skip("the native tether is not built here (no C compiler at install time)")
+    env = procs.env()
+    env.pop("TETHER_NATIVE", None)
+    if native_off:
+        env["TETHER_NATIVE"] = "0"
+    script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
+    p = procs.popen([path, "run", "--", "sh", "-c", script], env=env, stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL)
+    out, _ = p.communicate(timeout=20)
+    keeper_exe, runner_exe, runner = out.decode().split()
+    assert p.returncode == 0 and int(runner) == p.pid
+    if native_off:
+        # the Python CLI's keeper is a process of its own: the interpreter again
+        assert runner_exe == os.path.realpath(sys.executable)
+        assert keeper_exe != os.path.realpath(path)
+    else:
+        assert keeper_exe == runner_exe == os.path.realpath(path)

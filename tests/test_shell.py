@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from procutil import SHELL_KINDS, native_shell, tether_shell
 
 from tether import _shellargs as sa
 from tether import identity
@@ -29,23 +30,15 @@ IS_ROOT = os.geteuid() == 0
 
 # -- the installed console script ----------------------------------------------------
 
-@pytest.fixture(scope="session")
-def ts(tmp_path_factory) -> str:
-    """Path of the ``tether-shell`` console script of the running environment.
-
-    pip puts it next to the interpreter. When the package is only on
-    PYTHONPATH (not installed) an equivalent launcher is written, so the
-    tests still run the real entry point through a real exec.
-    """
-    cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
-    if os.access(cand, os.X_OK):
-        return cand
-    d = tmp_path_factory.mktemp("bin")
-    path = d / "tether-shell"
-    path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {os.path.join(ROOT, 'src')!r})\n"
-                    "from tether.shell import main\nsys.exit(main())\n")
-    path.chmod(0o755)
-    return str(path)
+@pytest.fixture(scope="session", params=SHELL_KINDS)
+def ts(request, tmp_path_factory) -> str:
+    """Path of an installed tether-shell: each test runs against the native
+    program and against the Python one (``procutil.tether_shell``)."""
+    path = tether_shell(request.param, tmp_path_factory.mktemp("bin"))
+    if path is None:
+        pytest.skip("no native tether-shell here (not built: no C compiler at install time; "
+                    "or TETHER_NATIVE=0, under which it hands every command over)")
+    return path
 
 
 @pytest.fixture
@@ -1008,7 +1001,15 @@ ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 mid = os.fork()
 if mid == 0:
     os.setsid()
-    p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)
+    argv = sys.argv[2:]
+    if adopt:
+        # Adopted before it starts: it waits (same pid) until this process,
+        # its creator, is gone, then becomes the wrapper. (A native wrapper
+        # starts in a millisecond: it would still see its creator alive.)
+        argv = [sys.executable, "-c", "import os, sys, time\n"
+                "while os.getppid() == int(sys.argv[1]): time.sleep(0.002)\n"
+                "os.execv(sys.argv[2], sys.argv[2:])", str(os.getpid()), *argv]
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     print(p.pid, os.getpid(), flush=True)
     if adopt:
         os._exit(0)  # the wrapper is adopted by our parent, the sub-reaper
@@ -1286,17 +1287,26 @@ def test_scope_caller_keeps_status_and_ends_a_stopped_command(procs, ts, env, me
 # -- 13. named after the real shell: tether shell --install DIR ----------------------
 
 def _install(procs, env, d, *names):
+    """``tether shell --install``: links to the native tether-shell where it is
+    built, Python launchers where not (or with TETHER_NATIVE=0 in ``env``)."""
     p = procs.popen([sys.executable, "-m", "tether", "shell", "--install", str(d), *names], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=20)
     return p.returncode, out, err
 
 
-def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_path):
+@pytest.mark.parametrize("kind", SHELL_KINDS)
+def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_path, kind):
+    native = native_shell()
+    if kind == "native" and native is None:
+        pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
+    if kind == "python":
+        env["TETHER_NATIVE"] = "0"
     d, d2 = tmp_path / "tbin", tmp_path / "tbin2"
     rc, out, _ = _install(procs, env, d)
     assert rc == 0 and f"SHELL={d}/bash".encode() in out
     assert sorted(os.listdir(d)) == ["bash", "sh", "zsh"]
+    assert os.path.islink(d / "bash") == (kind == "native")
     assert _install(procs, env, d2, "bash")[0] == 0
     real = shutil.which("bash")
     # Another install first on PATH, and this one twice: never itself, never the other.
@@ -1310,6 +1320,8 @@ def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_p
     assert os.path.samefile(got, real) and version[0].isdigit()
     # it ran in a job: its log says so
     assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])][-2:] == ["start", "exit"]
+    # installed again over itself (the links or the launchers are its own)
+    assert _install(procs, env, d)[0] == 0
 
 
 def test_installed_name_without_a_real_shell_after_it_is_127(procs, env, tmp_path):
@@ -1474,3 +1486,29 @@ def test_the_command_carries_the_cookie_first_and_the_log_names_it(procs, ts, en
     start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
     assert start["cookie"] == cookie and start["job"] in cookie and start["run"] in cookie
     assert start["owner"]["pid"] == start["wrapper"] and start["keeper"]["pid"] > 0
+
+
+# -- 12. the native program, and the Python one it hands over to (issue 18) -----------
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-TETHER_NATIVE=0"])
+def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off):
+    """The command's parent is the job's keeper, forked from the wrapper: both
+    run the native program - or, with TETHER_NATIVE=0 (the control: the same
+    check sees the interpreter), the Python one the native one handed over to,
+    in the same process (exec: the caller's child is still the wrapper)."""
+    native = native_shell()
+    if native is None:
+        pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
+    e = dict(env)
+    if native_off:
+        e["TETHER_NATIVE"] = "0"
+    script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
+    p = procs.popen([native, "-c", script], env=e, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    out, _ = p.communicate(timeout=20)
+    keeper_exe, wrapper_exe, wrapper = out.decode().split()
+    assert p.returncode == 0 and int(wrapper) == p.pid
+    if native_off:
+        assert keeper_exe == wrapper_exe == os.path.realpath(sys.executable)
+    else:
+        assert keeper_exe == wrapper_exe == os.path.realpath(native)

@@ -11,6 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from procutil import SHELL_KINDS, tether_shell
 
 from tether import _shellargs as sa
 
@@ -239,18 +240,14 @@ def test_wants_help_only_alone():
 ARG_TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=12)
 
 
-@pytest.fixture(scope="module")
-def ts(tmp_path_factory) -> str:
-    """The installed console script, or an equivalent launcher (see test_shell.ts)."""
-    cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
-    if os.access(cand, os.X_OK):
-        return cand
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    path = tmp_path_factory.mktemp("bin") / "tether-shell"
-    path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {src!r})\n"
-                    "from tether.shell import main\nsys.exit(main())\n")
-    path.chmod(0o755)
-    return str(path)
+@pytest.fixture(scope="module", params=SHELL_KINDS)
+def ts(request, tmp_path_factory) -> str:
+    """An installed tether-shell, native and Python (see test_shell.ts)."""
+    path = tether_shell(request.param, tmp_path_factory.mktemp("bin"))
+    if path is None:
+        pytest.skip("no native tether-shell here (not built: no C compiler at install time; "
+                    "or TETHER_NATIVE=0, under which it hands every command over)")
+    return path
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX wrapper")

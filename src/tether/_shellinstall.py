@@ -2,11 +2,13 @@
 
 Agent CLIs look at the shell's name: OpenCode tells the model the basename of
 ``$SHELL`` ("Shell: bash"), Codex accepts only login shells whose name it
-knows. ``DIR/bash`` (``zsh``, ``sh``) made here is a launcher of tether-shell
-(``tether.shell.main``, started as ``DIR/bash``): it runs the real shell of
-that name found on PATH after ``DIR`` (``tether._shellargs.find_after``),
-never itself or another install of it. Kept out of ``tether.shell``, which
-every command loads.
+knows. ``DIR/bash`` (``zsh``, ``sh``) made here is tether-shell started as
+``DIR/bash``: a symbolic link to the native tether-shell installed beside
+this interpreter (where it was built, and ``TETHER_NATIVE`` is not 0), else
+a launcher of the Python one (``tether.shell.main``). Either runs the real
+shell of that name found on PATH after ``DIR``
+(``tether._shellargs.find_after``), never itself or another install of it.
+Kept out of ``tether.shell``, which every command loads.
 """
 
 import os
@@ -21,6 +23,39 @@ EXIT_USAGE = 2
 
 
 _LAUNCHER_MARK = "made by `tether shell --install`"
+
+
+def _native_program() -> "str | None":
+    """The native tether-shell pip put beside this interpreter, if it was built
+    (and ``TETHER_NATIVE`` does not turn it off)."""
+    if os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
+    try:
+        with open(cand, "rb") as f:
+            native = f.read(4) == b"\x7fELF"
+    except OSError:
+        return None
+    return cand if native and os.access(cand, os.X_OK) else None
+
+
+def _ours(target: str) -> bool:
+    """Whether ``target`` is what an earlier install made (so it may be
+    replaced): a link to a native tether-shell, or a marked launcher."""
+    if os.path.islink(target):
+        dest = os.path.realpath(target)
+        if os.path.basename(dest) != "tether-shell":
+            return False
+        try:
+            with open(dest, "rb") as f:
+                return f.read(4) == b"\x7fELF"
+        except OSError:
+            return False
+    try:
+        with open(target, "rb") as f:
+            return _LAUNCHER_MARK.encode() in f.read(4096)
+    except OSError:
+        return False
 
 
 def _launcher(name: str) -> str:
@@ -54,23 +89,23 @@ def install(directory: str, names: "tuple[str, ...] | None" = None) -> list[str]
     d = os.path.abspath(os.path.expanduser(directory))
     for n in names:
         target = os.path.join(d, n)
-        if os.path.lexists(target):
-            try:
-                with open(target, "rb") as f:
-                    ours = _LAUNCHER_MARK.encode() in f.read(4096)
-            except OSError:
-                ours = False
-            if not ours or os.path.islink(target):
-                raise UsageError(f"{target} exists and is not a tether-shell launcher; "
-                                 "refusing to replace it (install into an empty directory)")
+        if os.path.lexists(target) and not _ours(target):
+            raise UsageError(f"{target} exists and is not a tether-shell launcher; "
+                             "refusing to replace it (install into an empty directory)")
     os.makedirs(d, mode=0o755, exist_ok=True)
+    native = _native_program()
     made = []
     for n in names:
         target = os.path.join(d, n)
         tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(_launcher(n))
-        os.chmod(tmp, 0o755)
+        if native is not None:
+            # A link, not a copy: the native program finds the Python one it
+            # hands over to beside its own real path.
+            os.symlink(native, tmp)
+        else:
+            with open(tmp, "w") as f:
+                f.write(_launcher(n))
+            os.chmod(tmp, 0o755)
         os.replace(tmp, target)
         made.append(target)
     return made

@@ -64,6 +64,7 @@ EXIT_INTERNAL = 125
 EXIT_NOEXEC = 126
 EXIT_NOT_FOUND = 127
 _PROG = "tether-shell"
+_HANDED_ARGV0 = "_TETHER_SHELL_ARGV0"  # = shell.c's ARGV0_VAR
 _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
 _SCOPES = ("command", "caller")
 _BOOLS = {"1": True, "on": True, "yes": True, "true": True,
@@ -801,6 +802,12 @@ _CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", 
 
 def main() -> int:
     """Console script ``tether-shell`` (``tether-cmd`` on Windows)."""
+    # The native tether-shell hands what it does not serve to this one by
+    # exec, saying through which path it was started (the installed name and
+    # the recursion guard read sys.argv[0]); the command must not see it.
+    handed = os.environ.pop(_HANDED_ARGV0, None)
+    if handed and sys.argv:
+        sys.argv[0] = handed
     argv = sys.argv[1:]
     if sys.platform == "win32" and sys.argv:
         from ._shellargs import unsplit_program

@@ -150,6 +150,36 @@ struct dent64 {
     char name[];
 };
 
+/* The one walk over a directory's entries:
+ *     struct dir_walk w;
+ *     if (dir_open(&w, path) == 0) { const struct dent64 *d;
+ *         while ((d = dir_next(&w))) ...; close(w.fd); } */
+struct dir_walk {
+    int fd;
+    long got, off;
+    char buf[4096] __attribute__((aligned(8)));
+};
+
+static int dir_open(struct dir_walk *w, const char *path)
+{
+    w->got = w->off = 0;
+    w->fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    return w->fd < 0 ? -1 : 0;
+}
+
+static const struct dent64 *dir_next(struct dir_walk *w)
+{
+    if (w->off >= w->got) {
+        w->got = syscall(SYS_getdents64, w->fd, w->buf, sizeof w->buf);
+        w->off = 0;
+        if (w->got <= 0)
+            return NULL;
+    }
+    const struct dent64 *d = (const void *)(w->buf + w->off);
+    w->off += d->reclen;
+    return d;
+}
+
 /* ------------------------------------------------------------------------ */
 /* marshal (the subset tether's messages use)                              */
 
@@ -780,34 +810,26 @@ static size_t children_of(pid_t pid, pid_t *out, size_t cap)
     char path[64], buf[65536];
     size_t n = 0;
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
+    struct dir_walk w;
+    if (dir_open(&w, path) < 0)
         return 0;
-    char dents[4096];
-    for (;;) {
-        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
-        if (got <= 0)
-            break;
-        for (long off = 0; off < got;) {
-            struct dent64 *d = (void *)(dents + off);
-            off += d->reclen;
-            if (d->name[0] < '0' || d->name[0] > '9')
-                continue;
-            char cpath[128];
-            snprintf(cpath, sizeof cpath, "/proc/%d/task/%s/children", (int)pid, d->name);
-            ssize_t len = read_file(cpath, buf, sizeof buf);
-            for (char *p = buf; len > 0 && *p;) {
-                char *e;
-                long c = strtol(p, &e, 10);
-                if (e == p)
-                    break;
-                if (c > 1 && n < cap)
-                    out[n++] = (pid_t)c;
-                p = e;
-            }
+    for (const struct dent64 *d; (d = dir_next(&w));) {
+        if (d->name[0] < '0' || d->name[0] > '9')
+            continue;
+        char cpath[128];
+        snprintf(cpath, sizeof cpath, "/proc/%d/task/%s/children", (int)pid, d->name);
+        ssize_t len = read_file(cpath, buf, sizeof buf);
+        for (char *p = buf; len > 0 && *p;) {
+            char *e;
+            long c = strtol(p, &e, 10);
+            if (e == p)
+                break;
+            if (c > 1 && n < cap)
+                out[n++] = (pid_t)c;
+            p = e;
         }
     }
-    close(dfd);
+    close(w.fd);
     return n;
 }
 
@@ -894,25 +916,16 @@ static int cg_is_member(pid_t pid)
  * cgroups: nested jobs). One level of the walk; fn recurses. */
 static void each_subdir(const char *dir, int depth, void (*fn)(const char *, int))
 {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
+    struct dir_walk w;
+    if (dir_open(&w, dir) < 0)
         return;
-    char dents[4096];
     char path[4200];
-    for (;;) {
-        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
-        if (got <= 0)
-            break;
-        for (long off = 0; off < got;) {
-            struct dent64 *d = (void *)(dents + off);
-            off += d->reclen;
-            if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", dir, d->name);
-                fn(path, depth + 1);
-            }
+    for (const struct dent64 *d; (d = dir_next(&w));)
+        if (d->type == DT_DIR && strcmp(d->name, ".") && strcmp(d->name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, d->name);
+            fn(path, depth + 1);
         }
-    }
-    close(dfd);
+    close(w.fd);
 }
 
 /* Linux < 5.14 has no cgroup.kill: freeze (nobody forks between the read
@@ -1207,6 +1220,55 @@ static pid_t clone_child(struct spawn_req *q, int *pidfd)
     return pid;
 }
 
+/* Clone the child and follow it to its exec: its pid, with what it wrote
+ * on its error pipe in b and *n ("a" once it runs, then the stage and
+ * errno where it failed; nothing at all: killed before its first
+ * instruction), or -1 with errno (no child). */
+static pid_t spawn_followed(struct spawn_req *q, int *pidfd, unsigned char b[6], ssize_t *n)
+{
+    for (;;) {
+        int pipefd[2];
+        if (pipe2(pipefd, O_CLOEXEC) < 0)
+            return -1;
+        q->errfd = pipefd[1];
+        *pidfd = -1;
+        pid_t pid = clone_child(q, pidfd);
+        int err = errno;
+        close(pipefd[1]); /* ours: the read below sees EOF at the child's exec */
+        if (pid < 0) {
+            close(pipefd[0]);
+            errno = err;
+            return -1;
+        }
+        *n = 0;
+        for (;;) {
+            ssize_t got = read(pipefd[0], b + *n, 6 - (size_t)*n);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                break;
+            *n += got;
+            if (*n == 6)
+                break;
+        }
+        close(pipefd[0]);
+        if (*n > 0 || K.mech != M_CGROUP || K.born_killed)
+            return pid;
+        /* Killed before its first instruction. Linux 6.14 to at least 6.18
+         * compares the kill count of the *parent's* cgroup with the
+         * target's for CLONE_INTO_CGROUP, so once the job's cgroup (or an
+         * ancestor) has seen a cgroup.kill, every child cloned into it from
+         * outside is SIGKILLed at birth. It never ran: start it again the
+         * old way (born here, moved in before exec), and from now on. */
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        if (*pidfd >= 0)
+            close(*pidfd);
+        K.born_killed = 1;
+    }
+}
+
 /* The identity of a just-spawned child, read before anything can reap it:
  * (pid, start, boot, ppid, pgid, sid, uid, state, comm) as identity.read. */
 static int write_ident(writer *w, pid_t pid, int pidfd)
@@ -1455,68 +1517,14 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
                 q->nlim++;
             }
         }
-    int pipefd[2];
-    if (pipe2(pipefd, O_CLOEXEC) < 0) {
-        int err = errno;
-        for (int k = 0; k < nlifted; k++)
-            close(lifted[k]);
-        reply_error("os", err, strerror(err), NULL);
-        return;
-    }
     int pidfd = -1;
-    pid_t pid;
     unsigned char b[6];
     ssize_t n = 0;
-    int err;
-    for (;;) {
-        q->errfd = pipefd[1];
-        pid = clone_child(q, &pidfd);
-        err = errno;
-        close(pipefd[1]); /* ours: the read below sees EOF at the child's exec */
-        pipefd[1] = -1;
-        if (pid < 0)
-            break;
-        n = 0;
-        for (;;) { /* "a", then (stage, errno) if it fails before exec; EOF at exec */
-            ssize_t got = read(pipefd[0], b + n, sizeof b - (size_t)n);
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0)
-                break;
-            n += got;
-            if (n == (ssize_t)sizeof b)
-                break;
-        }
-        if (n > 0 || K.mech != M_CGROUP || K.born_killed)
-            break;
-        /* Killed before its first instruction. Linux 6.14 to at least 6.18
-         * compares the kill count of the *parent's* cgroup with the
-         * target's for CLONE_INTO_CGROUP, so once the job's cgroup (or an
-         * ancestor) has seen a cgroup.kill, every child cloned into it from
-         * outside is SIGKILLed at birth. It never ran: start it again the
-         * old way (born here, moved in before exec), and from now on. */
-        int st;
-        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
-        }
-        if (pidfd >= 0)
-            close(pidfd);
-        pidfd = -1;
-        K.born_killed = 1;
-        close(pipefd[0]);
-        if (pipe2(pipefd, O_CLOEXEC) < 0) {
-            pid = -1;
-            err = errno;
-            pipefd[0] = pipefd[1] = -1;
-            break;
-        }
-    }
-    if (pipefd[1] >= 0)
-        close(pipefd[1]);
+    pid_t pid = spawn_followed(q, &pidfd, b, &n);
+    int err = errno;
     for (int k = 0; k < nlifted; k++)
         close(lifted[k]);
     if (pid < 0) {
-        if (pipefd[0] >= 0)
-            close(pipefd[0]);
         if (K.mech == M_CGROUP &&
             (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
             char why[256];
@@ -1526,7 +1534,6 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             reply_error("os", err, strerror(err), NULL);
         return;
     }
-    close(pipefd[0]);
     if (n == 0) { /* killed at birth on the old path too: the job is being killed */
         int st;
         while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
@@ -1862,27 +1869,19 @@ static void close_span(unsigned lo, unsigned hi)
     if (syscall(SYS_close_range, lo, hi, 0) == 0)
         return;
     /* Linux < 5.9: the ones /proc says are open */
-    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
+    struct dir_walk w;
+    if (dir_open(&w, "/proc/self/fd") < 0)
         return;
-    char dents[4096];
     int fds[1024];
     int n = 0;
-    for (;;) {
-        long got = syscall(SYS_getdents64, dfd, dents, sizeof dents);
-        if (got <= 0)
-            break;
-        for (long off = 0; off < got;) {
-            struct dent64 *d = (void *)(dents + off);
-            off += d->reclen;
-            char *e;
-            long fd = strtol(d->name, &e, 10);
-            if (*e == '\0' && e != d->name && fd != dfd && (unsigned long)fd >= lo &&
-                (unsigned long)fd <= hi && n < 1024)
-                fds[n++] = (int)fd;
-        }
+    for (const struct dent64 *d; (d = dir_next(&w));) {
+        char *e;
+        long fd = strtol(d->name, &e, 10);
+        if (*e == '\0' && e != d->name && fd != w.fd && (unsigned long)fd >= lo &&
+            (unsigned long)fd <= hi && n < 1024)
+            fds[n++] = (int)fd;
     }
-    close(dfd);
+    close(w.fd);
     for (int k = 0; k < n; k++)
         close(fds[k]);
 }
@@ -1919,6 +1918,7 @@ static int usage(void)
     return 2;
 }
 
+#ifndef TETHER_KEEPER_NO_MAIN /* shell.c includes this file for its own main */
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
@@ -2024,3 +2024,4 @@ int main(int argc, char **argv)
     ready(0);
     serve();
 }
+#endif

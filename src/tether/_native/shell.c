@@ -1,0 +1,1917 @@
+/*
+ * tether-shell, native: the SHELL drop-in's one-command path, with no
+ * interpreter in it (Linux).
+ *
+ * An agent CLI runs every tool call as `$SHELL -c CMD`; with SHELL pointing
+ * here each command runs in the real shell inside a job of its own, exactly
+ * as tether/shell.py does it on its one-command path
+ * (tether/platform/oneshot.py): this process (the owner) forks the job's
+ * keeper, the keeper opens the job (a cgroup, or a child subreaper) and
+ * starts the shell in it before its first instruction, ends what the command
+ * leaves behind, and reports; the owner writes the same audit records and
+ * exits with the command's status (or dies by its signal).
+ *
+ * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
+ * (-c, -lc, -l -c, --login -c, -c -l, with - or --), TETHER_SHELL_MECHANISM
+ * auto, cgroup or subreaper, scope command, the caller watch, the log. Every
+ * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller,
+ * TETHER_NATIVE=0, a usage error, no shell found, a log file only the audit
+ * module's rules can judge - is handed over, before anything is done, to the
+ * Python tether-shell installed beside this program (`tether-shell-py`), by
+ * exec (same pid, same caller): its answer is the Python path's because it
+ * is the Python path. The trap that rule avoids: two implementations of the
+ * error cases, drifting apart.
+ *
+ * The keeper's machinery (spawning into the cgroup with clone3, the kill
+ * loops, the cgroup removal) is keeper.c's, included below.
+ */
+
+#define TETHER_KEEPER_NO_MAIN
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "keeper.c"
+
+#include <limits.h>
+#include <pwd.h>
+#include <sys/random.h>
+#include <sys/xattr.h>
+
+#define EXIT_USAGE 2
+#define EXIT_GUARD_LOST 123
+#define EXIT_INTERNAL 125
+#define EXIT_NOEXEC 126
+#define EXIT_NOT_FOUND 127
+#define MAX_GRACE 3600.0
+#define COOKIE_VAR "TETHER_JOB"
+#define KEEPER_DIED "tether: keeper died; the job is no longer guarded"
+#define FALLBACK_NAME "tether-shell-py"
+#define RUN_FALLBACK_NAME "tether-py"
+#define ARGV0_VAR "_TETHER_SHELL_ARGV0"
+
+static char **g_argv;
+static char self_exe[PATH_MAX];   /* this program, symlinks resolved */
+static char argv0_path[PATH_MAX]; /* what the Python path calls sys.argv[0] */
+static const char *fallback = FALLBACK_NAME; /* or RUN_FALLBACK_NAME: the tether CLI */
+static int cli_front;                        /* started as `tether` */
+static const char *prog = "tether-shell";    /* who speaks in messages */
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char text[8192];
+    int n = snprintf(text, sizeof text, "%s: ", prog);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text + n, sizeof text - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(text);
+    text[len++] = '\n';
+    ssize_t w = write(2, text, len);
+    (void)w;
+}
+
+/* -- handing over to the Python tether-shell ------------------------------------ */
+
+static void hand_over(void) __attribute__((noreturn));
+static void hand_over(void)
+{
+    char py[PATH_MAX + 32];
+    snprintf(py, sizeof py, "%s", self_exe);
+    char *slash = strrchr(py, '/');
+    if (slash)
+        snprintf(slash + 1, sizeof py - (size_t)(slash + 1 - py), "%s", fallback);
+    /* the shell's installed name and recursion guard read sys.argv[0] (the
+     * CLI reads nothing of it: the variable would reach its commands) */
+    if (cli_front || setenv(ARGV0_VAR, argv0_path, 1) == 0) {
+        g_argv[0] = py;
+        execv(py, g_argv);
+    }
+    say("cannot hand this invocation to the Python %s (%s: %s); reinstall tether", prog, py,
+        strerror(errno));
+    _exit(EXIT_INTERNAL);
+}
+
+/* -- small file and path helpers ------------------------------------------------- */
+
+static int is_exe_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* os.path.join(d, name) for an absolute d */
+static void join(char *out, size_t size, const char *d, const char *name)
+{
+    size_t l = strlen(d);
+    if ((size_t)snprintf(out, size, "%s%s%s", d, l && d[l - 1] == '/' ? "" : "/", name) >= size)
+        out[0] = '\0'; /* too long to be a path: names nothing */
+}
+
+/* Start ticks of pid (field 22 of /proc/PID/stat), 0 when unreadable; the
+ * state letter into *state when asked, the parent into *ppid. */
+static unsigned long long proc_stat(pid_t pid, char *state, pid_t *ppid)
+{
+    char path[64], buf[1024];
+    if (pid > 0)
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    if (read_file(path, buf, sizeof buf) <= 0)
+        return 0;
+    char *close_ = strrchr(buf, ')');
+    if (!close_ || close_[1] != ' ' || !close_[2])
+        return 0;
+    if (state)
+        *state = close_[2];
+    if (ppid)
+        *ppid = (pid_t)strtol(close_ + 4, NULL, 10);
+    char *q = close_ + 2;
+    for (int k = 0; k < 19 && q; k++) {
+        q = strchr(q, ' ');
+        if (q)
+            q++;
+    }
+    return q ? strtoull(q, NULL, 10) : 0;
+}
+
+/* identity.now_ticks: CLOCK_BOOTTIME in clock ticks, rounded down as the
+ * kernel rounds a task's start time. */
+static unsigned long long now_ticks(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    unsigned long long hz = (unsigned long long)sysconf(_SC_CLK_TCK);
+    unsigned long long ns = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    return ns / (1000000000ULL / hz);
+}
+
+/* -- is a path tether-shell itself (the rules of _shellargs.SelfCheck) -------------- */
+
+struct self_id {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    const char *path;
+};
+static struct self_id selves[2];
+static int nselves;
+
+static void self_add(const char *p)
+{
+    struct stat st;
+    if (p[0] && stat(p, &st) == 0 && S_ISREG(st.st_mode) && nselves < 2)
+        selves[nselves++] = (struct self_id){st.st_dev, st.st_ino, st.st_size, p};
+}
+
+static int has_marker(const char *buf, size_t n)
+{
+    static const char *const marks[] = {"tether.shell", "tether-shell", "tether shell"};
+    for (size_t m = 0; m < 3; m++)
+        if (memmem(buf, n, marks[m], strlen(marks[m])))
+            return 1;
+    return 0;
+}
+
+/* The first and last 4 KiB (a launcher puts its script at one end). */
+static int file_marked(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    static char buf[8192];
+    ssize_t head = read(fd, buf, 4096);
+    struct stat st;
+    ssize_t tail = 0;
+    if (head > 0 && fstat(fd, &st) == 0) {
+        if (st.st_size > 2 * 4096 && lseek(fd, st.st_size - 4096, SEEK_SET) < 0)
+            tail = -1;
+        if (tail == 0)
+            tail = read(fd, buf + head, 4096);
+    }
+    close(fd);
+    if (head < 0)
+        return 0;
+    return has_marker(buf, (size_t)head + (size_t)(tail > 0 ? tail : 0));
+}
+
+static int same_bytes(const char *a, const char *b)
+{
+    int fa = open(a, O_RDONLY | O_CLOEXEC), fb = fa < 0 ? -1 : open(b, O_RDONLY | O_CLOEXEC);
+    int same = fa >= 0 && fb >= 0;
+    static char ba[65536], bb[65536];
+    while (same) {
+        ssize_t na = read(fa, ba, sizeof ba), nb = read(fb, bb, sizeof bb);
+        if (na != nb || na < 0 || memcmp(ba, bb, (size_t)na) != 0)
+            same = 0;
+        else if (na == 0)
+            break;
+    }
+    if (fa >= 0)
+        close(fa);
+    if (fb >= 0)
+        close(fb);
+    return same;
+}
+
+static int is_self(const char *cand)
+{
+    static const char *const names[] = {"tether-shell", "tether-shell.exe", "tether-cmd",
+                                        "tether-cmd.exe"};
+    char low[256];
+    snprintf(low, sizeof low, "%s", base_name(cand));
+    for (char *c = low; *c; c++)
+        if (*c >= 'A' && *c <= 'Z')
+            *c = (char)(*c - 'A' + 'a');
+    for (size_t k = 0; k < 4; k++)
+        if (strcmp(low, names[k]) == 0)
+            return 1;
+    struct stat st;
+    int have = stat(cand, &st) == 0;
+    for (int k = 0; have && k < nselves; k++)
+        if (selves[k].dev == st.st_dev && selves[k].ino == st.st_ino)
+            return 1;
+    if (file_marked(cand))
+        return 1;
+    for (int k = 0; have && k < nselves; k++)
+        if (selves[k].size == st.st_size && same_bytes(selves[k].path, cand))
+            return 1;
+    return 0;
+}
+
+/* -- finding the real shell (_shellargs.resolve; any doubt: hand over) ------------ */
+
+static int which_in(char *out, size_t size, const char *name, const char *path_env)
+{
+    char buf[8192];
+    snprintf(buf, sizeof buf, "%s", path_env);
+    for (char *d = buf, *next; d; d = next) {
+        next = strchr(d, ':');
+        if (next)
+            *next++ = '\0';
+        if (d[0] != '/')
+            continue; /* empty or relative: it would depend on the command's cwd */
+        join(out, size, d, name);
+        if (is_exe_file(out))
+            return 1;
+    }
+    return 0;
+}
+
+static int not_a_shell(const char *path)
+{
+    static const char *const no[] = {"nologin", "false", "true", "sync", "halt", "shutdown"};
+    for (size_t k = 0; k < 6; k++)
+        if (strcmp(base_name(path), no[k]) == 0)
+            return 1;
+    return 0;
+}
+
+static const char *path_env(void)
+{
+    const char *p = getenv("PATH");
+    return p ? p : "/bin:/usr/bin"; /* os.defpath */
+}
+
+static void find_after(char *out, size_t size, const char *name, const char *dir)
+{
+    char real[PATH_MAX], rd[PATH_MAX], buf[8192];
+    if (!realpath(dir, real))
+        snprintf(real, sizeof real, "%s", dir);
+    snprintf(buf, sizeof buf, "%s", path_env());
+    /* the entries after dir's (all of PATH when it is not on it) */
+    char *start = buf;
+    for (char *d = buf, *next; d; d = next) {
+        next = strchr(d, ':');
+        char keep = next ? *next : 0;
+        if (next)
+            *next = '\0';
+        if (d[0] == '/' && realpath(d, rd) && strcmp(rd, real) == 0) {
+            start = next ? next + 1 : NULL;
+            if (next)
+                *next = keep;
+            break;
+        }
+        if (next)
+            *next++ = keep;
+    }
+    for (char *d = start, *next; d; d = next) {
+        next = strchr(d, ':');
+        if (next)
+            *next++ = '\0';
+        if (d[0] != '/')
+            continue;
+        join(out, size, d, name);
+        if (is_exe_file(out) && !is_self(out))
+            return;
+    }
+    hand_over(); /* no real shell of that name: the Python path says so */
+}
+
+static void resolve_shell(char *out, size_t size)
+{
+    const char *v = getenv("TETHER_SHELL");
+    if (v && *v) {
+        if (v[0] != '/' || !is_exe_file(v) || is_self(v))
+            hand_over(); /* its error message is the Python path's */
+        snprintf(out, size, "%s", v);
+        return;
+    }
+    const char *name = base_name(argv0_path);
+    if (!strcmp(name, "bash") || !strcmp(name, "zsh") || !strcmp(name, "sh")) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%.*s", (int)(name - argv0_path), argv0_path);
+        find_after(out, size, name, dir[0] ? dir : ".");
+        return;
+    }
+    struct passwd *pw = getpwuid(getuid());
+    const char *login = pw && pw->pw_shell && pw->pw_shell[0] ? pw->pw_shell : NULL;
+    char bash[PATH_MAX];
+    for (int k = 0; k < 3; k++) {
+        /* PATH is searched only when the login shell will not do */
+        const char *c = k == 0 ? login : k == 2 ? "/bin/sh"
+                        : which_in(bash, sizeof bash, "bash", path_env()) ? bash : NULL;
+        if (!c || c[0] != '/' || not_a_shell(c) || !is_exe_file(c) || is_self(c))
+            continue;
+        snprintf(out, size, "%s", c);
+        return;
+    }
+    hand_over();
+}
+
+/* -- TETHER_* settings: a value only the Python rules can judge is handed over ------ */
+
+static int env_bool(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char low[8];
+    size_t n = strlen(v);
+    if (n >= sizeof low)
+        hand_over();
+    for (size_t k = 0; k <= n; k++)
+        low[k] = (char)(v[k] >= 'A' && v[k] <= 'Z' ? v[k] - 'A' + 'a' : v[k]);
+    if (!strcmp(low, "1") || !strcmp(low, "on") || !strcmp(low, "yes") || !strcmp(low, "true"))
+        return 1;
+    if (!strcmp(low, "0") || !strcmp(low, "off") || !strcmp(low, "no") || !strcmp(low, "false"))
+        return 0;
+    hand_over();
+}
+
+static long long env_count(const char *name, long long dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    size_t n = strlen(v);
+    if (n > 15 || strspn(v, "0123456789") != n)
+        hand_over();
+    long long x = strtoll(v, NULL, 10);
+    if (x <= 0)
+        hand_over();
+    return x;
+}
+
+/* Seconds by ending.check_grace's rules (0 to 3600), in the plain decimal
+ * form only: anything Python's float() reads otherwise is handed over. */
+static double parse_grace(const char *v)
+{
+    size_t n = strlen(v), ints = strspn(v, "0123456789");
+    size_t frac = v[ints] == '.' ? strspn(v + ints + 1, "0123456789") : 0;
+    size_t used = ints + (v[ints] == '.' ? 1 + frac : 0);
+    if (used != n || (ints == 0 && frac == 0) || n > 32)
+        hand_over();
+    double g = strtod(v, NULL);
+    if (!(g >= 0 && g <= MAX_GRACE))
+        hand_over();
+    return g;
+}
+
+static double env_grace(void)
+{
+    const char *v = getenv("TETHER_SHELL_GRACE");
+    return !v || !*v ? 0.5 : parse_grace(v);
+}
+
+/* -- the audit log (tether.shell.ShellLog) ------------------------------------------ */
+
+static struct {
+    int on;
+    char dir[PATH_MAX];
+    char path[PATH_MAX + 64];
+    int fd;
+    long long size, max;
+    long long days;
+} L = {.fd = -1};
+
+static int safe_dir(const struct stat *st)
+{
+    return S_ISDIR(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 022);
+}
+
+static int mkdirs(const char *dir)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(p, 0777) < 0 && errno != EEXIST)
+                return -1;
+            *s = '/';
+        }
+    return mkdir(p, 0700) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void log_dir(void)
+{
+    const char *v = getenv("TETHER_STATE_DIR");
+    if (v && *v) {
+        if (v[0] == '~')
+            hand_over(); /* expanduser's rules */
+        snprintf(L.dir, sizeof L.dir, "%s", v);
+        return;
+    }
+    v = getenv("XDG_STATE_HOME");
+    if (v && v[0] == '/') {
+        join(L.dir, sizeof L.dir, v, "tether");
+        return;
+    }
+    const char *home = getenv("HOME");
+    if (!home) {
+        struct passwd *pw = getpwuid(getuid());
+        if (!pw || !pw->pw_dir) {
+            L.on = 0; /* no home directory at all: no log */
+            return;
+        }
+        home = pw->pw_dir;
+    }
+    if (!*home)
+        hand_over();
+    size_t l = strlen(home);
+    while (l > 0 && home[l - 1] == '/')
+        l--;
+    snprintf(L.dir, sizeof L.dir, "%.*s/.local/state/tether", (int)l, home);
+}
+
+static long day_number(int y, int m, int d)
+{
+    struct tm tm = {0};
+    tm.tm_year = y - 1900;
+    tm.tm_mon = m - 1;
+    tm.tm_mday = d;
+    tm.tm_hour = 12;
+    tm.tm_isdst = 0;
+    return (long)mktime(&tm);
+}
+
+static int parse_day(const char *s, int *y, int *m, int *d)
+{
+    char *e;
+    if (strspn(s, "0123456789") == 0)
+        return 0;
+    *y = (int)strtol(s, &e, 10);
+    if (*e != '-' || strspn(e + 1, "0123456789") == 0)
+        return 0;
+    *m = (int)strtol(e + 1, &e, 10);
+    if (*e != '-' || strspn(e + 1, "0123456789") == 0)
+        return 0;
+    *d = (int)strtol(e + 1, &e, 10);
+    return *e == '\0';
+}
+
+/* The first wrapper of a day deletes the files older than the days kept. */
+static void log_prune(int y, int m, int d)
+{
+    double t0 = (double)day_number(y, m, d);
+    struct dir_walk w;
+    if (dir_open(&w, L.dir) < 0)
+        return;
+    for (const struct dent64 *e; (e = dir_next(&w));) {
+        size_t n = strlen(e->name);
+        if (n != 22 || strncmp(e->name, "shell-", 6) || strcmp(e->name + 16, ".jsonl"))
+            continue;
+        char day[11];
+        memcpy(day, e->name + 6, 10);
+        day[10] = '\0';
+        int fy, fm, fd_;
+        if (!parse_day(day, &fy, &fm, &fd_))
+            continue;
+        if ((t0 - (double)day_number(fy, fm, fd_)) / 86400 >= (double)L.days - 0.5)
+            unlinkat(w.fd, e->name, 0);
+    }
+    close(w.fd);
+}
+
+/* Open today's file, or turn the log off; a file the quick rule cannot
+ * clear (another owner, group/other write, an ACL) is the audit module's to
+ * judge: handed over. */
+static void log_open(void)
+{
+    struct stat st;
+    if (lstat(L.dir, &st) < 0) {
+        if (errno != ENOENT || mkdirs(L.dir) < 0 || lstat(L.dir, &st) < 0) {
+            L.on = 0;
+            return;
+        }
+    }
+    if (!safe_dir(&st)) {
+        L.on = 0;
+        return;
+    }
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    snprintf(L.path, sizeof L.path, "%s/shell-%04d-%02d-%02d.jsonl", L.dir, tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday);
+    int flags = O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    L.fd = open(L.path, flags);
+    if (L.fd < 0 && errno == ENOENT) {
+        L.fd = open(L.path, flags | O_CREAT | O_EXCL, 0600);
+        if (L.fd >= 0)
+            log_prune(tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
+        else if (errno == EEXIST)
+            L.fd = open(L.path, flags);
+    }
+    if (L.fd < 0) {
+        L.on = 0;
+        return;
+    }
+    if (fstat(L.fd, &st) < 0) {
+        close(L.fd);
+        L.fd = -1;
+        L.on = 0;
+        return;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) ||
+        fgetxattr(L.fd, "system.posix_acl_access", NULL, 0) >= 0) {
+        close(L.fd);
+        hand_over();
+    }
+    L.size = st.st_size;
+}
+
+/* A JSON record, built in one buffer: only numbers, fixed words, ids and
+ * paths - never command text, arguments or environment values. */
+static struct {
+    char b[16384];
+    size_t n;
+} J;
+
+static void jraw(const char *s)
+{
+    size_t l = strlen(s);
+    if (J.n + l < sizeof J.b) {
+        memcpy(J.b + J.n, s, l);
+        J.n += l;
+    }
+}
+
+static void jf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void jf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(J.b + J.n, sizeof J.b - J.n, fmt, ap);
+    va_end(ap);
+    if (n > 0 && J.n + (size_t)n < sizeof J.b)
+        J.n += (size_t)n;
+}
+
+/* A string as tether.shell._json_str writes the str Python decoded
+ * (surrogateescape: an undecodable byte is the lone surrogate U+DC80+b). */
+static void jstr(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), chars = 0;
+    jraw("\"");
+    for (size_t k = 0; k < n && chars < 1024; chars++) {
+        size_t len = utf8_seq(p + k, n - k);
+        if (len == 0) {
+            jf("\\u%04x", 0xDC00 + p[k]);
+            k++;
+        } else if (len > 1) {
+            char seq[5] = {0};
+            memcpy(seq, p + k, len);
+            jraw(seq);
+            k += len;
+        } else if (p[k] == '"' || p[k] == '\\') {
+            jf("\\%c", p[k]);
+            k++;
+        } else if (p[k] < 0x20 || p[k] == 0x7F) {
+            jf("\\u%04x", p[k]);
+            k++;
+        } else {
+            char c[2] = {(char)p[k], 0};
+            jraw(c);
+            k++;
+        }
+    }
+    jraw("\"");
+}
+
+static void jident(const char *key, pid_t pid, unsigned long long start)
+{
+    if (pid > 0 && start)
+        jf(",\"%s\":{\"pid\":%d,\"start\":%llu}", key, (int)pid, start);
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void jhead(const char *event, pid_t child, const char *mechanism)
+{
+    J.n = 0;
+    jf("{\"v\":1,\"ts\":%.3f,\"event\":\"%s\",\"wrapper\":%d,\"parent\":%d,\"child\":", wall_now(),
+       event, (int)getpid(), (int)getppid());
+    if (child > 0)
+        jf("%d", (int)child);
+    else
+        jraw("null");
+    jraw(",\"mode\":\"shell\",\"mechanism\":");
+    if (mechanism)
+        jstr(mechanism);
+    else
+        jraw("null");
+    jraw(",\"detail\":{");
+}
+
+/* The record jhead began, its detail closed by the caller: closed, and written. */
+static void log_write(void)
+{
+    jraw("}\n");
+    if (!L.on || L.fd < 0)
+        return;
+    if (L.size + (long long)J.n > L.max - 128) { /* room is kept for the one "capped" marker */
+        if (L.size > L.max - 128)
+            return;
+        J.n = 0;
+        jf("{\"v\":1,\"ts\":%.3f,\"event\":\"error\",\"wrapper\":%d,\"detail\":{\"error\":\"capped\"}}\n",
+           wall_now(), (int)getpid());
+        L.size = L.max;
+    }
+    ssize_t n = write(L.fd, J.b, J.n);
+    if (n < 0) {
+        L.on = 0;
+        return;
+    }
+    L.size += (long long)J.n;
+}
+
+static const char *errname(int err)
+{
+    static char buf[16];
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    const char *n = strerrorname_np(err);
+    if (n)
+        return n;
+#endif
+    snprintf(buf, sizeof buf, "E%d", err);
+    return buf;
+}
+
+/* -- the job's keeper (the forked child: tether/platform/_keeper.py's run_one) ------- */
+
+struct run {
+    char shell[PATH_MAX];
+    char **argv;
+    char **path; /* PATH's entries, for a command without a '/' */
+    double grace;
+    int mech_auto, want_cgroup;
+    char base[4096], mount[4096]; /* where the cgroup goes (cgroup mechanism) */
+    pid_t owner, pgid;
+    unsigned long long owner_start;
+    int ownerfd;
+    int callerfd; /* -1: the caller is not watched */
+    pid_t caller;
+    unsigned long long caller_start;
+    unsigned char orig_ign[65];
+    sigset_t orig_mask;
+    char cookie[200];
+    char run_id[64], job_id[64];
+    unsigned long long born;
+};
+
+
+static int rep_w = -1, ctl_r = -1;
+
+static void tell(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tell(const char *fmt, ...)
+{
+    char line[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t w = write(rep_w, line, (size_t)n);
+    (void)w;
+}
+
+static int readable(int fd)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* The members of the job, this keeper aside: the cgroup's (and its child
+ * cgroups'), or the subreaper's descendants; only those born after the job
+ * began and not yet dead. */
+static size_t nmembers;
+static pid_t members_buf[MAX_CHILDREN];
+static unsigned long long members_born;
+
+static void add_members_of(const char *dir, int depth)
+{
+    char path[4200];
+    static char buf[65536];
+    snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+    ssize_t len = read_file(path, buf, sizeof buf);
+    for (char *p = buf; len > 0 && *p && nmembers < MAX_CHILDREN;) {
+        char *e;
+        long c = strtol(p, &e, 10);
+        if (e == p)
+            break;
+        p = e;
+        if (c > 1 && c != getpid())
+            members_buf[nmembers++] = (pid_t)c;
+    }
+    if (depth <= 16)
+        each_subdir(dir, depth, add_members_of);
+}
+
+static size_t members(void)
+{
+    nmembers = 0;
+    if (K.mech == M_CGROUP)
+        add_members_of(K.cgroup, 0);
+    else
+        nmembers = descendants(getpid(), members_buf, MAX_CHILDREN);
+    size_t live = 0;
+    for (size_t k = 0; k < nmembers; k++) {
+        char st = 0;
+        unsigned long long start = proc_stat(members_buf[k], &st, NULL);
+        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x')
+            members_buf[live++] = members_buf[k];
+    }
+    return nmembers = live;
+}
+
+/* Signal a member through a pidfd, once pinned still a member (the pid of
+ * a member that exited a moment ago may name someone else now). */
+static int signal_member(pid_t pid, int sig)
+{
+    int fd = pidfd_open_(pid);
+    if (fd < 0)
+        return 0;
+    int ok;
+    if (K.mech == M_CGROUP)
+        ok = cg_is_member(pid);
+    else {
+        unsigned long long start = proc_stat(pid, NULL, NULL);
+        ok = start && start >= members_born;
+    }
+    if (ok)
+        ok = pidfd_signal_(fd, sig) == 0;
+    close(fd);
+    return ok;
+}
+
+/* tether.ending.end for the job: SIGTERM to every member, parents first (a
+ * wrapper hears it before it sees a child die), then SIGCONT; up to grace
+ * seconds for them to go; then the mechanism's kill. */
+static void end_job(double grace)
+{
+    size_t n = members();
+    if (!n)
+        return;
+    if (grace > 0) {
+        /* parents first: by depth along the ppid links among the members */
+        static pid_t ppids[MAX_CHILDREN];
+        static int depth[MAX_CHILDREN];
+        for (size_t k = 0; k < n; k++)
+            proc_stat(members_buf[k], NULL, &ppids[k]);
+        for (size_t k = 0; k < n; k++) {
+            int d = 0;
+            pid_t cur = ppids[k];
+            for (int hop = 0; hop < 64; hop++) {
+                size_t j;
+                for (j = 0; j < n && members_buf[j] != cur; j++) {
+                }
+                if (j == n)
+                    break;
+                d++;
+                cur = ppids[j];
+            }
+            depth[k] = d;
+        }
+        int told = 0;
+        for (int d = 0; d <= 64; d++)
+            for (size_t k = 0; k < n; k++)
+                if (depth[k] == d && signal_member(members_buf[k], SIGTERM))
+                    told = 1;
+        for (size_t k = 0; k < n; k++)
+            signal_member(members_buf[k], SIGCONT);
+        if (told) {
+            double deadline = now_s() + grace;
+            long delay = 1000;
+            for (;;) {
+                reap_all(0);
+                if (!members() || now_s() >= deadline)
+                    break;
+                double left = deadline - now_s();
+                long us = delay < (long)(left * 1e6) ? delay : (long)(left * 1e6);
+                if (us > 0)
+                    nap_us(us);
+                delay = delay * 2 < 50000 ? delay * 2 : 50000;
+            }
+        }
+        if (!members())
+            return;
+    }
+    kill_all(KILL_BOUND);
+}
+
+/* Start the shell in the job, as op_spawn does (the born-killed retry
+ * included); its pid, or -1 with what failed in *stage ('e' exec and the
+ * like, 'g' placing it in the job, 'c' clone) and *err. */
+static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
+{
+    struct spawn_req q;
+    memset(&q, 0, sizeof q);
+    q.argv = R->argv;
+    q.envp = envp;
+    q.exe = R->shell;
+    q.path = R->path;
+    q.cwd = NULL;
+    q.cwd_fd = -1;
+    q.pgroup = R->pgid;
+    q.mask = R->orig_mask;
+    q.umask_ = -1;
+    for (int s = 1; s < 65; s++)
+        q.ign[s] = R->orig_ign[s];
+    q.ign[SIGPIPE] = q.ign[SIGXFSZ] = 0; /* as the Python path: its own ignores, never the caller's */
+    int pidfd;
+    unsigned char b[6];
+    ssize_t n = 0;
+    pid_t pid = spawn_followed(&q, &pidfd, b, &n);
+    if (pid < 0) {
+        *stage = 'c';
+        *err = errno;
+        return -1;
+    }
+    if (pidfd >= 0)
+        close(pidfd);
+    if (n == (ssize_t)sizeof b || n == 0) { /* failed before exec, or killed at birth */
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        *stage = n == 0 ? 'g' : (char)b[1];
+        *err = n == 0 ? EBUSY : (int)b[2] | ((int)b[3] << 8) | ((int)b[4] << 16) | ((int)b[5] << 24);
+        return -1;
+    }
+    if (K.nkids < MAX_CHILDREN)
+        K.kids[K.nkids++] = pid;
+    return pid;
+}
+
+static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
+{
+    char run_dir[4200];
+    snprintf(run_dir, sizeof run_dir, "%s/tether-%d-%llu", R->base, (int)R->owner, R->owner_start);
+    int made_run = mkdir(run_dir, 0777) == 0;
+    if (!made_run && errno != EEXIST) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        return -1;
+    }
+    if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", run_dir, R->job_id) >= sizeof K.cgroup)
+        errno = ENAMETOOLONG;
+    else if (mkdir(K.cgroup, 0777) == 0)
+        errno = 0;
+    if (errno) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        if (made_run)
+            rmdir(run_dir);
+        K.cgroup[0] = '\0';
+        return -1;
+    }
+    snprintf(K.mount, sizeof K.mount, "%s", R->mount);
+    K.cgfd = open(K.cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (K.cgfd < 0) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        cleanup();
+        K.cgroup[0] = '\0';
+        return -1;
+    }
+    K.mech = M_CGROUP;
+    return 0;
+}
+
+static int open_subreaper(char *why, size_t whysize, int *err)
+{
+    K.mech = M_SUBREAPER;
+    K.cgroup[0] = '\0';
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        *err = errno;
+        snprintf(why, whysize, "prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void keeper_run(struct run *R, char **envp) __attribute__((noreturn));
+static void keeper_run(struct run *R, char **envp)
+{
+    const char *asked = R->mech_auto ? "auto" : R->want_cgroup ? "cgroup" : "subreaper";
+    char why[600] = "";
+    int err = 0;
+    int ok;
+    if (R->want_cgroup) {
+        ok = open_cgroup(R, why, sizeof why, &err) == 0;
+        if (!ok && R->mech_auto)
+            ok = open_subreaper(why, sizeof why, &err) == 0;
+    } else {
+        ok = open_subreaper(why, sizeof why, &err) == 0;
+    }
+    if (!ok) {
+        tell("E job %d cannot create the job (%s): %s", err, asked, why);
+        _exit(0);
+    }
+    K.have_clone3 = 1;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (K.sigfd < 0) {
+        cleanup();
+        tell("E job %d cannot create the job (%s): signalfd: %s", errno, asked, strerror(errno));
+        _exit(0);
+    }
+    if (readable(ctl_r) || readable(R->callerfd)) {
+        cleanup(); /* stopped (or the owner or its caller died) while we set up */
+        tell("X -1 0");
+        _exit(0);
+    }
+    members_born = now_ticks(); /* nothing of the command is older */
+    char stage = 0;
+    pid_t child = spawn_command(R, envp, &stage, &err);
+    if (child < 0 && K.mech == M_CGROUP && (stage == 'c' || stage == 'g') &&
+        (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
+        /* not allowed into the job's cgroup (a delegated subtree needs write
+         * access to the common ancestor's cgroup.procs) */
+        cleanup();
+        if (!R->mech_auto) {
+            tell("E job 13 cannot create the job (cgroup): cannot join the job's cgroup");
+            _exit(0);
+        }
+        if (open_subreaper(why, sizeof why, &err) < 0) {
+            tell("E job %d cannot create the job (auto): %s", err, why);
+            _exit(0);
+        }
+        child = spawn_command(R, envp, &stage, &err);
+    }
+    if (child < 0) {
+        cleanup();
+        if (stage == 'c' || stage == 'g')
+            tell("E job %d cannot place the child in the job: %s", err, strerror(err));
+        else
+            tell("E exec %d", err);
+        _exit(0);
+    }
+    tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
+         proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
+    struct pollfd p[4] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
+                          {R->callerfd, POLLIN, 0}};
+    nfds_t np = R->callerfd >= 0 ? 4 : 3;
+    int owner_gone = 0, stop = 0, caller_gone = 0, st = 0, have = 0;
+    reap_all(0);
+    while (!(have = take_status(child, &st)) && !owner_gone && !stop && !caller_gone) {
+        if (poll(p, np, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            owner_gone = 1;
+            break;
+        }
+        if (p[2].revents & POLLIN) {
+            drain_sigfd();
+            reap_all(0);
+        }
+        if (np == 4 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
+            caller_gone = 1;
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+            owner_gone = 1;
+        if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char c;
+            ssize_t n = read(ctl_r, &c, 1);
+            if (n > 0)
+                stop = 1;
+            else if (n == 0 || errno != EINTR)
+                owner_gone = 1; /* the owner's end closed: it died */
+        }
+    }
+    if (caller_gone) {
+        /* The caller (an agent CLI) is gone: its commands go with it, at once. */
+        kill_all(KILL_BOUND);
+        reap_all(0);
+        if (!have)
+            have = take_status(child, &st);
+        /* killed: out of the cgroup before it is a zombie to wait for */
+        while (!have && waitpid(child, &st, __WALL) < 0) {
+            if (errno != EINTR) {
+                st = -1;
+                break;
+            }
+        }
+        tell("X %d 0 caller", st);
+        cleanup();
+        _exit(0);
+    }
+    if (owner_gone) {
+        kill_all(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
+        cleanup();
+        _exit(0);
+    }
+    size_t left = members();
+    size_t leftovers = 0;
+    for (size_t k = 0; k < left; k++)
+        if (members_buf[k] != child)
+            leftovers++;
+    if (left)
+        end_job(R->grace);
+    reap_all(0);
+    if (!have)
+        have = take_status(child, &st);
+    if (!have) {
+        while (waitpid(child, &st, __WALL) < 0) { /* dead: it was killed above */
+            if (errno != EINTR) {
+                st = -1;
+                break;
+            }
+        }
+        have = st != -1;
+    }
+    tell("X %d %zu", have ? st : -1, leftovers);
+    cleanup();
+    _exit(0);
+}
+
+/* -- the owner: this process ------------------------------------------------------- */
+
+struct outcome {
+    pid_t child, keeper;
+    unsigned long long child_start, keeper_start;
+    char mechanism[16];
+    char cgroup[4096];
+    int status; /* raw wait status, -1 none */
+    long long leftovers;
+    int stopped_by;
+    int ended_by_caller;
+    int keeper_died;
+    int reported;
+    char fail_kind[8];
+    int fail_err;
+    char fail_text[4200];
+};
+
+
+/* The kernel's raw sigaction, which also answers for glibc's own 32 and 33. */
+static int raw_ignored(int sig)
+{
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } old;
+    if (syscall(SYS_rt_sigaction, sig, NULL, &old, sizeof(uint64_t)) < 0)
+        return 0;
+    return old.handler == SIG_IGN;
+}
+
+static void die_by(int sig) __attribute__((noreturn));
+static void die_by(int sig)
+{
+    static const int core[] = {SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV,
+                               SIGXCPU, SIGXFSZ, SIGSYS};
+    for (size_t k = 0; k < sizeof core / sizeof *core; k++)
+        if (core[k] == sig) {
+            struct rlimit no = {0, 0}; /* no core file of the wrapper for the command's crash */
+            setrlimit(RLIMIT_CORE, &no);
+        }
+    if (sig > 0 && sig < 65 && sig != SIGKILL && sig != SIGSTOP)
+        raw_signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
+/* The keeper vanished while the command ran: end the job from here - its
+ * cgroup's kill, and every process that carries the job's cookie (what a
+ * subreaper job's members were re-parented away with), born after it began. */
+static void end_from_here(struct run *R, struct outcome *o)
+{
+    if (o->cgroup[0]) {
+        snprintf(K.cgroup, sizeof K.cgroup, "%s", o->cgroup);
+        snprintf(K.mount, sizeof K.mount, "%s", R->mount);
+        K.mech = M_CGROUP;
+        kill_cgroup(KILL_BOUND);
+    }
+    char entry[240];
+    int elen = snprintf(entry, sizeof entry, "%c%s=%s%c", 0, COOKIE_VAR, R->cookie, 0);
+    static char env[1 << 20];
+    uid_t me = geteuid();
+    double deadline = now_s() + KILL_BOUND;
+    while (now_s() < deadline) {
+        int found = 0;
+        struct dir_walk w;
+        if (dir_open(&w, "/proc") < 0)
+            return;
+        for (const struct dent64 *d; (d = dir_next(&w));) {
+            char *e;
+            long pid = strtol(d->name, &e, 10);
+            if (*e || pid <= 2 || pid == getpid())
+                continue;
+            char st = 0;
+            unsigned long long start = proc_stat((pid_t)pid, &st, NULL);
+            if (!start || start < R->born || st == 'Z' || st == 'X' || st == 'x')
+                continue;
+            char path[64];
+            snprintf(path, sizeof path, "/proc/%ld", pid);
+            struct stat sb;
+            if (stat(path, &sb) < 0 || (me != 0 && sb.st_uid != me))
+                continue;
+            snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+            env[0] = '\0';
+            ssize_t len = read_file(path, env + 1, sizeof env - 2);
+            if (len <= 0 || !memmem(env, (size_t)len + 2, entry, (size_t)elen))
+                continue;
+            int fd = pidfd_open_((pid_t)pid);
+            if (fd < 0)
+                continue;
+            if (proc_stat((pid_t)pid, NULL, NULL) == start && pidfd_signal_(fd, SIGKILL) == 0)
+                found = 1;
+            close(fd);
+        }
+        close(w.fd);
+        if (!found)
+            return;
+        nap_us(2000);
+    }
+}
+
+/* -- the steps both fronts take ------------------------------------------------------ */
+
+static void find_self(int argc, char **argv)
+{
+    g_argv = argv;
+    ssize_t sl = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    self_exe[sl > 0 ? sl : 0] = '\0';
+    /* sys.argv[0] of the Python path: the path we were started through */
+    const char *a0 = argc > 0 && argv[0] ? argv[0] : "";
+    if (strchr(a0, '/')) {
+        if (a0[0] == '/' || !getcwd(argv0_path, sizeof argv0_path))
+            snprintf(argv0_path, sizeof argv0_path, "%s", a0);
+        else {
+            size_t l = strlen(argv0_path);
+            snprintf(argv0_path + l, sizeof argv0_path - l, "/%s", a0[0] == '.' && a0[1] == '/' ? a0 + 2 : a0);
+        }
+    } else {
+        /* found on PATH, as execvp did: the entry that is this very file */
+        struct stat me, st;
+        char cand[PATH_MAX], buf[8192];
+        snprintf(argv0_path, sizeof argv0_path, "%s", self_exe);
+        snprintf(buf, sizeof buf, "%s", path_env());
+        if (*a0 && stat(self_exe, &me) == 0)
+            for (char *d = buf, *next; d; d = next) {
+                next = strchr(d, ':');
+                if (next)
+                    *next++ = '\0';
+                if (d[0] != '/')
+                    continue;
+                join(cand, sizeof cand, d, a0);
+                if (stat(cand, &st) == 0 && st.st_dev == me.st_dev && st.st_ino == me.st_ino) {
+                    snprintf(argv0_path, sizeof argv0_path, "%s", cand);
+                    break;
+                }
+            }
+    }
+    self_add(argv0_path);
+    self_add(self_exe);
+}
+
+/* TETHER_NATIVE=0 asks for the Python path everywhere */
+static void honour_native_off(void)
+{
+    const char *native = getenv("TETHER_NATIVE");
+    if (native && *native) {
+        char low[8];
+        size_t n = strlen(native);
+        if (n >= sizeof low)
+            hand_over();
+        for (size_t k = 0; k <= n; k++)
+            low[k] = (char)(native[k] >= 'A' && native[k] <= 'Z' ? native[k] - 'A' + 'a' : native[k]);
+        if (strcmp(low, "auto") && strcmp(low, "1") && strcmp(low, "on") && strcmp(low, "yes") &&
+            strcmp(low, "true"))
+            hand_over();
+    }
+}
+
+/* Where a cgroup job may go: our own cgroup's directory, when writable
+ * (cgroupfs.base_dir); none: a subreaper for auto, else hand over. */
+static void find_cgroup_base(struct run *R)
+{
+    static char mi[65536], cg[8192];
+    char *m = NULL, *rel = NULL;
+    if (read_file("/proc/self/mountinfo", mi, sizeof mi) > 0)
+        for (char *ln = mi, *nx; ln && *ln; ln = nx) {
+            nx = strchr(ln, '\n');
+            if (nx)
+                *nx++ = '\0';
+            char *sep = strstr(ln, " - ");
+            if (!sep || strncmp(sep + 3, "cgroup2 ", 8))
+                continue;
+            char *f = ln; /* the fifth field: the mount point */
+            for (int k = 0; k < 4 && f; k++) {
+                f = strchr(f, ' ');
+                if (f)
+                    f++;
+            }
+            if (f) {
+                char *e = strchr(f, ' ');
+                if (e)
+                    *e = '\0';
+                m = f;
+            }
+            break;
+        }
+    if (m && read_file("/proc/self/cgroup", cg, sizeof cg) > 0)
+        for (char *ln = cg, *nx; ln && *ln; ln = nx) {
+            nx = strchr(ln, '\n');
+            if (nx)
+                *nx++ = '\0';
+            if (!strncmp(ln, "0::", 3)) {
+                rel = ln + 3;
+                break;
+            }
+        }
+    if (m && strchr(m, '\\'))
+        hand_over(); /* an escaped mount point: mountinfo's rules */
+    int usable = 0;
+    if (m && rel) {
+        snprintf(R->mount, sizeof R->mount, "%s", m);
+        if (!strcmp(rel, "/") || !*rel)
+            snprintf(R->base, sizeof R->base, "%s", m);
+        else
+            snprintf(R->base, sizeof R->base, "%s/%s", m, rel[0] == '/' ? rel + 1 : rel);
+        char probe[4200], procs[4200];
+        snprintf(probe, sizeof probe, "%s/cgroup.procs", R->mount);
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", R->base);
+        usable = access(probe, F_OK) == 0 && access(R->base, W_OK) == 0 &&
+                 access(procs, W_OK) == 0;
+        struct stat sd;
+        if (usable && stat("/run/systemd/system", &sd) == 0 && S_ISDIR(sd.st_mode))
+            hand_over(); /* systemd's delegation rules: tether.systemd */
+    }
+    if (!usable) {
+        if (!R->mech_auto)
+            hand_over(); /* the Python path says why there is no cgroup */
+        R->want_cgroup = 0;
+    }
+}
+
+/* The caller: watched by pidfd from the start (oneshot.watch_caller's rules). */
+static void watch_caller(struct run *R)
+{
+    R->callerfd = -1;
+    pid_t pp = getppid();
+    if (pp <= 1)
+        return;
+    int fd = pidfd_open_(pp);
+    if (fd < 0)
+        return;
+    pid_t sid = getsid(0);
+    if (sid != getpid() && getsid(pp) != sid) {
+        close(fd); /* an orphan adopted at start: not our caller */
+        return;
+    }
+    R->caller_start = proc_stat(pp, NULL, NULL);
+    if (!R->caller_start) {
+        close(fd);
+        return;
+    }
+    R->callerfd = fd;
+    R->caller = pp;
+}
+
+/* The signals this front waits for, blocked and read from a signalfd; one
+ * the caller left ignored stays ignored (nohup, a background job). */
+static int watch_signals(struct run *R, const int *sigs, size_t n)
+{
+    sigprocmask(SIG_SETMASK, NULL, &R->orig_mask);
+    for (int s = 1; s < 65; s++)
+        R->orig_ign[s] = (unsigned char)raw_ignored(s);
+    sigset_t watch;
+    sigemptyset(&watch);
+    for (size_t k = 0; k < n; k++)
+        if (!R->orig_ign[sigs[k]])
+            sigaddset(&watch, sigs[k]);
+    sigprocmask(SIG_BLOCK, &watch, NULL);
+    return signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* The job's names and cookie, and the environment with the cookie first (a
+ * forged one replaced); the owner's pidfd. */
+static char **name_the_job(struct run *R)
+{
+    R->owner = getpid();
+    R->owner_start = proc_stat(0, NULL, NULL);
+    R->pgid = getpgrp();
+    R->ownerfd = pidfd_open_(R->owner);
+    if (R->ownerfd < 0)
+        hand_over(); /* a kernel older than 5.3: the Python path's generic job */
+    if (read_file("/proc/sys/kernel/random/boot_id", K.boot, sizeof K.boot) > 0) {
+        char *nl = strchr(K.boot, '\n');
+        if (nl)
+            *nl = '\0';
+    }
+    snprintf(R->run_id, sizeof R->run_id, "%d-%llu", (int)R->owner, R->owner_start);
+    snprintf(R->job_id, sizeof R->job_id, "j%d-1", (int)R->owner);
+    unsigned char rnd[8];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        hand_over();
+    snprintf(R->cookie, sizeof R->cookie, "%s:%s:%02x%02x%02x%02x%02x%02x%02x%02x", R->run_id,
+             R->job_id, rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne])
+        ne++;
+    char **envp = calloc(ne + 2, sizeof *envp);
+    static char entry[240];
+    if (!envp)
+        hand_over();
+    snprintf(entry, sizeof entry, "%s=%s", COOKIE_VAR, R->cookie);
+    size_t k2 = 0;
+    envp[k2++] = entry;
+    for (size_t k = 0; k < ne; k++)
+        if (strncmp(environ[k], COOKIE_VAR "=", sizeof COOKIE_VAR) != 0 && strchr(environ[k], '='))
+            envp[k2++] = environ[k];
+    envp[k2] = NULL;
+    return envp;
+}
+
+/* Fork the keeper (it never returns here); its pid, or -1 (errno set). */
+static pid_t start_keeper(struct run *R, char **envp, int sigfd, int *rep_r, int *ctl_w)
+{
+    int rep[2], ctl[2];
+    if (pipe2(rep, O_CLOEXEC) < 0)
+        return -1;
+    if (pipe2(ctl, O_CLOEXEC) < 0) {
+        int err = errno;
+        close(rep[0]);
+        close(rep[1]);
+        errno = err;
+        return -1;
+    }
+    R->born = now_ticks(); /* nothing of the job is older */
+    pid_t keeper = fork();
+    if (keeper < 0) {
+        int err = errno;
+        close(rep[0]);
+        close(rep[1]);
+        close(ctl[0]);
+        close(ctl[1]);
+        errno = err;
+        return -1;
+    }
+    if (keeper == 0) {
+        close(sigfd);
+        close(rep[0]);
+        close(ctl[1]);
+        if (L.fd >= 0)
+            close(L.fd);
+        rep_w = rep[1];
+        ctl_r = ctl[0];
+        setpgid(0, 0); /* a caller killing the owner's group must not take us along */
+        prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
+        static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN,
+                                      SIGTTOU, SIGPIPE};
+        for (int s = 1; s < 65; s++)
+            K.ign[s] = R->orig_ign[s];
+        for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++) {
+            raw_signal(ignored[k], SIG_IGN);
+            K.ign[ignored[k]] = 1;
+        }
+        K.ctl = -1;
+        K.owner = R->owner;
+        K.ownerfd = R->ownerfd;
+        K.cgfd = -1;
+        keeper_run(R, envp);
+    }
+    close(rep[1]);
+    close(ctl[0]);
+    close(R->ownerfd);
+    if (R->callerfd >= 0)
+        close(R->callerfd);
+    *rep_r = rep[0];
+    *ctl_w = ctl[1];
+    return keeper;
+}
+
+/* Wait for the keeper's reports (P, then X or E) and for our own signals:
+ * stop(si) says whether a signal stops the job (the keeper is told: "s").
+ * on_start runs once the command runs. */
+static void wait_reports(struct outcome *o, int rep_r, int ctl_w, int sigfd,
+                         int (*stop)(const struct signalfd_siginfo *), void (*on_start)(struct outcome *))
+{
+    struct pollfd p[2] = {{rep_r, POLLIN, 0}, {sigfd, POLLIN, 0}};
+    static char buf[16384];
+    size_t have = 0;
+    int done = 0;
+    while (!done) {
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            o->keeper_died = 1;
+            break;
+        }
+        if (p[1].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            while (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                if (stop(&si) && !o->stopped_by) {
+                    o->stopped_by = (int)si.ssi_signo;
+                    ssize_t w = write(ctl_w, "s", 1); /* the keeper gone: EOF follows */
+                    (void)w;
+                }
+            }
+        }
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        ssize_t n = read(rep_r, buf + have, sizeof buf - 1 - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            o->keeper_died = 1; /* EOF without a report: its end of the pipe was its alone */
+            break;
+        }
+        have += (size_t)n;
+        buf[have] = '\0';
+        char *line = buf, *nl;
+        while (!done && (nl = strchr(line, '\n'))) {
+            *nl = '\0';
+            if (line[0] == 'P') {
+                int ch = 0, off = 0;
+                char mw[16] = "";
+                if (sscanf(line, "P %d %15s %llu %n", &ch, mw, &o->child_start, &off) >= 3 && off) {
+                    o->child = ch;
+                    snprintf(o->mechanism, sizeof o->mechanism, "%s", mw);
+                    if (strcmp(line + off, "-") != 0)
+                        snprintf(o->cgroup, sizeof o->cgroup, "%s", line + off);
+                    o->keeper_start = proc_stat(o->keeper, NULL, NULL); /* ours: readable until reaped */
+                    if (on_start)
+                        on_start(o);
+                }
+            } else if (line[0] == 'X') {
+                int st = -1;
+                long long left = 0;
+                char tail[16] = "";
+                sscanf(line, "X %d %lld %15s", &st, &left, tail);
+                o->status = st;
+                o->leftovers = left;
+                o->ended_by_caller = strcmp(tail, "caller") == 0;
+                o->reported = 1;
+                done = 1;
+            } else if (line[0] == 'E') {
+                int err = 0, off = 0;
+                char kind[8] = "";
+                if (sscanf(line, "E %7s %d %n", kind, &err, &off) >= 2) {
+                    snprintf(o->fail_kind, sizeof o->fail_kind, "%s", kind);
+                    o->fail_err = err;
+                    snprintf(o->fail_text, sizeof o->fail_text, "%s", off ? line + off : "");
+                }
+                done = 1;
+            }
+            line = nl + 1;
+        }
+        have = strlen(line);
+        memmove(buf, line, have + 1);
+    }
+    close(rep_r);
+    close(ctl_w);
+}
+
+static void reap_keeper(pid_t keeper)
+{
+    while (waitpid(keeper, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+/* -- tether-shell ------------------------------------------------------------------ */
+
+static struct run R;
+static int shell_login, shell_argc;
+
+static int shell_stop(const struct signalfd_siginfo *si)
+{
+    /* SIGINT/SIGQUIT are the command's: it shares our process group */
+    return si->ssi_signo == SIGTERM || si->ssi_signo == SIGHUP;
+}
+
+static void shell_started(struct outcome *o)
+{
+    jhead("start", o->child, o->mechanism);
+    jf("\"argc\":%d,\"login\":%s}", shell_argc, shell_login ? "true" : "false");
+    jf(",\"run\":\"%s\",\"job\":\"%s\",\"scope\":\"command\",\"boot\":", R.run_id, R.job_id);
+    jstr(K.boot);
+    if (o->child_start)
+        jf(",\"start\":%llu", o->child_start);
+    jident("owner", R.owner, R.owner_start);
+    jident("keeper", o->keeper, o->keeper_start);
+    if (R.caller)
+        jident("caller", R.caller, R.caller_start);
+    jraw(",\"cookie\":");
+    jstr(R.cookie);
+    if (o->cgroup[0]) {
+        jraw(",\"cgroup\":");
+        jstr(o->cgroup);
+    }
+    log_write();
+}
+
+static int shell_main(int argc, char **argv)
+{
+    double t0 = now_s();
+    /* the forms of _shellargs._parse_shell that run a command */
+    int login = 0, saw_c = 0, saw_i = 0, i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--") || !strcmp(a, "-")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "--login"))
+            login = 1;
+        else if (a[0] == '-' && a[1] == '-')
+            hand_over();
+        else if (a[0] == '-') {
+            for (const char *c = a + 1; *c; c++) {
+                if (*c == 'c')
+                    saw_c = 1;
+                else if (*c == 'l')
+                    login = 1;
+                else if (*c == 'i')
+                    saw_i = 1;
+                else
+                    hand_over();
+            }
+        } else
+            break;
+    }
+    if (!saw_c || saw_i || i >= argc)
+        hand_over(); /* an interactive shell, or a usage error */
+    int cmd_at = i;
+
+    shell_login = login;
+    shell_argc = argc - 1;
+
+    /* the settings, as tether.shell.cli reads them */
+    const char *mech = getenv("TETHER_SHELL_MECHANISM");
+    if (!mech || !*mech || !strcmp(mech, "auto"))
+        R.mech_auto = R.want_cgroup = 1;
+    else if (!strcmp(mech, "cgroup"))
+        R.want_cgroup = 1;
+    else if (strcmp(mech, "subreaper"))
+        hand_over();
+    const char *mech_word = !mech || !*mech ? "auto" : mech;
+    R.grace = env_grace();
+    const char *scope = getenv("TETHER_SHELL_SCOPE");
+    if (scope && *scope && strcmp(scope, "command"))
+        hand_over();
+    int with_caller = env_bool("TETHER_SHELL_WITH_CALLER", 1);
+    L.on = env_bool("TETHER_SHELL_LOG", 1);
+    L.days = env_count("TETHER_SHELL_LOG_DAYS", 14);
+    L.max = env_count("TETHER_SHELL_LOG_MAX_BYTES", 4 << 20);
+    resolve_shell(R.shell, sizeof R.shell);
+    if (R.want_cgroup)
+        find_cgroup_base(&R);
+    if (L.on) {
+        log_dir();
+        if (L.on)
+            log_open();
+    }
+    R.callerfd = -1;
+    if (with_caller)
+        watch_caller(&R);
+    static const int watched[] = {SIGTERM, SIGHUP, SIGINT, SIGQUIT};
+    int sigfd = watch_signals(&R, watched, 4);
+    if (sigfd < 0)
+        hand_over();
+    char **envp = name_the_job(&R);
+
+    /* the shell's argv: [shell, (-l), -c, CMD, ARG0, ...] */
+    char **sargv = calloc((size_t)(argc - cmd_at) + 4, sizeof *sargv);
+    if (!sargv)
+        hand_over();
+    size_t na = 0;
+    sargv[na++] = R.shell;
+    if (login)
+        sargv[na++] = "-l";
+    sargv[na++] = "-c";
+    for (int k = cmd_at; k < argc; k++)
+        sargv[na++] = argv[k];
+    sargv[na] = NULL;
+    R.argv = sargv;
+    static char *nopath[] = {NULL};
+    R.path = nopath;
+
+    struct outcome o;
+    memset(&o, 0, sizeof o);
+    o.status = -1;
+    /* interrupted before the command existed: run nothing, die as a shell would */
+    struct signalfd_siginfo si;
+    if (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+        die_by((int)si.ssi_signo);
+    int rep_r, ctl_w;
+    pid_t keeper = start_keeper(&R, envp, sigfd, &rep_r, &ctl_w);
+    if (keeper < 0) {
+        say("cannot create a job, nothing was run: cannot start the job's keeper: %s",
+            strerror(errno));
+        jhead("error", 0, mech_word);
+        jraw("\"error\":\"job-refused\"}");
+        log_write();
+        return EXIT_INTERNAL;
+    }
+    o.keeper = keeper;
+    wait_reports(&o, rep_r, ctl_w, sigfd, shell_stop, shell_started);
+    if (o.keeper_died && o.child && !o.reported) {
+        ssize_t w = write(2, KEEPER_DIED "\n", sizeof KEEPER_DIED);
+        (void)w;
+        end_from_here(&R, &o);
+    }
+    reap_keeper(keeper);
+    if (o.fail_kind[0]) {
+        if (!strcmp(o.fail_kind, "exec")) {
+            say("%s: %s", R.shell, strerror(o.fail_err));
+            jhead("error", 0, mech_word);
+            jraw("\"error\":");
+            jstr(errname(o.fail_err));
+            jraw("}");
+            log_write();
+            return o.fail_err == ENOENT ? EXIT_NOT_FOUND : EXIT_NOEXEC;
+        }
+        say("cannot create a job, nothing was run: %s", o.fail_text[0] ? o.fail_text : strerror(o.fail_err));
+        jhead("error", 0, mech_word);
+        jraw("\"error\":\"job-refused\"}");
+        log_write();
+        return EXIT_INTERNAL;
+    }
+    if (!o.child && o.stopped_by)
+        die_by(o.stopped_by); /* interrupted before the command existed: nothing ran */
+    if (!o.child && o.keeper_died) {
+        say("the job's keeper died before the command started; nothing was run");
+        return EXIT_INTERNAL;
+    }
+    int st = o.status;
+    int rc_known = st >= 0;
+    int sig = rc_known && WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    int code = rc_known && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    if (L.on) {
+        jhead("exit", o.child, o.mechanism[0] ? o.mechanism : NULL);
+        if (!rc_known)
+            jf("\"error\":\"%s\"", o.keeper_died ? "keeper-died" : "no-status");
+        else if (sig)
+            jf("\"signal\":%d", sig);
+        else
+            jf("\"code\":%d", code);
+        jf(",\"leftovers\":%lld,\"ms\":%.1f", o.leftovers, (now_s() - t0) * 1000.0);
+        if (o.stopped_by)
+            jf(",\"stopped_by\":%d", o.stopped_by);
+        if (o.ended_by_caller)
+            jraw(",\"ended_by\":\"caller\"");
+        jf("},\"run\":\"%s\",\"job\":\"%s\",\"scope\":\"command\",\"boot\":", R.run_id, R.job_id);
+        jstr(K.boot);
+        if (o.child_start)
+            jf(",\"start\":%llu", o.child_start);
+        log_write();
+    }
+    if (o.stopped_by)
+        die_by(o.stopped_by);
+    if (!rc_known) {
+        if (!o.keeper_died)
+            say("the command's exit status was lost with the job's keeper");
+        return EXIT_GUARD_LOST;
+    }
+    if (sig)
+        die_by(sig);
+    return code;
+}
+
+/* -- tether run -- CMD ---------------------------------------------------------------- */
+
+static int run_stop(const struct signalfd_siginfo *si)
+{
+    if (si->ssi_signo == SIGQUIT)
+        return 0;
+    /* a Ctrl+C typed at the terminal reached the command too: it decides */
+    return !(si->ssi_signo == SIGINT && si->ssi_code == SI_KERNEL);
+}
+
+/* The keeper died while the command ran: the command is ours now (we are
+ * a child subreaper), so its own status can still be had - wait for it
+ * (a stop signal is passed on to it), then end what is left from here. */
+static int wait_orphaned_command(struct outcome *o, int sigfd)
+{
+    int fd = pidfd_open_(o->child);
+    int st = -1;
+    while (fd >= 0) {
+        struct pollfd p[2] = {{fd, POLLIN, 0}, {sigfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            break;
+        struct signalfd_siginfo si;
+        while (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+            if (run_stop(&si)) {
+                if (!o->stopped_by)
+                    o->stopped_by = (int)si.ssi_signo;
+                pidfd_signal_(fd, SIGTERM);
+            }
+        if (p[0].revents & POLLIN)
+            break;
+    }
+    if (fd >= 0)
+        close(fd);
+    while (waitpid(o->child, &st, 0) < 0) {
+        if (errno != EINTR)
+            return -1; /* reaped by the keeper before it died: the status went with it */
+    }
+    return st;
+}
+
+static int run_main(int argc, char **argv)
+{
+    /* tether run [-m auto|cgroup|subreaper] [--grace S] [--] CMD [ARG...]; every
+     * other option (and the audit log: TETHER_STATE_DIR) is the Python CLI's */
+    const char *mech = NULL;
+    int i = 2;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-')
+            break;
+        if (!strcmp(a, "-m") || !strcmp(a, "--mechanism")) {
+            if (++i >= argc)
+                hand_over();
+            mech = argv[i];
+        } else if (!strncmp(a, "--mechanism=", 12)) {
+            mech = a + 12;
+        } else if (!strcmp(a, "--grace")) {
+            if (++i >= argc)
+                hand_over();
+            R.grace = parse_grace(argv[i]);
+        } else if (!strncmp(a, "--grace=", 8)) {
+            R.grace = parse_grace(a + 8);
+        } else {
+            hand_over();
+        }
+    }
+    if (i >= argc || strlen(argv[i]) >= sizeof R.shell)
+        hand_over(); /* no command: the Python CLI's usage message */
+    const char *sd = getenv("TETHER_STATE_DIR");
+    if (sd && *sd)
+        hand_over(); /* the spawn audit log is the Python writer's */
+    if (!mech || !strcmp(mech, "auto"))
+        R.mech_auto = R.want_cgroup = 1;
+    else if (!strcmp(mech, "cgroup"))
+        R.want_cgroup = 1;
+    else if (strcmp(mech, "subreaper"))
+        hand_over();
+    if (R.want_cgroup)
+        find_cgroup_base(&R);
+    L.on = 0; /* tether-shell's log is not tether run's */
+    R.callerfd = -1;
+    /* should the keeper die, the command is re-parented to us: its status stays ours */
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    static const int watched[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    int sigfd = watch_signals(&R, watched, 4);
+    if (sigfd < 0)
+        hand_over();
+    char **envp = name_the_job(&R);
+    snprintf(R.shell, sizeof R.shell, "%s", argv[i]);
+    R.argv = argv + i;
+    /* the command is searched for on PATH as execvp does (os.get_exec_path) */
+    static char pathbuf[8192];
+    snprintf(pathbuf, sizeof pathbuf, "%s", path_env());
+    size_t nd = 1;
+    for (const char *c = pathbuf; *c; c++)
+        nd += *c == ':';
+    char **dirs = calloc(nd + 1, sizeof *dirs);
+    if (!dirs)
+        hand_over();
+    size_t k = 0;
+    for (char *d = pathbuf, *next; d; d = next) {
+        next = strchr(d, ':');
+        if (next)
+            *next++ = '\0';
+        dirs[k++] = d;
+    }
+    dirs[k] = NULL;
+    R.path = dirs;
+
+    struct outcome o;
+    memset(&o, 0, sizeof o);
+    o.status = -1;
+    struct signalfd_siginfo si;
+    if (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+        die_by((int)si.ssi_signo); /* before the command existed: as an unblocked signal would */
+    int rep_r, ctl_w;
+    pid_t keeper = start_keeper(&R, envp, sigfd, &rep_r, &ctl_w);
+    if (keeper < 0) {
+        say("cannot create the job: cannot start the job's keeper: %s", strerror(errno));
+        return EXIT_INTERNAL;
+    }
+    o.keeper = keeper;
+    wait_reports(&o, rep_r, ctl_w, sigfd, run_stop, NULL);
+    reap_keeper(keeper);
+    if (o.keeper_died && o.child && !o.reported) {
+        ssize_t w = write(2, KEEPER_DIED "\n", sizeof KEEPER_DIED);
+        (void)w;
+        o.status = wait_orphaned_command(&o, sigfd);
+        end_from_here(&R, &o);
+    }
+    const char *cmd = argv[i];
+    if (o.fail_kind[0]) {
+        int e = o.fail_err;
+        if (strcmp(o.fail_kind, "exec")) {
+            say("cannot create the job: %s", o.fail_text[0] ? o.fail_text : strerror(e));
+            return EXIT_INTERNAL;
+        }
+        if (e == ENOENT) {
+            say("%s: command not found", cmd);
+            return EXIT_NOT_FOUND;
+        }
+        if (e == EACCES || e == EPERM) {
+            say("%s: permission denied", cmd);
+            return EXIT_NOEXEC;
+        }
+        if (e == ENOEXEC) {
+            say("%s: cannot execute: %s", cmd, strerror(e));
+            return EXIT_NOEXEC;
+        }
+        say("cannot start %s: [Errno %d] %s: '%s'", cmd, e, strerror(e), cmd);
+        return EXIT_INTERNAL;
+    }
+    if (!o.child) {
+        if (o.stopped_by)
+            return 128 + o.stopped_by;
+        say("cannot create the job: its keeper died before the command started");
+        return EXIT_INTERNAL;
+    }
+    if (o.stopped_by)
+        return 128 + o.stopped_by;
+    if (o.status < 0) {
+        say("the command's exit status was lost with its keeper");
+        return EXIT_GUARD_LOST;
+    }
+    if (WIFSIGNALED(o.status))
+        return 128 + WTERMSIG(o.status);
+    return WEXITSTATUS(o.status);
+}
+
+int main(int argc, char **argv)
+{
+    find_self(argc, argv);
+    if (!strcmp(base_name(argc > 0 && argv[0] ? argv[0] : ""), "tether")) {
+        /* the tether CLI: `run` served here, the rest by the Python CLI */
+        fallback = RUN_FALLBACK_NAME;
+        cli_front = 1;
+        prog = "tether";
+        honour_native_off();
+        R.grace = 2.0; /* tether.ending.DEFAULT_GRACE */
+        if (argc >= 2 && !strcmp(argv[1], "run"))
+            return run_main(argc, argv);
+        hand_over();
+    }
+    honour_native_off();
+    return shell_main(argc, argv);
+}
