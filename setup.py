@@ -31,6 +31,12 @@ except ImportError:  # setuptools < 70.1: the wheel package's, if it is there
     except ImportError:  # no wheel can be built here anyway
         bdist_wheel = None
 
+#: The platform the wheel is for: this one, unless TETHER_BUILD_PLATFORM names
+#: another (scripts/windows-lane.sh builds the Windows wheel on Linux: then
+#: nothing is compiled and the commands are Windows' console scripts).
+TARGET = os.environ.get("TETHER_BUILD_PLATFORM") or sys.platform
+LINUX = TARGET.startswith("linux")
+
 SOURCE = os.path.join("src", "tether", "_native", "keeper.c")
 SHELL_SOURCE = os.path.join("src", "tether", "_native", "shell.c")
 PROGRAM = "tether-keeper"
@@ -55,7 +61,7 @@ def _compiler() -> list[str] | None:
 def compile_keeper(out: str, source: str = SOURCE) -> str | None:
     """Compile the keeper (or, with ``source=SHELL_SOURCE``, the native
     tether-shell, which includes it) to ``out``; None when it was built, else why not."""
-    if not sys.platform.startswith("linux"):
+    if not LINUX:
         return "not Linux"
     if os.environ.get("TETHER_NATIVE_BUILD", "1") == "0":
         return "TETHER_NATIVE_BUILD=0"
@@ -116,24 +122,23 @@ class build_shell_scripts(build_scripts):
 
     def run(self) -> None:
         super().run()
-        if not sys.platform.startswith("linux"):
+        if not LINUX:
             return
-        built = None
+        names = [n for n, _ in NATIVE_SCRIPTS if os.path.exists(os.path.join(self.build_dir, n))]
         for name, fallback in NATIVE_SCRIPTS:
-            launcher = os.path.join(self.build_dir, name)
-            if not os.path.exists(launcher):
-                continue
-            shutil.copy2(launcher, os.path.join(self.build_dir, fallback))
-            if built is None:
-                built = launcher
-                why = compile_keeper(launcher, SHELL_SOURCE)
-                if why is not None:
-                    print(f"tether: the native tether-shell and tether are not built ({why}); "
-                          "they are the Python ones (the same behaviour, slower start-up)",
-                          file=sys.stderr)
-                    return
-            else:
-                shutil.copy2(built, launcher)
+            if name in names:
+                shutil.copy2(os.path.join(self.build_dir, name),
+                             os.path.join(self.build_dir, fallback))
+        if not names:
+            return
+        first = os.path.join(self.build_dir, names[0])
+        why = compile_keeper(first, SHELL_SOURCE)
+        if why is not None:
+            print(f"tether: the native tether-shell and tether are not built ({why}); they are "
+                  "the Python ones (the same behaviour, slower start-up)", file=sys.stderr)
+            return
+        for name in names[1:]:
+            shutil.copy2(first, os.path.join(self.build_dir, name))
 
 
 if bdist_wheel is not None:
@@ -147,7 +152,7 @@ if bdist_wheel is not None:
 
 class _WithProgram(Distribution):
     def has_ext_modules(self) -> bool:  # a platform wheel: it carries a program
-        return sys.platform.startswith("linux")
+        return LINUX
 
 
 _COMMANDS: dict = {"build_ext": build_native, "build_scripts": build_shell_scripts}
@@ -162,7 +167,7 @@ if bdist_wheel is not None:
 # would install it instead of the script (docs/shell.md, "Start-up cost").
 _CONSOLE = ["tether-cmd = tether.shell:main"]
 _SCRIPTS = ["bin/tether-shell"]
-if sys.platform.startswith("linux"):
+if LINUX:
     _SCRIPTS.append("bin/tether")
 else:
     _CONSOLE.append("tether = tether.cli:main")

@@ -117,7 +117,7 @@ case "$ver" in *" 64") ;; *) die "Windows Python did not start: $ver" ;; esac
 # --- 5. tether's programs, installed by Windows pip -----------------------------------
 # The key: what decides the installed names and the stand-in.
 PROGS="$LANE/programs/with space"
-key="$(cat "$REPO/pyproject.toml" "$REPO"/bin/* "$REPO/tests/windows/_lane_setup.py" \
+key="$(cat "$REPO/pyproject.toml" "$REPO/setup.py" "$REPO"/bin/* "$REPO/tests/windows/_lane_setup.py" \
         "$REPO/tests/windows/_pwsh.py" | sha256sum | cut -c1-16)-$PYEMBED_VERSION"
 if [ "$(cat "$PROGS/.key" 2>/dev/null)" != "$key" ]; then
     say "installing tether's wheel with Windows pip (its console-script launchers) and a stand-in pwsh"
@@ -126,12 +126,13 @@ if [ "$(cat "$PROGS/.key" 2>/dev/null)" != "$key" ]; then
     # A copy of the tree, without caches: building in the checkout would leave
     # build/ and src/tether.egg-info there, and importlib.metadata (pytest's
     # plugin loader) would then find a second "tether" on PYTHONPATH=src.
-    cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/bin" "$LANE/wheel-src/" \
+    cp -r "$REPO/pyproject.toml" "$REPO/setup.py" "$REPO/README.md" "$REPO/bin" "$LANE/wheel-src/" \
         && cp -r "$REPO/src/tether" "$LANE/wheel-src/src/" \
         && find "$LANE/wheel-src" -name __pycache__ -prune -exec rm -rf {} + \
         || die "cannot copy the tree to $LANE/wheel-src"
-    "$LINUX_PYTHON" -m pip wheel -q --no-deps --disable-pip-version-check -w "$LANE/wheel" \
-        "$LANE/wheel-src" >"$LANE/wheel.log" 2>&1 || die "pip wheel failed (see $LANE/wheel.log)"
+    # (the Windows wheel, built here: Windows' console scripts, nothing compiled)
+    TETHER_BUILD_PLATFORM=win32 "$LINUX_PYTHON" -m pip wheel -q --no-deps \
+        --disable-pip-version-check -w "$LANE/wheel" "$LANE/wheel-src" >"$LANE/wheel.log" 2>&1 || die "pip wheel failed (see $LANE/wheel.log)"
     ls "$LANE"/pip/pip-*.whl >/dev/null 2>&1 \
         || pip_quiet download --no-deps --only-binary=:all: -d "$LANE/pip" pip
     pipwhl="$(ls "$LANE"/pip/pip-*.whl 2>/dev/null | tail -n1)"

@@ -316,3 +316,18 @@ def test_native_tether_run_runs_no_interpreter(procs, native_off):
         assert keeper_exe != os.path.realpath(path)
     else:
         assert keeper_exe == runner_exe == os.path.realpath(path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="native programs: Linux")
+@pytest.mark.parametrize("native_off", [False, True], ids=["as-installed", "TETHER_NATIVE=0"])
+def test_doctor_says_which_commands_are_native(native_off):
+    from procutil import is_native_program
+
+    env = {k: v for k, v in os.environ.items() if k != "TETHER_NATIVE"}
+    if native_off:
+        env["TETHER_NATIVE"] = "0"
+    data = json.loads(run(["doctor", "--json"], env=env).stdout)
+    got = {c["name"]: c["native"] for c in data["commands"]}
+    bindir = os.path.dirname(sys.executable)
+    assert got == {n: not native_off and is_native_program(os.path.join(bindir, n))
+                   for n in ("tether-shell", "tether")}

@@ -1451,20 +1451,37 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
     assert log_records(env["XDG_STATE_HOME"])[-1]["detail"]["error"] == "keeper-died"
 
 
+def _ptrace_hold(pid: int) -> None:
+    """Stop our child ``pid`` where it is, by ptrace (PTRACE_SEIZE, then
+    PTRACE_INTERRUPT), and wait for that stop: it runs no more code until
+    it is killed (SIGKILL still ends a tracee)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    for request in (0x4206, 0x4207):  # PTRACE_SEIZE, PTRACE_INTERRUPT
+        if libc.ptrace(request, pid, None, None) != 0:
+            pytest.skip(f"ptrace is not allowed here: {os.strerror(ctypes.get_errno())}")
+    _, status = os.waitpid(pid, getattr(os, "__WALL", 0x40000000))
+    assert os.WIFSTOPPED(status), status
+
+
 @pytest.mark.mechanism
 @pytest.mark.parametrize("mech", MECHS)
 def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, mech):
     # Control: with both gone nothing guards the tree; then `tether reap`, from
     # the shell's own records (the cookie finds even the double-forked daemon).
     p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.DEVNULL)
-    # Both at once (a SIGSTOP would not do: the stopped one's process group,
-    # orphaned by the other's death, gets SIGHUP + SIGCONT from the kernel).
-    # The wrapper needs milliseconds to act on the keeper's death; this takes
-    # microseconds.
+    # Both, with the wrapper unable to act on the keeper's death in between (the
+    # native one does so within microseconds): the wrapper is held first - by
+    # ptrace, not SIGSTOP, whose stopped process group, orphaned by the
+    # keeper's death, would get SIGHUP + SIGCONT from the kernel (the tree
+    # is in that group). A ptrace stop is no job-control stop.
+    _ptrace_hold(p.pid)
     assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert wait_dead([keeper], 3.0) == []
     p.kill()
     p.wait(timeout=5)
-    assert wait_dead([keeper], 3.0) == []
     time.sleep(0.3)
     assert len(living(tree)) == TREE_N  # control: all still running
     state = os.path.join(env["XDG_STATE_HOME"], "tether")

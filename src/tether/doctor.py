@@ -67,6 +67,8 @@ def report() -> dict[str, Any]:
         on, why = native.status()
         out["keeper"] = {"native": on, "what": why, "mechanisms": list(native.MECHANISMS),
                          "setting": native.setting()}
+        if sys.platform.startswith("linux"):
+            out["commands"] = native.front_ends()
     cg = next((m for m in out["mechanisms"] if m["mechanism"] == "cgroup"), None)
     out["cgroup_fix"] = cgroup_fix(out["auto"]) if (
         sys.platform.startswith("linux") and cg is not None and not cg["available"]) else []
@@ -138,6 +140,8 @@ def doctor(as_json: bool = False) -> int:
     if data.get("keeper"):
         k = data["keeper"]
         w(f"\n  keeper of {', '.join(k['mechanisms'])} jobs: {k['what']}\n")
+    for c in data.get("commands", []):
+        w(f"  {c['name']}: {c['what']}\n")
     w("\n")
     for key, label in (("auto", "auto   (default, transparent)"), ("strict", "strict (kernel-enforced)")):
         if data[key]:

@@ -114,3 +114,37 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
     # disposition itself first (ignored ones included); 64 sigactions fewer
     # in the vfork'd child the owner waits for.
     return os.posix_spawn(HELPER, args, env, file_actions=actions, setpgroup=0, setsigmask=())
+
+
+#: The commands that are native programs on Linux where they could be built
+#: (``_native/shell.c``; setup.py installs them): each hands what it does
+#: not serve to the Python one installed beside it.
+FRONT_ENDS = (("tether-shell", "tether-shell-py", "tether-shell -c CMD"),
+              ("tether", "tether-py", "tether run -- CMD"))
+
+
+def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
+    """For ``doctor``: whether ``tether-shell`` and ``tether`` (beside this
+    interpreter, or in ``bindir``) are the native programs, in words."""
+    import sys
+
+    bindir = bindir or os.path.dirname(sys.executable)
+    off = setting() == "off"
+    out = []
+    for name, fallback, serves in FRONT_ENDS:
+        path = os.path.join(bindir, name)
+        try:
+            with open(path, "rb") as f:
+                native = f.read(4) == b"\x7fELF"
+        except OSError:
+            out.append({"name": name, "native": False, "path": None,
+                        "what": f"not installed beside {sys.executable}"})
+            continue
+        if not native:
+            what = "the Python one (no native program was built at install time)"
+        elif off:
+            what = f"native, but {ENV}=0: it hands every command to {fallback}"
+        else:
+            what = f"native: serves {serves} with no interpreter, the rest by {fallback}"
+        out.append({"name": name, "native": native and not off, "path": path, "what": what})
+    return out
