@@ -86,6 +86,25 @@ def spawn_ms(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return dt, (ru.ru_utime + ru.ru_stime) * 1000
 
 
+def interleaved(cases: dict[str, tuple[list[str], dict[str, str]]],
+                n: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each case (argv, env) warmed (page cache, .pyc files), then ``n`` rounds
+    of every case in a shuffled order: wall and CPU ms per case."""
+    for argv, e in cases.values():
+        for _ in range(3):
+            spawn_ms(argv, e)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for _ in range(n):
+        random.shuffle(names)
+        for name in names:
+            wall, used = spawn_ms(*cases[name])
+            times[name].append(wall)
+            cpu[name].append(used)
+    return times, cpu
+
+
 PHASES = r"""
 import time, os, sys
 t0 = time.perf_counter()
@@ -195,19 +214,7 @@ def main() -> int:
     real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip()
 
-    for argv, e in cases.values():  # warm the page cache and .pyc files
-        for _ in range(3):
-            spawn_ms(argv, e)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    cpu: dict[str, list[float]] = {k: [] for k in cases}
-    names = list(cases)
-    for _ in range(n):
-        random.shuffle(names)
-        for name in names:
-            argv, e = cases[name]
-            wall, used = spawn_ms(argv, e)
-            times[name].append(wall)
-            cpu[name].append(used)
+    times, cpu = interleaved(cases, n)
 
     phases = []
     for _ in range(max(10, n // 5)):

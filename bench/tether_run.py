@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import sys
@@ -30,7 +29,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shell import ensure_venv, spawn_ms  # noqa: E402 - bench/shell.py: the same venv and timer
+from shell import ensure_venv, interleaved  # noqa: E402 - bench/shell.py: the same venv and rounds
 
 RESULTS = os.path.join(REPO, "bench", "results", "tether_run.json")
 OVER_TRUE_MS = 5.0
@@ -63,18 +62,7 @@ def main() -> int:
     if native:
         cases["tether-py run -- true (the Python CLI)"] = [tether_py, "run", "--", "true"]
     load_start = os.getloadavg()
-    for argv in cases.values():  # warm the page cache and .pyc files
-        for _ in range(3):
-            spawn_ms(argv, env)
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    cpu: dict[str, list[float]] = {k: [] for k in cases}
-    names = list(cases)
-    for _ in range(n):
-        random.shuffle(names)
-        for name in names:
-            wall, used = spawn_ms(cases[name], env)
-            times[name].append(wall)
-            cpu[name].append(used)
+    times, cpu = interleaved({k: (argv, env) for k, argv in cases.items()}, n)
     base = statistics.median(times["true"])
     uns = statistics.median(times["unshare -pf --kill-child true"])
     rows = {}
