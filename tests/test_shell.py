@@ -1228,6 +1228,8 @@ def _agent(procs, ts, env):
     (server,) = read_pids(env["P"], 1, gone_ok=True) or (None,)
     deadline = time.monotonic() + 10
     while not os.path.exists(env["P"] + ".port") and time.monotonic() < deadline:
+        if server is None or not identity.is_alive(server):
+            break  # ended with its command (the control): it will write no port
         time.sleep(0.02)
     time.sleep(0.1)
     agent.stdin.write(ASK.encode())
