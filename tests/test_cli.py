@@ -95,6 +95,19 @@ def test_signal_to_tether_stops_job_gracefully(tether, procs, sig):
     assert not procs.wait_all_dead(3)
 
 
+def test_a_stop_signal_tether_was_started_with_ignored_stays_ignored(tether, procs):
+    """`nohup tether run ...`: SIGHUP does not stop the job (the control is the
+    test above, where SIGHUP to tether stops it with 128+1)."""
+    def ignore_hup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    p = procs.popen(tether + ["run", "--", "sh", "-c", "sleep 1; exit 4"], preexec_fn=ignore_hup)
+    assert procs.wait_count(2)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGHUP)
+    assert p.wait(timeout=10) == 4
+
+
 def test_killing_tether_process_group_ends_job(tether, procs):
     p = procs.popen(tether + ["run", "--", "sh", "-c",
                               "sleep 300 & (setsid sleep 301 &); nohup setsid sleep 302 >/dev/null 2>&1 & wait"])

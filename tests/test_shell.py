@@ -1531,3 +1531,28 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off):
         assert keeper_exe == wrapper_exe == os.path.realpath(sys.executable)
     else:
         assert keeper_exe == wrapper_exe == os.path.realpath(native)
+
+
+def test_a_caller_that_ignores_sigchld_still_gets_the_status(procs, ts, env):
+    # An ignored SIGCHLD is inherited: the wrapper and its keeper must still
+    # wait for their children (else the kernel reaps them unseen and nothing
+    # ever returns).
+    p = procs.popen([ts, "-c", "exit 3"], env=env, stdin=subprocess.DEVNULL,
+                    preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    assert p.wait(timeout=10) == 3
+
+
+def test_a_gone_stderr_reader_does_not_kill_the_wrapper(procs, ts, env, tmp_path):
+    # The one line the wrapper says goes to a pipe nobody reads any more:
+    # EPIPE, not death by SIGPIPE; the exit status is still the documented one.
+    bad = tmp_path / "not-a-shell"
+    bad.write_bytes(b"\x00\x01 not an executable format")
+    bad.chmod(0o755)
+    env["TETHER_SHELL"] = str(bad)
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = procs.popen([ts, "-c", "true"], env=env, stdin=subprocess.DEVNULL, stderr=w)
+    finally:
+        os.close(w)
+    assert p.wait(timeout=10) == 126

@@ -133,7 +133,10 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
 
 
 def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
-    waited = set(_STOP_SIGNALS) | {signal.SIGQUIT, signal.SIGCHLD}
+    # A stop signal tether was started with ignored (nohup, a non-interactive
+    # shell's background job) stays ignored: blocked, it would be delivered.
+    waited = {s for s in (*_STOP_SIGNALS, signal.SIGQUIT)
+              if signal.getsignal(s) != signal.SIG_IGN} | {signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     main_id = threading.get_ident()
     state = {"exited": False, "stdin_hup": False, "keeper_died": False}

@@ -1091,7 +1091,10 @@ struct spawn_req {
     struct rlimit lim[16];
     int errfd;
     int into_cgroup_by_hand; /* no clone3: move ourselves in before exec */
+    int only_stdio;          /* close every fd above 2 (but errfd, close-on-exec) */
 };
+
+static void close_others(int a, int b);
 
 /* sigaction by the raw system call: it reaches glibc's own 32 and 33 too
  * (the library's sigaction refuses them). */
@@ -1140,6 +1143,8 @@ static void child_main(struct spawn_req *q)
         if (dup2(q->map_src[k], q->map_dst[k]) < 0)
             child_fail(q->errfd, 'd', errno);
     }
+    if (q->only_stdio)
+        close_others(q->errfd, -1);
     if (q->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
         child_fail(q->errfd, 't', errno);
     for (int k = 0; k < q->nlim; k++)

@@ -32,6 +32,7 @@
 
 #include <limits.h>
 #include <pwd.h>
+#include <sys/auxv.h>
 #include <sys/random.h>
 #include <sys/xattr.h>
 
@@ -71,9 +72,27 @@ static void say(const char *fmt, ...)
 
 /* -- handing over to the Python tether-shell ------------------------------------ */
 
+/* What watch_signals changed, put back before a hand-over: the Python path
+ * (and its command) must start with the caller's signal state. */
+static struct {
+    int changed;
+    sigset_t mask;
+    int pipe_ign, chld_ign;
+} S;
+
+static void raw_signal_of(int sig, int ignored);
+
 static void hand_over(void) __attribute__((noreturn));
 static void hand_over(void)
 {
+    if (S.changed) {
+        raw_signal_of(SIGPIPE, S.pipe_ign);
+        raw_signal_of(SIGCHLD, S.chld_ign);
+        sigprocmask(SIG_SETMASK, &S.mask, NULL);
+    }
+    static char *noargs[2];
+    if (!g_argv[0]) /* argc == 0 */
+        g_argv = noargs;
     char py[PATH_MAX + 32];
     snprintf(py, sizeof py, "%s", self_exe);
     char *slash = strrchr(py, '/');
@@ -245,21 +264,32 @@ static int is_self(const char *cand)
 
 /* -- finding the real shell (_shellargs.resolve; any doubt: hand over) ------------ */
 
-static int which_in(char *out, size_t size, const char *name, const char *path_env)
+static const char *path_env(void);
+
+/* A copy of PATH to cut into entries (PATH has no length limit). */
+static char *path_copy(void)
 {
-    char buf[8192];
-    snprintf(buf, sizeof buf, "%s", path_env);
-    for (char *d = buf, *next; d; d = next) {
+    char *buf = strdup(path_env());
+    if (!buf)
+        hand_over();
+    return buf;
+}
+
+static int which_in(char *out, size_t size, const char *name)
+{
+    char *buf = path_copy();
+    int found = 0;
+    for (char *d = buf, *next; d && !found; d = next) {
         next = strchr(d, ':');
         if (next)
             *next++ = '\0';
         if (d[0] != '/')
             continue; /* empty or relative: it would depend on the command's cwd */
         join(out, size, d, name);
-        if (is_exe_file(out))
-            return 1;
+        found = is_exe_file(out);
     }
-    return 0;
+    free(buf);
+    return found;
 }
 
 static int not_a_shell(const char *path)
@@ -279,10 +309,10 @@ static const char *path_env(void)
 
 static void find_after(char *out, size_t size, const char *name, const char *dir)
 {
-    char real[PATH_MAX], rd[PATH_MAX], buf[8192];
+    char real[PATH_MAX], rd[PATH_MAX];
     if (!realpath(dir, real))
         snprintf(real, sizeof real, "%s", dir);
-    snprintf(buf, sizeof buf, "%s", path_env());
+    char *buf = path_copy();
     /* the entries after dir's (all of PATH when it is not on it) */
     char *start = buf;
     for (char *d = buf, *next; d; d = next) {
@@ -306,8 +336,10 @@ static void find_after(char *out, size_t size, const char *name, const char *dir
         if (d[0] != '/')
             continue;
         join(out, size, d, name);
-        if (is_exe_file(out) && !is_self(out))
+        if (is_exe_file(out) && !is_self(out)) {
+            free(buf);
             return;
+        }
     }
     hand_over(); /* no real shell of that name: the Python path says so */
 }
@@ -334,7 +366,7 @@ static void resolve_shell(char *out, size_t size)
     for (int k = 0; k < 3; k++) {
         /* PATH is searched only when the login shell will not do */
         const char *c = k == 0 ? login : k == 2 ? "/bin/sh"
-                        : which_in(bash, sizeof bash, "bash", path_env()) ? bash : NULL;
+                        : which_in(bash, sizeof bash, "bash") ? bash : NULL;
         if (!c || c[0] != '/' || not_a_shell(c) || !is_exe_file(c) || is_self(c))
             continue;
         snprintf(out, size, "%s", c);
@@ -417,7 +449,8 @@ static int safe_dir(const struct stat *st)
 static int mkdirs(const char *dir)
 {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
+    if (!dir[0] || (size_t)snprintf(p, sizeof p, "%s", dir) >= sizeof p)
+        return -1;
     for (char *s = p + 1; *s; s++)
         if (*s == '/') {
             *s = '\0';
@@ -434,12 +467,15 @@ static void log_dir(void)
     if (v && *v) {
         if (v[0] == '~')
             hand_over(); /* expanduser's rules */
-        snprintf(L.dir, sizeof L.dir, "%s", v);
+        if ((size_t)snprintf(L.dir, sizeof L.dir, "%s", v) >= sizeof L.dir)
+            L.on = 0; /* longer than a path may be: no log, as open() would say */
         return;
     }
     v = getenv("XDG_STATE_HOME");
     if (v && v[0] == '/') {
         join(L.dir, sizeof L.dir, v, "tether");
+        if (!L.dir[0])
+            L.on = 0;
         return;
     }
     const char *home = getenv("HOME");
@@ -456,7 +492,9 @@ static void log_dir(void)
     size_t l = strlen(home);
     while (l > 0 && home[l - 1] == '/')
         l--;
-    snprintf(L.dir, sizeof L.dir, "%.*s/.local/state/tether", (int)l, home);
+    if ((size_t)snprintf(L.dir, sizeof L.dir, "%.*s/.local/state/tether", (int)l, home) >=
+        sizeof L.dir)
+        L.on = 0;
 }
 
 static long day_number(int y, int m, int d)
@@ -628,11 +666,24 @@ static double wall_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Seconds as Python's repr(round(t, 3)) writes them: no trailing zeros. */
+static void jtime(void)
+{
+    char t[40];
+    snprintf(t, sizeof t, "%.3f", wall_now());
+    size_t n = strlen(t);
+    while (n > 2 && t[n - 1] == '0' && t[n - 2] != '.')
+        t[--n] = '\0';
+    jraw(t);
+}
+
 static void jhead(const char *event, pid_t child, const char *mechanism)
 {
     J.n = 0;
-    jf("{\"v\":1,\"ts\":%.3f,\"event\":\"%s\",\"wrapper\":%d,\"parent\":%d,\"child\":", wall_now(),
-       event, (int)getpid(), (int)getppid());
+    jraw("{\"v\":1,\"ts\":");
+    jtime();
+    jf(",\"event\":\"%s\",\"wrapper\":%d,\"parent\":%d,\"child\":", event, (int)getpid(),
+       (int)getppid());
     if (child > 0)
         jf("%d", (int)child);
     else
@@ -655,8 +706,10 @@ static void log_write(void)
         if (L.size > L.max - 128)
             return;
         J.n = 0;
-        jf("{\"v\":1,\"ts\":%.3f,\"event\":\"error\",\"wrapper\":%d,\"detail\":{\"error\":\"capped\"}}\n",
-           wall_now(), (int)getpid());
+        jraw("{\"v\":1,\"ts\":");
+        jtime();
+        jf(",\"event\":\"error\",\"wrapper\":%d,\"detail\":{\"error\":\"capped\"}}\n",
+           (int)getpid());
         L.size = L.max;
     }
     ssize_t n = write(L.fd, J.b, J.n);
@@ -667,9 +720,18 @@ static void log_write(void)
     L.size += (long long)J.n;
 }
 
+/* errno.errorcode's name for err (glibc's, but where Python's table differs) */
 static const char *errname(int err)
 {
     static char buf[16];
+    if (err == EDEADLK)
+        return "EDEADLOCK";
+    if (err == EOPNOTSUPP)
+        return "ENOTSUP";
+    if (err > 132) { /* beyond Python's table (EHWPOISON...) */
+        snprintf(buf, sizeof buf, "E%d", err);
+        return buf;
+    }
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
     const char *n = strerrorname_np(err);
     if (n)
@@ -685,6 +747,8 @@ struct run {
     char shell[PATH_MAX];
     char **argv;
     char **path; /* PATH's entries, for a command without a '/' */
+    int only_stdio; /* the command gets fds 0-2 only (tether run: Popen's close_fds) */
+    int cli;        /* tether run: a refused spawn is refused (Job's rule), no fallback */
     double grace;
     int mech_auto, want_cgroup;
     char base[4096], mount[4096]; /* where the cgroup goes (cgroup mechanism) */
@@ -732,13 +796,16 @@ static int readable(int fd)
  * began and not yet dead. */
 static size_t nmembers;
 static pid_t members_buf[MAX_CHILDREN];
+static unsigned long long members_start[MAX_CHILDREN]; /* their start ticks, as read */
+static pid_t members_ppid[MAX_CHILDREN];
 static unsigned long long members_born;
 
 static void add_members_of(const char *dir, int depth)
 {
     char path[4200];
     static char buf[65536];
-    snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+    if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", dir) >= sizeof path)
+        return;
     ssize_t len = read_file(path, buf, sizeof buf);
     for (char *p = buf; len > 0 && *p && nmembers < MAX_CHILDREN;) {
         char *e;
@@ -753,6 +820,7 @@ static void add_members_of(const char *dir, int depth)
         each_subdir(dir, depth, add_members_of);
 }
 
+/* The live members now, each with the start ticks and parent read for it. */
 static size_t members(void)
 {
     nmembers = 0;
@@ -763,74 +831,100 @@ static size_t members(void)
     size_t live = 0;
     for (size_t k = 0; k < nmembers; k++) {
         char st = 0;
-        unsigned long long start = proc_stat(members_buf[k], &st, NULL);
-        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x')
-            members_buf[live++] = members_buf[k];
+        pid_t ppid = 0;
+        unsigned long long start = proc_stat(members_buf[k], &st, &ppid);
+        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x') {
+            members_buf[live] = members_buf[k];
+            members_start[live] = start;
+            members_ppid[live++] = ppid;
+        }
     }
     return nmembers = live;
 }
 
-/* Signal a member through a pidfd, once pinned still a member (the pid of
- * a member that exited a moment ago may name someone else now). */
-static int signal_member(pid_t pid, int sig)
+/* Signal member k through a pidfd, once pinned still the process that was
+ * read (the pid of a member that exited a moment ago may name someone else
+ * now): the same start ticks, and in a cgroup job still a member. */
+static int signal_member(size_t k, int sig)
 {
+    pid_t pid = members_buf[k];
     int fd = pidfd_open_(pid);
     if (fd < 0)
         return 0;
-    int ok;
-    if (K.mech == M_CGROUP)
-        ok = cg_is_member(pid);
-    else {
-        unsigned long long start = proc_stat(pid, NULL, NULL);
-        ok = start && start >= members_born;
-    }
+    int ok = proc_stat(pid, NULL, NULL) == members_start[k] &&
+             (K.mech != M_CGROUP || cg_is_member(pid));
     if (ok)
         ok = pidfd_signal_(fd, sig) == 0;
     close(fd);
     return ok;
 }
 
+struct pid_at {
+    pid_t pid;
+    size_t at; /* its index in members_buf */
+};
+
+static int by_pid(const void *a, const void *b)
+{
+    pid_t x = ((const struct pid_at *)a)->pid, y = ((const struct pid_at *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* tether.ending.depth_order: member indices by depth along the ppid links
+ * among the members, parents first (the members sorted by pid answer "is
+ * this one's parent a member, and which" in log n). */
+static size_t *parents_first(size_t n)
+{
+    static struct pid_at sorted[MAX_CHILDREN];
+    static size_t order[MAX_CHILDREN];
+    static int depth[MAX_CHILDREN];
+    for (size_t k = 0; k < n; k++)
+        sorted[k] = (struct pid_at){members_buf[k], k};
+    qsort(sorted, n, sizeof *sorted, by_pid);
+    int deepest = 0;
+    for (size_t k = 0; k < n; k++) {
+        int d = 0;
+        struct pid_at key = {members_ppid[k], 0};
+        const struct pid_at *up;
+        while (d < 64 && (up = bsearch(&key, sorted, n, sizeof *sorted, by_pid))) {
+            d++;
+            key.pid = members_ppid[up->at];
+        }
+        depth[k] = d;
+        if (d > deepest)
+            deepest = d;
+    }
+    size_t m = 0;
+    for (int d = 0; d <= deepest; d++)
+        for (size_t k = 0; k < n; k++)
+            if (depth[k] == d)
+                order[m++] = k;
+    return order;
+}
+
 /* tether.ending.end for the job: SIGTERM to every member, parents first (a
  * wrapper hears it before it sees a child die), then SIGCONT; up to grace
- * seconds for them to go; then the mechanism's kill. */
+ * seconds for them to go (not once the owner is gone: then nobody waits for
+ * a report); then the mechanism's kill. */
 static void end_job(double grace)
 {
     size_t n = members();
     if (!n)
         return;
     if (grace > 0) {
-        /* parents first: by depth along the ppid links among the members */
-        static pid_t ppids[MAX_CHILDREN];
-        static int depth[MAX_CHILDREN];
-        for (size_t k = 0; k < n; k++)
-            proc_stat(members_buf[k], NULL, &ppids[k]);
-        for (size_t k = 0; k < n; k++) {
-            int d = 0;
-            pid_t cur = ppids[k];
-            for (int hop = 0; hop < 64; hop++) {
-                size_t j;
-                for (j = 0; j < n && members_buf[j] != cur; j++) {
-                }
-                if (j == n)
-                    break;
-                d++;
-                cur = ppids[j];
-            }
-            depth[k] = d;
-        }
+        size_t *order = parents_first(n);
         int told = 0;
-        for (int d = 0; d <= 64; d++)
-            for (size_t k = 0; k < n; k++)
-                if (depth[k] == d && signal_member(members_buf[k], SIGTERM))
-                    told = 1;
         for (size_t k = 0; k < n; k++)
-            signal_member(members_buf[k], SIGCONT);
+            if (signal_member(order[k], SIGTERM))
+                told = 1;
+        for (size_t k = 0; k < n; k++)
+            signal_member(order[k], SIGCONT);
         if (told) {
             double deadline = now_s() + grace;
             long delay = 1000;
             for (;;) {
                 reap_all(0);
-                if (!members() || now_s() >= deadline)
+                if (!members() || now_s() >= deadline || readable(K.ownerfd))
                     break;
                 double left = deadline - now_s();
                 long us = delay < (long)(left * 1e6) ? delay : (long)(left * 1e6);
@@ -864,6 +958,7 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
     for (int s = 1; s < 65; s++)
         q.ign[s] = R->orig_ign[s];
     q.ign[SIGPIPE] = q.ign[SIGXFSZ] = 0; /* as the Python path: its own ignores, never the caller's */
+    q.only_stdio = R->only_stdio;
     int pidfd;
     unsigned char b[6];
     ssize_t n = 0;
@@ -935,6 +1030,53 @@ static int open_subreaper(char *why, size_t whysize, int *err)
     return 0;
 }
 
+/* Wait for our child pid (SIGKILLed a moment ago) up to KILL_BOUND: 1 with its
+ * status, 0 if it is not gone by then (a process in D state). */
+static int wait_killed(pid_t pid, int *st)
+{
+    double deadline = now_s() + KILL_BOUND;
+    for (;;) {
+        pid_t got = waitpid(pid, st, WNOHANG | __WALL);
+        if (got == pid)
+            return 1;
+        if ((got < 0 && errno != EINTR) || now_s() > deadline)
+            return 0;
+        nap_us(1000);
+    }
+}
+
+/* Keep only these fds (and a /dev/null stdio) and leave the caller's cwd:
+ * nothing of the caller's may stay open in the keeper once the command has
+ * it (a pipe's reader would wait for the keeper too). */
+static void let_go(int *keep, int n)
+{
+    for (int a = 0; a < n; a++) /* sort: a handful */
+        for (int b = a + 1; b < n; b++)
+            if (keep[b] < keep[a]) {
+                int t = keep[a];
+                keep[a] = keep[b];
+                keep[b] = t;
+            }
+    unsigned lo = 3;
+    for (int k = 0; k < n; k++) {
+        if (keep[k] < 3)
+            continue;
+        if ((unsigned)keep[k] > lo)
+            close_span(lo, (unsigned)keep[k] - 1);
+        lo = (unsigned)keep[k] + 1;
+    }
+    close_span(lo, ~0U);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        for (int fd = 0; fd < 3; fd++)
+            dup2(null, fd);
+        if (null > 2)
+            close(null);
+    }
+    if (chdir("/") < 0) { /* never pin the caller's mount */
+    }
+}
+
 static void keeper_run(struct run *R, char **envp) __attribute__((noreturn));
 static void keeper_run(struct run *R, char **envp)
 {
@@ -977,6 +1119,11 @@ static void keeper_run(struct run *R, char **envp)
         /* not allowed into the job's cgroup (a delegated subtree needs write
          * access to the common ancestor's cgroup.procs) */
         cleanup();
+        if (R->cli) {
+            tell("E spawn %d spawn refused by the job's keeper: cannot place the child in the job: %s",
+                 err, strerror(err));
+            _exit(0);
+        }
         if (!R->mech_auto) {
             tell("E job 13 cannot create the job (cgroup): cannot join the job's cgroup");
             _exit(0);
@@ -997,6 +1144,8 @@ static void keeper_run(struct run *R, char **envp)
     }
     tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
          proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
+    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd};
+    let_go(keep, (int)(sizeof keep / sizeof *keep));
     struct pollfd p[4] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
                           {R->callerfd, POLLIN, 0}};
     nfds_t np = R->callerfd >= 0 ? 4 : 3;
@@ -1033,12 +1182,8 @@ static void keeper_run(struct run *R, char **envp)
         if (!have)
             have = take_status(child, &st);
         /* killed: out of the cgroup before it is a zombie to wait for */
-        while (!have && waitpid(child, &st, __WALL) < 0) {
-            if (errno != EINTR) {
-                st = -1;
-                break;
-            }
-        }
+        if (!have && !wait_killed(child, &st))
+            st = -1;
         tell("X %d 0 caller", st);
         cleanup();
         _exit(0);
@@ -1058,15 +1203,8 @@ static void keeper_run(struct run *R, char **envp)
     reap_all(0);
     if (!have)
         have = take_status(child, &st);
-    if (!have) {
-        while (waitpid(child, &st, __WALL) < 0) { /* dead: it was killed above */
-            if (errno != EINTR) {
-                st = -1;
-                break;
-            }
-        }
-        have = st != -1;
-    }
+    if (!have)
+        have = wait_killed(child, &st); /* dead, or dying: it was killed above */
     tell("X %d %zu", have ? st : -1, leftovers);
     cleanup();
     _exit(0);
@@ -1090,6 +1228,11 @@ struct outcome {
     char fail_text[4200];
 };
 
+
+static void raw_signal_of(int sig, int ignored)
+{
+    raw_signal(sig, ignored ? SIG_IGN : SIG_DFL);
+}
 
 /* The kernel's raw sigaction, which also answers for glibc's own 32 and 33. */
 static int raw_ignored(int sig)
@@ -1123,6 +1266,18 @@ static void die_by(int sig)
     sigprocmask(SIG_UNBLOCK, &one, NULL);
     raise(sig);
     _exit(128 + sig);
+}
+
+/* SIGKILL pid through a pidfd if, once pinned, it is still the process
+ * that started at start. */
+static int kill_if_still(pid_t pid, unsigned long long start)
+{
+    int fd = pidfd_open_(pid);
+    if (fd < 0)
+        return 0;
+    int ok = proc_stat(pid, NULL, NULL) == start && pidfd_signal_(fd, SIGKILL) == 0;
+    close(fd);
+    return ok;
 }
 
 /* The keeper vanished while the command ran: end the job from here - its
@@ -1165,12 +1320,16 @@ static void end_from_here(struct run *R, struct outcome *o)
             ssize_t len = read_file(path, env + 1, sizeof env - 2);
             if (len <= 0 || !memmem(env, (size_t)len + 2, entry, (size_t)elen))
                 continue;
-            int fd = pidfd_open_((pid_t)pid);
-            if (fd < 0)
-                continue;
-            if (proc_stat((pid_t)pid, NULL, NULL) == start && pidfd_signal_(fd, SIGKILL) == 0)
+            /* what it started too (identity.carriers: a child may have
+             * cleared its environment), read before it dies */
+            size_t nd = descendants((pid_t)pid, scratch, MAX_CHILDREN);
+            if (kill_if_still((pid_t)pid, start))
                 found = 1;
-            close(fd);
+            for (size_t k = 0; k < nd; k++) {
+                unsigned long long ds = proc_stat(scratch[k], NULL, NULL);
+                if (ds && ds >= R->born && kill_if_still(scratch[k], ds))
+                    found = 1;
+            }
         }
         close(w.fd);
         if (!found)
@@ -1179,41 +1338,47 @@ static void end_from_here(struct run *R, struct outcome *o)
     }
 }
 
+/* The keeper died before it reported the command: it may have started it.
+ * What it would have made is known: the job's cgroup, and its cookie. */
+static void end_unreported(struct run *R, struct outcome *o)
+{
+    if (R->want_cgroup &&
+        (size_t)snprintf(o->cgroup, sizeof o->cgroup, "%s/tether-%d-%llu/%s", R->base,
+                         (int)R->owner, R->owner_start, R->job_id) >= sizeof o->cgroup)
+        o->cgroup[0] = '\0';
+    end_from_here(R, o);
+    if (o->cgroup[0]) {
+        rmdir(o->cgroup); /* the keeper's to remove; it cannot now */
+        char *slash = strrchr(o->cgroup, '/');
+        if (slash) {
+            *slash = '\0';
+            rmdir(o->cgroup);
+        }
+        o->cgroup[0] = '\0';
+    }
+}
+
 /* -- the steps both fronts take ------------------------------------------------------ */
 
-static void find_self(int argc, char **argv)
+static void find_self(char **argv)
 {
     g_argv = argv;
     ssize_t sl = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
     self_exe[sl > 0 ? sl : 0] = '\0';
-    /* sys.argv[0] of the Python path: the path we were started through */
-    const char *a0 = argc > 0 && argv[0] ? argv[0] : "";
-    if (strchr(a0, '/')) {
-        if (a0[0] == '/' || !getcwd(argv0_path, sizeof argv0_path))
-            snprintf(argv0_path, sizeof argv0_path, "%s", a0);
-        else {
-            size_t l = strlen(argv0_path);
-            snprintf(argv0_path + l, sizeof argv0_path - l, "/%s", a0[0] == '.' && a0[1] == '/' ? a0 + 2 : a0);
-        }
+    /* sys.argv[0] of the Python path: the path we were started through - the
+     * file execve was given (for a script the kernel hands the interpreter
+     * exactly that), made absolute */
+    const char *fn = (const char *)getauxval(AT_EXECFN);
+    if (!fn || !*fn)
+        fn = self_exe;
+    if (fn[0] == '/' || !getcwd(argv0_path, sizeof argv0_path)) {
+        if ((size_t)snprintf(argv0_path, sizeof argv0_path, "%s", fn) >= sizeof argv0_path)
+            hand_over();
     } else {
-        /* found on PATH, as execvp did: the entry that is this very file */
-        struct stat me, st;
-        char cand[PATH_MAX], buf[8192];
-        snprintf(argv0_path, sizeof argv0_path, "%s", self_exe);
-        snprintf(buf, sizeof buf, "%s", path_env());
-        if (*a0 && stat(self_exe, &me) == 0)
-            for (char *d = buf, *next; d; d = next) {
-                next = strchr(d, ':');
-                if (next)
-                    *next++ = '\0';
-                if (d[0] != '/')
-                    continue;
-                join(cand, sizeof cand, d, a0);
-                if (stat(cand, &st) == 0 && st.st_dev == me.st_dev && st.st_ino == me.st_ino) {
-                    snprintf(argv0_path, sizeof argv0_path, "%s", cand);
-                    break;
-                }
-            }
+        size_t l = strlen(argv0_path);
+        if ((size_t)snprintf(argv0_path + l, sizeof argv0_path - l, "/%s",
+                             fn[0] == '.' && fn[1] == '/' ? fn + 2 : fn) >= sizeof argv0_path - l)
+            hand_over();
     }
     self_add(argv0_path);
     self_add(self_exe);
@@ -1278,11 +1443,14 @@ static void find_cgroup_base(struct run *R)
         hand_over(); /* an escaped mount point: mountinfo's rules */
     int usable = 0;
     if (m && rel) {
-        snprintf(R->mount, sizeof R->mount, "%s", m);
+        size_t cut = (size_t)snprintf(R->mount, sizeof R->mount, "%s", m) >= sizeof R->mount;
         if (!strcmp(rel, "/") || !*rel)
-            snprintf(R->base, sizeof R->base, "%s", m);
+            cut |= (size_t)snprintf(R->base, sizeof R->base, "%s", m) >= sizeof R->base;
         else
-            snprintf(R->base, sizeof R->base, "%s/%s", m, rel[0] == '/' ? rel + 1 : rel);
+            cut |= (size_t)snprintf(R->base, sizeof R->base, "%s/%s", m,
+                                    rel[0] == '/' ? rel + 1 : rel) >= sizeof R->base;
+        if (cut)
+            hand_over(); /* longer than a path may be: the Python path's errors */
         char probe[4200], procs[4200];
         snprintf(probe, sizeof probe, "%s/cgroup.procs", R->mount);
         snprintf(procs, sizeof procs, "%s/cgroup.procs", R->base);
@@ -1330,6 +1498,15 @@ static int watch_signals(struct run *R, const int *sigs, size_t n)
     sigprocmask(SIG_SETMASK, NULL, &R->orig_mask);
     for (int s = 1; s < 65; s++)
         R->orig_ign[s] = (unsigned char)raw_ignored(s);
+    S.mask = R->orig_mask;
+    S.pipe_ign = R->orig_ign[SIGPIPE];
+    S.chld_ign = R->orig_ign[SIGCHLD];
+    S.changed = 1;
+    /* a reader gone from stderr, or the keeper from its pipe, must not kill
+     * us (the command still gets SIGPIPE default); and our children are
+     * ours to wait for, even under a caller that ignores SIGCHLD */
+    raw_signal(SIGPIPE, SIG_IGN);
+    raw_signal(SIGCHLD, SIG_DFL);
     sigset_t watch;
     sigemptyset(&watch);
     for (size_t k = 0; k < n; k++)
@@ -1421,6 +1598,7 @@ static pid_t start_keeper(struct run *R, char **envp, int sigfd, int *rep_r, int
             raw_signal(ignored[k], SIG_IGN);
             K.ign[ignored[k]] = 1;
         }
+        K.ign[SIGCHLD] = 0; /* watch_signals made it default: we wait for our children */
         K.ctl = -1;
         K.owner = R->owner;
         K.ownerfd = R->ownerfd;
@@ -1666,6 +1844,8 @@ static int shell_main(int argc, char **argv)
         ssize_t w = write(2, KEEPER_DIED "\n", sizeof KEEPER_DIED);
         (void)w;
         end_from_here(&R, &o);
+    } else if (o.keeper_died && !o.child) {
+        end_unreported(&R, &o); /* it may have started the command unreported */
     }
     reap_keeper(keeper);
     if (o.fail_kind[0]) {
@@ -1738,29 +1918,47 @@ static int run_stop(const struct signalfd_siginfo *si)
 /* The keeper died while the command ran: the command is ours now (we are
  * a child subreaper), so its own status can still be had - wait for it
  * (a stop signal is passed on to it), then end what is left from here. */
-static int wait_orphaned_command(struct outcome *o, int sigfd)
+static int wait_orphaned_command(struct outcome *o, int sigfd, double grace)
 {
-    int fd = pidfd_open_(o->child);
-    int st = -1;
+    /* Ours only if it is our child now (alive or a zombie): a pid the keeper
+     * reaped before it died may name someone else already. */
+    siginfo_t si0;
+    memset(&si0, 0, sizeof si0);
+    if (waitid(P_PID, (id_t)o->child, &si0, WEXITED | WNOHANG | WNOWAIT) < 0)
+        return -1; /* reaped by the keeper before it died: the status went with it */
+    int fd = pidfd_open_(o->child); /* our unreaped child: the pid cannot be reused */
+    double kill_at = 0; /* after a stop: SIGKILL once the grace is over */
     while (fd >= 0) {
+        int timeout = -1;
+        if (kill_at > 0) {
+            double left = kill_at - now_s();
+            timeout = left > 0 ? (int)(left * 1000) + 1 : 0;
+        }
         struct pollfd p[2] = {{fd, POLLIN, 0}, {sigfd, POLLIN, 0}};
-        if (poll(p, 2, -1) < 0 && errno != EINTR)
+        int n = poll(p, 2, timeout);
+        if (n < 0 && errno != EINTR)
+            break;
+        if (p[0].revents & POLLIN)
             break;
         struct signalfd_siginfo si;
         while (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
-            if (run_stop(&si)) {
-                if (!o->stopped_by)
-                    o->stopped_by = (int)si.ssi_signo;
+            if (run_stop(&si) && !o->stopped_by) {
+                o->stopped_by = (int)si.ssi_signo;
                 pidfd_signal_(fd, SIGTERM);
+                pidfd_signal_(fd, SIGCONT);
+                kill_at = now_s() + grace;
             }
-        if (p[0].revents & POLLIN)
-            break;
+        if (kill_at > 0 && now_s() >= kill_at) {
+            pidfd_signal_(fd, SIGKILL);
+            kill_at = 0;
+        }
     }
     if (fd >= 0)
         close(fd);
+    int st = -1;
     while (waitpid(o->child, &st, 0) < 0) {
         if (errno != EINTR)
-            return -1; /* reaped by the keeper before it died: the status went with it */
+            return -1;
     }
     return st;
 }
@@ -1819,9 +2017,10 @@ static int run_main(int argc, char **argv)
     char **envp = name_the_job(&R);
     snprintf(R.shell, sizeof R.shell, "%s", argv[i]);
     R.argv = argv + i;
+    R.only_stdio = 1;
+    R.cli = 1;
     /* the command is searched for on PATH as execvp does (os.get_exec_path) */
-    static char pathbuf[8192];
-    snprintf(pathbuf, sizeof pathbuf, "%s", path_env());
+    char *pathbuf = path_copy();
     size_t nd = 1;
     for (const char *c = pathbuf; *c; c++)
         nd += *c == ':';
@@ -1856,12 +2055,18 @@ static int run_main(int argc, char **argv)
     if (o.keeper_died && o.child && !o.reported) {
         ssize_t w = write(2, KEEPER_DIED "\n", sizeof KEEPER_DIED);
         (void)w;
-        o.status = wait_orphaned_command(&o, sigfd);
+        o.status = wait_orphaned_command(&o, sigfd, R.grace);
         end_from_here(&R, &o);
+    } else if (o.keeper_died && !o.child) {
+        end_unreported(&R, &o); /* it may have started the command unreported */
     }
     const char *cmd = argv[i];
     if (o.fail_kind[0]) {
         int e = o.fail_err;
+        if (!strcmp(o.fail_kind, "spawn")) {
+            say("%s", o.fail_text); /* runner.py's words for a refused spawn */
+            return EXIT_INTERNAL;
+        }
         if (strcmp(o.fail_kind, "exec")) {
             say("cannot create the job: %s", o.fail_text[0] ? o.fail_text : strerror(e));
             return EXIT_INTERNAL;
@@ -1900,7 +2105,7 @@ static int run_main(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    find_self(argc, argv);
+    find_self(argv);
     if (!strcmp(base_name(argc > 0 && argv[0] ? argv[0] : ""), "tether")) {
         /* the tether CLI: `run` served here, the rest by the Python CLI */
         fallback = RUN_FALLBACK_NAME;
