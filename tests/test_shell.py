@@ -1306,6 +1306,7 @@ def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_p
     native = native_shell()
     if kind == "native" and native is None:
         pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
+    env.pop("TETHER_NATIVE", None)
     if kind == "python":
         env["TETHER_NATIVE"] = "0"
     d, d2 = tmp_path / "tbin", tmp_path / "tbin2"
@@ -1524,6 +1525,7 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off):
     if native is None:
         pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
     e = dict(env)
+    e.pop("TETHER_NATIVE", None)  # (the run with the Python keeper sets it for everything)
     if native_off:
         e["TETHER_NATIVE"] = "0"
     script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
