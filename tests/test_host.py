@@ -988,6 +988,9 @@ def start_agent_with_work(procs, s) -> subprocess.Popen:
     assert wait_until(lambda: sorted(m.comm for m in s.members()) == [
         "python3", "sleep", "sleep", "sleep"] or sorted(m.comm for m in s.members())[1:] == [
         "sleep", "sleep", "sleep"], 5), s.members()
+    # ...and each exec done: the new name is set before the new command line
+    # can be read (an empty one is labelled by the name alone)
+    assert wait_until(lambda: all(identity.cmdline(m.pid) for m in s.members()), 5)
     return p
 
 
