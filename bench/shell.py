@@ -170,7 +170,9 @@ def main() -> int:
         "tether-shell -c true": ([ts, "-c", "true"], env),
         "tether-shell (log off)": ([ts, "-c", "true"], {**env, "TETHER_SHELL_LOG": "off"}),
     }
-    native = open(ts, "rb").read(4) == b"\x7fELF"
+    from tether.platform.native import is_program
+
+    native = is_program(ts)
     if native:
         cases["tether-shell-py (the Python one)"] = ([ts + "-py", "-c", "true"], env)
     for m in ("cgroup", "subreaper", "pgroup"):

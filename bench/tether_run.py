@@ -45,8 +45,10 @@ def main() -> int:
     n = 40 if a.quick else a.n
     bindir = os.path.dirname(ensure_venv(a.venv))
     tether, tether_py = os.path.join(bindir, "tether"), os.path.join(bindir, "tether-py")
-    with open(tether, "rb") as f:
-        native = f.read(4) == b"\x7fELF"
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    from tether.platform.native import is_program
+
+    native = is_program(tether)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TETHER_") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     true = shutil.which("true")

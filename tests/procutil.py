@@ -279,33 +279,32 @@ SHELL_KINDS = ("native", "python")
 
 
 def is_native_program(path: str) -> bool:
-    """Whether ``path`` is a compiled program (the native tether-shell), not a script."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
+    """Whether ``path`` is a compiled program (the native front end), not a script."""
+    from tether.platform.native import is_program
+
+    return is_program(path)
 
 
-def native_shell() -> str | None:
-    """The native tether-shell pip installed (under scripts/_sanitized.sh the
-    same program built with ASan and UBSan), or None where it was not built."""
-    path = os.environ.get("_TETHER_TEST_NATIVE_SHELL") or os.path.join(
-        os.path.dirname(sys.executable), "tether-shell")
+def _native(name: str, override: str, honour_off: bool) -> str | None:
+    if honour_off and os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no",
+                                                                               "false"):
+        return None  # it would hand every command to the Python one
+    path = os.environ.get(override) or os.path.join(os.path.dirname(sys.executable), name)
     return path if is_native_program(path) else None
+
+
+def native_shell(honour_off: bool = False) -> str | None:
+    """The native tether-shell pip installed (under scripts/_sanitized.sh the
+    same program built with ASan and UBSan), or None where it was not built -
+    or, with ``honour_off``, where ``TETHER_NATIVE=0`` turns it off."""
+    return _native("tether-shell", "_TETHER_TEST_NATIVE_SHELL", honour_off)
 
 
 def native_cli(honour_off: bool = True) -> str | None:
     """The native ``tether`` pip installed on Linux (it serves ``tether run``
-    itself; under scripts/_sanitized.sh the same program built with ASan and
-    UBSan), or None where it was not built - or, with ``honour_off``, where
-    ``TETHER_NATIVE=0`` turns it off (it would hand every command over)."""
-    if honour_off and os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no",
-                                                                               "false"):
-        return None
-    path = os.environ.get("_TETHER_TEST_NATIVE_CLI") or os.path.join(
-        os.path.dirname(sys.executable), "tether")
-    return path if is_native_program(path) else None
+    itself; the sanitized build under scripts/_sanitized.sh), or None where it
+    was not built - or, with ``honour_off``, where ``TETHER_NATIVE=0`` turns it off."""
+    return _native("tether", "_TETHER_TEST_NATIVE_CLI", honour_off)
 
 
 def tether_shell(kind: str, scratch) -> str | None:
@@ -320,9 +319,7 @@ def tether_shell(kind: str, scratch) -> str | None:
     bindir = os.path.dirname(sys.executable)
     main = os.path.join(bindir, "tether-shell")
     if kind == "native":
-        if os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no", "false"):
-            return None  # it would hand every command to the Python one
-        return native_shell()
+        return native_shell(honour_off=True)
     for cand in (os.path.join(bindir, "tether-shell-py"), main):
         if os.access(cand, os.X_OK) and not is_native_program(cand):
             return cand

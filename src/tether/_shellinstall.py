@@ -28,29 +28,20 @@ _LAUNCHER_MARK = "made by `tether shell --install`"
 def _native_program() -> "str | None":
     """The native tether-shell pip put beside this interpreter, if it was built
     (and ``TETHER_NATIVE`` does not turn it off)."""
-    if os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no", "false"):
-        return None
+    from .platform import native
+
     cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
-    try:
-        with open(cand, "rb") as f:
-            native = f.read(4) == b"\x7fELF"
-    except OSError:
-        return None
-    return cand if native and os.access(cand, os.X_OK) else None
+    return cand if native.setting() != "off" and native.is_program(cand) else None
 
 
 def _ours(target: str) -> bool:
     """Whether ``target`` is what an earlier install made (so it may be
     replaced): a link to a native tether-shell, or a marked launcher."""
     if os.path.islink(target):
+        from .platform import native
+
         dest = os.path.realpath(target)
-        if os.path.basename(dest) != "tether-shell":
-            return False
-        try:
-            with open(dest, "rb") as f:
-                return f.read(4) == b"\x7fELF"
-        except OSError:
-            return False
+        return os.path.basename(dest) == "tether-shell" and native.is_program(dest)
     try:
         with open(target, "rb") as f:
             return _LAUNCHER_MARK.encode() in f.read(4096)

@@ -123,6 +123,18 @@ FRONT_ENDS = (("tether-shell", "tether-shell-py", "tether-shell -c CMD"),
               ("tether", "tether-py", "tether run -- CMD"))
 
 
+def is_program(path: str) -> bool:
+    """Whether ``path`` is a compiled program (ELF) we may run: the native
+    front end, where a script is the Python one."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return False
+    except OSError:
+        return False
+    return os.access(path, os.X_OK)
+
+
 def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
     """For ``doctor``: whether ``tether-shell`` and ``tether`` (beside this
     interpreter, or in ``bindir``) are the native programs, in words."""
@@ -133,13 +145,11 @@ def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
     out = []
     for name, fallback, serves in FRONT_ENDS:
         path = os.path.join(bindir, name)
-        try:
-            with open(path, "rb") as f:
-                native = f.read(4) == b"\x7fELF"
-        except OSError:
+        if not os.path.exists(path):
             out.append({"name": name, "native": False, "path": None,
                         "what": f"not installed beside {sys.executable}"})
             continue
+        native = is_program(path)
         if not native:
             what = "the Python one (no native program was built at install time)"
         elif off:
