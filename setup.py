@@ -58,7 +58,7 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def compile_keeper(out: str, source: str = SOURCE) -> str | None:
+def compile_program(out: str, source: str = SOURCE) -> str | None:
     """Compile the keeper (or, with ``source=SHELL_SOURCE``, the native
     tether-shell, which includes it) to ``out``; None when it was built, else why not."""
     if not LINUX:
@@ -93,7 +93,7 @@ class build_native(build_ext):
         base = os.path.join("src", "tether") if inplace else os.path.join(self.build_lib,
                                                                           "tether")
         out = os.path.join(base, "_native", PROGRAM)
-        why = compile_keeper(out)
+        why = compile_program(out)
         if why is not None:
             print(f"tether: the native keeper is not built ({why}); tether will run its "
                   "Python keeper (the same behaviour, slower)", file=sys.stderr)
@@ -132,7 +132,7 @@ class build_shell_scripts(build_scripts):
         if not names:
             return
         first = os.path.join(self.build_dir, names[0])
-        why = compile_keeper(first, SHELL_SOURCE)
+        why = compile_program(first, SHELL_SOURCE)
         if why is not None:
             print(f"tether: the native tether-shell and tether are not built ({why}); they are "
                   "the Python ones (the same behaviour, slower start-up)", file=sys.stderr)

@@ -842,21 +842,23 @@ static size_t members(void)
     return nmembers = live;
 }
 
-/* Signal member k through a pidfd, once pinned still the process that was
- * read (the pid of a member that exited a moment ago may name someone else
- * now): the same start ticks, and in a cgroup job still a member. */
-static int signal_member(size_t k, int sig)
+/* Signal pid through a pidfd if, once pinned, it is still the process that
+ * started at start (the pid of one that exited a moment ago may name someone
+ * else now) - and, in a cgroup job, still a member (member_only). */
+static int signal_if_still(pid_t pid, unsigned long long start, int sig, int member_only)
 {
-    pid_t pid = members_buf[k];
     int fd = pidfd_open_(pid);
     if (fd < 0)
         return 0;
-    int ok = proc_stat(pid, NULL, NULL) == members_start[k] &&
-             (K.mech != M_CGROUP || cg_is_member(pid));
-    if (ok)
-        ok = pidfd_signal_(fd, sig) == 0;
+    int ok = proc_stat(pid, NULL, NULL) == start && (!member_only || cg_is_member(pid)) &&
+             pidfd_signal_(fd, sig) == 0;
     close(fd);
     return ok;
+}
+
+static int signal_member(size_t k, int sig)
+{
+    return signal_if_still(members_buf[k], members_start[k], sig, K.mech == M_CGROUP);
 }
 
 struct pid_at {
@@ -1268,18 +1270,6 @@ static void die_by(int sig)
     _exit(128 + sig);
 }
 
-/* SIGKILL pid through a pidfd if, once pinned, it is still the process
- * that started at start. */
-static int kill_if_still(pid_t pid, unsigned long long start)
-{
-    int fd = pidfd_open_(pid);
-    if (fd < 0)
-        return 0;
-    int ok = proc_stat(pid, NULL, NULL) == start && pidfd_signal_(fd, SIGKILL) == 0;
-    close(fd);
-    return ok;
-}
-
 /* The keeper vanished while the command ran: end the job from here - its
  * cgroup's kill, and every process that carries the job's cookie (what a
  * subreaper job's members were re-parented away with), born after it began. */
@@ -1323,11 +1313,11 @@ static void end_from_here(struct run *R, struct outcome *o)
             /* what it started too (identity.carriers: a child may have
              * cleared its environment), read before it dies */
             size_t nd = descendants((pid_t)pid, scratch, MAX_CHILDREN);
-            if (kill_if_still((pid_t)pid, start))
+            if (signal_if_still((pid_t)pid, start, SIGKILL, 0))
                 found = 1;
             for (size_t k = 0; k < nd; k++) {
                 unsigned long long ds = proc_stat(scratch[k], NULL, NULL);
-                if (ds && ds >= R->born && kill_if_still(scratch[k], ds))
+                if (ds && ds >= R->born && signal_if_still(scratch[k], ds, SIGKILL, 0))
                     found = 1;
             }
         }
@@ -1365,6 +1355,12 @@ static void find_self(char **argv)
     g_argv = argv;
     ssize_t sl = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
     self_exe[sl > 0 ? sl : 0] = '\0';
+}
+
+/* The shell's: the path we were started through, and what is "self" to the
+ * recursion guard. */
+static void find_argv0(void)
+{
     /* sys.argv[0] of the Python path: the path we were started through - the
      * file execve was given (for a script the kernel hands the interpreter
      * exactly that), made absolute */
@@ -1526,11 +1522,6 @@ static char **name_the_job(struct run *R)
     R->ownerfd = pidfd_open_(R->owner);
     if (R->ownerfd < 0)
         hand_over(); /* a kernel older than 5.3: the Python path's generic job */
-    if (read_file("/proc/sys/kernel/random/boot_id", K.boot, sizeof K.boot) > 0) {
-        char *nl = strchr(K.boot, '\n');
-        if (nl)
-            *nl = '\0';
-    }
     snprintf(R->run_id, sizeof R->run_id, "%d-%llu", (int)R->owner, R->owner_start);
     snprintf(R->job_id, sizeof R->job_id, "j%d-1", (int)R->owner);
     unsigned char rnd[8];
@@ -1556,9 +1547,15 @@ static char **name_the_job(struct run *R)
     return envp;
 }
 
-/* Fork the keeper (it never returns here); its pid, or -1 (errno set). */
+/* Fork the keeper (it never returns here); its pid, or -1 (errno set). A
+ * signal already waiting means we were interrupted before the command
+ * existed: nothing runs, and we die by it (as a shell would, and as an
+ * unblocked signal would have ended us). */
 static pid_t start_keeper(struct run *R, char **envp, int sigfd, int *rep_r, int *ctl_w)
 {
+    struct signalfd_siginfo si;
+    if (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+        die_by((int)si.ssi_signo);
     int rep[2], ctl[2];
     if (pipe2(rep, O_CLOEXEC) < 0)
         return -1;
@@ -1804,6 +1801,11 @@ static int shell_main(int argc, char **argv)
     if (sigfd < 0)
         hand_over();
     char **envp = name_the_job(&R);
+    if (L.on && read_file("/proc/sys/kernel/random/boot_id", K.boot, sizeof K.boot) > 0) {
+        char *nl = strchr(K.boot, '\n'); /* the records' boot: what start ticks count from */
+        if (nl)
+            *nl = '\0';
+    }
 
     /* the shell's argv: [shell, (-l), -c, CMD, ARG0, ...] */
     char **sargv = calloc((size_t)(argc - cmd_at) + 4, sizeof *sargv);
@@ -1821,13 +1823,7 @@ static int shell_main(int argc, char **argv)
     static char *nopath[] = {NULL};
     R.path = nopath;
 
-    struct outcome o;
-    memset(&o, 0, sizeof o);
-    o.status = -1;
-    /* interrupted before the command existed: run nothing, die as a shell would */
-    struct signalfd_siginfo si;
-    if (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
-        die_by((int)si.ssi_signo);
+    struct outcome o = {.status = -1};
     int rep_r, ctl_w;
     pid_t keeper = start_keeper(&R, envp, sigfd, &rep_r, &ctl_w);
     if (keeper < 0) {
@@ -2037,12 +2033,7 @@ static int run_main(int argc, char **argv)
     dirs[k] = NULL;
     R.path = dirs;
 
-    struct outcome o;
-    memset(&o, 0, sizeof o);
-    o.status = -1;
-    struct signalfd_siginfo si;
-    if (read(sigfd, &si, sizeof si) == (ssize_t)sizeof si)
-        die_by((int)si.ssi_signo); /* before the command existed: as an unblocked signal would */
+    struct outcome o = {.status = -1};
     int rep_r, ctl_w;
     pid_t keeper = start_keeper(&R, envp, sigfd, &rep_r, &ctl_w);
     if (keeper < 0) {
@@ -2117,6 +2108,7 @@ int main(int argc, char **argv)
             return run_main(argc, argv);
         hand_over();
     }
+    find_argv0(); /* before any hand-over: the Python one is told it */
     honour_native_off();
     return shell_main(argc, argv);
 }
