@@ -63,7 +63,7 @@ def status() -> "tuple[bool, str]":
     if word == "off":
         return False, f"the Python keeper ({ENV}=0)"
     if built():
-        return True, f"the native keeper ({HELPER})"
+        return True, f"the native keeper ({HELPER}, {linkage(HELPER)})"
     why = ("not built (no C compiler when tether was installed; "
            "install gcc and reinstall tether)")
     if word == "on":
@@ -123,6 +123,31 @@ FRONT_ENDS = (("tether-shell", "tether-shell-py", "tether-shell -c CMD"),
               ("tether", "tether-py", "tether run -- CMD"))
 
 
+def linkage(path: str) -> str:
+    """``linked statically`` (setup.py links against musl where it can: no
+    libc pages shared with, and charged against, other processes) or
+    ``linked dynamically`` (the system's libc), from the ELF's program
+    headers: a dynamic program names its loader (PT_INTERP)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # ELF64 only
+                return "linkage unknown"
+            end = "<" if head[5] == 1 else ">"
+            phoff, = struct.unpack_from(end + "Q", head, 32)
+            phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError:
+        return "linkage unknown"
+    for k in range(min(phnum, len(table) // max(phentsize, 1))):
+        if struct.unpack_from(end + "I", table, k * phentsize)[0] == 3:  # PT_INTERP
+            return "linked dynamically"
+    return "linked statically"
+
+
 def is_program(path: str) -> bool:
     """Whether ``path`` is a compiled program (ELF) we may run: the native
     front end, where a script is the Python one."""
@@ -155,6 +180,7 @@ def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
         elif off:
             what = f"native, but {ENV}=0: it hands every command to {fallback}"
         else:
-            what = f"native: serves {serves} with no interpreter, the rest by {fallback}"
+            what = (f"native ({linkage(path)}): serves {serves} with no interpreter, "
+                    f"the rest by {fallback}")
         out.append({"name": name, "native": native and not off, "path": path, "what": what})
     return out

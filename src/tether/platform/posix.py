@@ -490,7 +490,11 @@ class JobPopen(subprocess.Popen):
                 os.close(fd)
             kind = reply.get("kind")
             if kind == "os":
-                raise OSError(reply["errno"], reply["strerror"], reply.get("filename"))
+                # This interpreter's words for the errno (the keeper's libc, musl
+                # say, may word it otherwise), as subprocess would raise it.
+                err = reply["errno"]
+                raise OSError(err, os.strerror(err) if err else reply["strerror"],
+                              reply.get("filename"))
             if kind in ("ValueError", "TypeError"):  # a bad argument, as subprocess raises it
                 raise (ValueError if kind == "ValueError" else TypeError)(reply.get("strerror"))
             why = str(reply.get("strerror"))
