@@ -93,10 +93,10 @@ def _keeper_env(keeper: str) -> dict[str, str]:
     return {"TETHER_NATIVE": "1" if keeper == "native" else "0"}
 
 
-def _run_owner(mech: str, threaded: bool, procs, keeper: str = "native") -> list[dict]:
+def _run_owner(mech: str, threaded: bool, procs, keeper: str = "native", **env) -> list[dict]:
     r = subprocess.run([sys.executable, "-c", OWNER, mech, "1" if threaded else "0"],
                        capture_output=True, text=True, timeout=60,
-                       env=procs.env(**_keeper_env(keeper)))
+                       env=procs.env(**_keeper_env(keeper), **env))
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
@@ -107,16 +107,7 @@ def _without_internal(state: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("keeper", KEEPERS)
-@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "threaded"])
-@pytest.mark.parametrize("mech", MECHS)
-def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs, keeper):
-    if threaded and mech != MECHS[0]:
-        pytest.skip("the threaded owner's path (the warden, or the native keeper spawned "
-                    "from a thread) is the same for every mechanism: checked with one")
-    if keeper == "native" and mech == "pgroup":
-        pytest.skip("pgroup keeps its Python keeper")
-    steps = _run_owner(mech, threaded, procs, keeper)
+def _check_steps(steps: list[dict], keeper: str) -> None:
     assert [s["step"] for s in steps][0] == "as opened" and len(steps) == 10
     first = steps[0]["subprocess"]
     for s in steps:
@@ -133,6 +124,28 @@ def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs, keepe
     assert by["CPU 3000/4000 s, AS 8 GiB"]["Max cpu time"] == ["3000", "4000"]
     assert int(by["SIGUSR1, SIGHUP ignored"]["SigIgn"], 16) & (1 << 9)  # SIGUSR1
     assert int(by["SIGUSR2, SIGWINCH blocked"]["SigBlk"], 16) & (1 << 11)  # SIGUSR2
+
+
+@pytest.mark.parametrize("keeper", KEEPERS)
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "threaded"])
+@pytest.mark.parametrize("mech", MECHS)
+def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs, keeper):
+    if threaded and mech != MECHS[0]:
+        pytest.skip("the threaded owner's path (the warden, or the native keeper spawned "
+                    "from a thread) is the same for every mechanism: checked with one")
+    if keeper == "native" and mech == "pgroup":
+        pytest.skip("pgroup keeps its Python keeper")
+    _check_steps(_run_owner(mech, threaded, procs, keeper), keeper)
+
+
+@pytest.mark.parametrize("keeper", KEEPERS)
+def test_job_child_has_the_owners_state_when_the_keeper_cannot_read_it(procs, keeper):
+    # The keeper reads the owner's ignored signals, umask and limits from the
+    # owner's /proc (owner_state); where it cannot, it says so and the owner
+    # sends them itself. The knob makes the keeper answer as if it could not
+    # (test_native checks that it then does); the child's state must not change.
+    mech = next(m for m in MECHS if m != "pgroup")
+    _check_steps(_run_owner(mech, False, procs, keeper, **{native.NO_OWNER_STATE: "1"}), keeper)
 
 
 @pytest.mark.parametrize("keeper", [

@@ -199,6 +199,68 @@ def test_a_datagram_larger_than_the_buffer_is_refused_whole(keeper):
     assert keeper.alive()
 
 
+def test_env_same_reuses_the_environment_last_sent(keeper, tmp_path):
+    out = tmp_path / "a"
+    show = {**SPAWN, "argv": [b"sh", b"-c", b'printf %s "$A" > ' + os.fsencode(out)],
+            "executable": b"/bin/sh"}
+    del show["env"]
+
+    def child_saw(**env) -> str:
+        reply = keeper.ask({**show, **env})
+        assert reply["ok"] is True, reply
+        keeper.ask({"op": "wait", "pid": reply["pid"]})
+        return out.read_text()
+
+    # Before any environment was sent there is none to reuse: an error, no child.
+    reply = keeper.ask({**show, "env_same": True})
+    assert reply["ok"] is False and "no environment" in reply["strerror"], reply
+    assert child_saw(env={b"A": b"one"}) == "one"
+    assert child_saw(env_same=True) == "one"
+    # Control: a request that carries an environment replaces the one kept.
+    assert child_saw(env={b"A": b"two"}) == "two"
+    assert child_saw(env_same=True) == "two"
+    # Both at once is malformed.
+    reply = keeper.ask({**show, "env": {b"A": b"3"}, "env_same": True})
+    assert reply["ok"] is False
+    assert keeper.alive()
+
+
+def test_owner_state_is_read_by_the_keeper_or_refused_so_the_owner_sends_it(keeper, tmp_path):
+    out = tmp_path / "umask"
+    msg = {**SPAWN, "argv": [b"sh", b"-c", b"umask > " + os.fsencode(out)],
+           "executable": b"/bin/sh", "umask": -1, "owner_state": True}
+    del msg["ignored"], msg["rlimits"]
+    old = os.umask(0o037)  # ours, read from our /proc by the keeper
+    try:
+        reply = keeper.ask(msg)
+        assert reply["ok"] is True, reply
+        keeper.ask({"op": "wait", "pid": reply["pid"]})
+        assert out.read_text().strip() == "0037"
+        # Control: an explicit umask wins over the owner's.
+        reply = keeper.ask({**msg, "umask": 0o022})
+        keeper.ask({"op": "wait", "pid": reply["pid"]})
+        assert out.read_text().strip() == "0022"
+    finally:
+        os.umask(old)
+    # owner_state and the state itself in one request is malformed.
+    reply = keeper.ask({**msg, "ignored": []})
+    assert reply["ok"] is False and reply["kind"] == "ValueError", reply
+    assert keeper.alive()
+
+
+def test_a_keeper_that_cannot_read_the_owners_state_says_so(monkeypatch):
+    monkeypatch.setenv(native.NO_OWNER_STATE, "1")
+    for python in (False, True):
+        k = Keeper(python=python)
+        try:
+            reply = k.ask({**{n: v for n, v in SPAWN.items() if n not in ("ignored", "rlimits")},
+                           "umask": -1, "owner_state": True})
+            assert reply["ok"] is False and reply["kind"] == "owner_state", (python, reply)
+            assert k.alive()
+        finally:
+            k.close()
+
+
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(

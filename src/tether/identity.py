@@ -57,6 +57,7 @@ __all__ = [
     "descendant_pids",
     "descendants",
     "status_fields",
+    "rlimits",
     "self_status",
     "start_ticks",
     "nspid",
@@ -666,6 +667,28 @@ def self_status() -> tuple[int, int, int]:
     if b"Threads" not in f:
         raise OSError("/proc/self/status is not readable")
     return int(f[b"Threads"]), int(f.get(b"SigIgn", b"0"), 16), int(f.get(b"SigBlk", b"0"), 16)
+
+
+def rlimits(pid: int | str) -> list[tuple[int, int, int]]:
+    """``(resource, soft, hard)`` for each of ``pid``'s resource limits, from
+    ``/proc/PID/limits`` (0444: readable where ``prlimit`` is not, from a PID
+    namespace that cannot name the process); ``resource.RLIM_INFINITY`` for
+    unlimited. One line per resource in RLIMIT_* order after a header, the
+    name in a 25-character column. Raises OSError (ValueError for a file not
+    in that form)."""
+    import resource
+
+    known = sorted({getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")})
+    with open(f"/proc/{pid}/limits", "rb") as f:
+        lines = f.read().split(b"\n")[1:]
+    out = []
+    for res in known:
+        fields = lines[res][26:].split() if res < len(lines) else []
+        if len(fields) < 2:
+            raise ValueError(f"/proc/{pid}/limits: no line for resource {res}")
+        soft, hard = (resource.RLIM_INFINITY if v == b"unlimited" else int(v) for v in fields[:2])
+        out.append((res, soft, hard))
+    return out
 
 
 def mask_signals(mask: int) -> list[int]:

@@ -8,11 +8,13 @@
  * owner by pidfd and ends the whole job the moment the owner is gone.
  *
  *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
- *                 [background=1] [legacy=1]
+ *                 [background=1] [legacy=1] [owner_state=0]
  *
  * legacy=1 makes it behave as on a kernel without clone3 and cgroup.kill
  * (fork and move in by hand; freeze and kill each member), so the tests
- * can run those paths on a kernel that has both.
+ * can run those paths on a kernel that has both; owner_state=0 makes it
+ * answer as if it could not read the owner's /proc (the owner then sends
+ * its state itself), for the tests of that path.
  *
  * MECH is cgroup, subreaper or pidns (the process-group mechanism stays in
  * Python: it needs the table capture). The owner talks to it over CTL_FD, a
@@ -631,6 +633,7 @@ static struct {
     char cgroup[4096];  /* the job's cgroup directory (cgroup mechanism) */
     char mount[4096];   /* where cgroup2 is mounted: /proc/PID/cgroup is relative to it */
     int legacy;         /* behave as a kernel without clone3 and cgroup.kill (tests) */
+    int no_owner_state; /* answer owner_state as if the owner's /proc could not be read (tests) */
     int cgfd;           /* O_PATH fd of it, for CLONE_INTO_CGROUP */
     int have_clone3;
     int born_killed;    /* a CLONE_INTO_CGROUP child was killed at birth: see op_spawn */
@@ -741,7 +744,10 @@ static void reply_error(const char *kind, int err, const char *strerr, const cha
         w_int(w, err);
     }
     w_key(w, "strerror");
-    w_str(w, strerr);
+    if (strerr)
+        w_str(w, strerr);
+    else
+        w_none(w); /* the errno alone: the owner words it (our libc may word it otherwise) */
     if (filename) {
         w_key(w, "filename");
         w_str(w, filename);
@@ -1091,6 +1097,7 @@ struct spawn_req {
     struct rlimit lim[16];
     int errfd;
     int into_cgroup_by_hand; /* no clone3: move ourselves in before exec */
+    int vforked;             /* set by clone_child: we slept until its exec or exit */
     int only_stdio;          /* close every fd above 2 (but errfd, close-on-exec) */
 };
 
@@ -1259,6 +1266,7 @@ static pid_t clone_child(struct spawn_req *q, int *pidfd)
             ca.cgroup = (uint64_t)K.cgfd;
 #ifdef HAVE_CLONE3_VM
         long pid = clone3_vm(&ca, q);
+        q->vforked = pid > 0;
 #else
         long pid = syscall(SYS_clone3, &ca, sizeof ca);
         if (pid == 0)
@@ -1287,9 +1295,12 @@ static pid_t spawn_followed(struct spawn_req *q, int *pidfd, unsigned char b[6],
 {
     for (;;) {
         int pipefd[2];
-        if (pipe2(pipefd, O_CLOEXEC) < 0)
+        /* non-blocking: after a vfork-style clone all the child will ever
+         * write is there (see below) */
+        if (pipe2(pipefd, O_CLOEXEC | O_NONBLOCK) < 0)
             return -1;
         q->errfd = pipefd[1];
+        q->vforked = 0;
         *pidfd = -1;
         pid_t pid = clone_child(q, pidfd);
         int err = errno;
@@ -1299,6 +1310,12 @@ static pid_t spawn_followed(struct spawn_req *q, int *pidfd, unsigned char b[6],
             errno = err;
             return -1;
         }
+        /* A vfork-style child woke us at its exec (past the point of no
+         * return) or its exit, so what it wrote is all it will write; its
+         * copy of the pipe closes only later in exec, and waiting for that
+         * EOF measured ~75 us. A copying clone runs beside us: read to EOF. */
+        if (!q->vforked)
+            fcntl(pipefd[0], F_SETFL, 0);
         *n = 0;
         for (;;) {
             ssize_t got = read(pipefd[0], b + *n, 6 - (size_t)*n);
@@ -1415,6 +1432,105 @@ static char *dup_cstr(reader *r, const value *v)
     return s;
 }
 
+/* The environment of the last spawn request that carried one: a request
+ * with env_same reuses it (the owner sends its environment again only when
+ * it changed: ~40 entries marshalled, sent and parsed on every spawn). */
+static char **saved_env;
+
+static int save_env(char *const *ev, size_t n)
+{
+    size_t total = (n + 1) * sizeof(char *);
+    for (size_t k = 0; k < n; k++)
+        total += strlen(ev[k]) + 1;
+    char **vec = malloc(total);
+    if (!vec)
+        return -1;
+    char *p = (char *)(vec + n + 1);
+    for (size_t k = 0; k < n; k++) {
+        size_t l = strlen(ev[k]) + 1;
+        memcpy(p, ev[k], l);
+        vec[k] = p;
+        p += l;
+    }
+    vec[n] = NULL;
+    free(saved_env);
+    saved_env = vec;
+    return 0;
+}
+
+/* owner_state: the owner's ignored signals, umask (want_umask) and resource
+ * limits, read by us from its /proc entries while it waits for our reply -
+ * its state as of its popen(), as when it sent them, for one request
+ * instead of three reads in the interpreter. A PID-namespace keeper still
+ * sees them (its /proc is the owner's). -1 where they cannot be read: the
+ * owner then sends them itself. */
+static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
+{
+    char path[64], buf[4096];
+    if (K.no_owner_state) {
+        errno = EPERM;
+        return -1;
+    }
+    snprintf(path, sizeof path, "/proc/%d/status", (int)K.owner);
+    if (read_file(path, buf, sizeof buf) <= 0)
+        return -1;
+    const char *ig = strstr(buf, "\nSigIgn:"), *um = strstr(buf, "\nUmask:");
+    errno = EPROTO; /* for what follows: an entry not as this kernel writes it */
+    if (!ig || (want_umask && !um))
+        return -1;
+    unsigned long long mask = strtoull(ig + 8, NULL, 16);
+    unsigned char ign[65] = {0};
+    for (int s = 1; s < 65; s++)
+        /* never SIGCHLD (ignored, the kernel would reap our children); with
+         * restore_signals the child gets SIGPIPE and SIGXFSZ back, as
+         * subprocess's does */
+        ign[s] = (mask >> (s - 1)) & 1 && s != SIGCHLD &&
+                 !(restore && (s == SIGPIPE || s == SIGXFSZ));
+    /* "Limit  Soft Limit  Hard Limit  Units" then one line per resource, in
+     * RLIMIT_* order; the name column is 25 characters and a space */
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)K.owner);
+    char lim[4096];
+    if (read_file(path, lim, sizeof lim) <= 0)
+        return -1;
+    errno = EPROTO;
+    struct rlimit got[RLIM_NLIMITS];
+    const char *line = strchr(lim, '\n');
+    for (int res = 0; res < RLIM_NLIMITS; res++) {
+        if (!line || strlen(line + 1) < 27)
+            return -1;
+        const char *p = line + 1 + 26;
+        rlim_t v[2];
+        for (int k = 0; k < 2; k++) {
+            while (*p == ' ')
+                p++;
+            if (strncmp(p, "unlimited", 9) == 0) {
+                v[k] = RLIM_INFINITY;
+                p += 9;
+            } else {
+                char *e;
+                v[k] = (rlim_t)strtoull(p, &e, 10);
+                if (e == p)
+                    return -1;
+                p = e;
+            }
+        }
+        got[res].rlim_cur = v[0];
+        got[res].rlim_max = v[1];
+        line = strchr(line + 1, '\n');
+    }
+    memcpy(q->ign, ign, sizeof ign);
+    if (want_umask)
+        q->umask_ = (int)strtol(um + 7, NULL, 8);
+    q->nlim = 0;
+    for (int res = 0; res < RLIM_NLIMITS && q->nlim < 16; res++) {
+        if (K.lim[res].rlim_cur == got[res].rlim_cur && K.lim[res].rlim_max == got[res].rlim_max)
+            continue; /* the child has it from us already */
+        q->lim_res[q->nlim] = res;
+        q->lim[q->nlim++] = got[res];
+    }
+    return 0;
+}
+
 static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 {
     struct spawn_req *q = arena_alloc(r, sizeof *q);
@@ -1428,7 +1544,10 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     const value *ids = dict_get(msg, "ids");
     if (ids && ids->t == V_LIST && ids->len == 4) {
         /* a keeper that is no longer who the owner is starts nothing */
-        int64_t want[4] = {getuid(), geteuid(), getgid(), getegid()};
+        static int64_t want[4] = {-1, -1, -1, -1}; /* ours never change: read once */
+        if (want[0] < 0) {
+            want[0] = getuid(), want[1] = geteuid(), want[2] = getgid(), want[3] = getegid();
+        }
         for (int k = 0; k < 4; k++)
             if (ids->items[k]->t != V_INT || ids->items[k]->i != want[k]) {
                 char why[512];
@@ -1446,12 +1565,20 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             }
     }
     q->exe = dup_cstr(r, dict_get(msg, "executable"));
-    if (!argv || argv->t != V_LIST || !q->exe || !envd || envd->t != V_DICT) {
+    int env_same = dict_true(msg, "env_same");
+    if (!argv || argv->t != V_LIST || !q->exe ||
+        (env_same ? envd != NULL : !envd || envd->t != V_DICT)) {
         reply_error("ValueError", 0, "malformed spawn request", NULL);
         return;
     }
+    if (env_same && !saved_env) {
+        reply_error("ValueError", 0, "malformed spawn request: env_same, but no environment "
+                    "was sent before", NULL);
+        return;
+    }
+    size_t nenv = env_same ? 0 : envd->len;
     char **av = arena_alloc(r, (argv->len + 1) * sizeof(char *));
-    char **ev = arena_alloc(r, (envd->len + 1) * sizeof(char *));
+    char **ev = arena_alloc(r, (nenv + 1) * sizeof(char *));
     size_t np = path && path->t == V_LIST ? path->len : 0;
     char **pv = arena_alloc(r, (np + 1) * sizeof(char *));
     if (!av || !ev || !pv) {
@@ -1466,7 +1593,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         }
     }
     av[argv->len] = NULL;
-    for (size_t k = 0; k < envd->len; k++) {
+    for (size_t k = 0; k < nenv; k++) {
         const value *kk = envd->items[2 * k], *vv = envd->items[2 * k + 1];
         if (!kk || !vv || (kk->t != V_BYTES && kk->t != V_STR) ||
             (vv->t != V_BYTES && vv->t != V_STR) || memchr(kk->s, '\0', kk->len) ||
@@ -1486,12 +1613,16 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         e[kk->len + 1 + vv->len] = '\0';
         ev[k] = e;
     }
-    ev[envd->len] = NULL;
+    ev[nenv] = NULL;
+    if (!env_same && save_env(ev, nenv) < 0) {
+        reply_error("os", ENOMEM, NULL, NULL);
+        return;
+    }
     for (size_t k = 0; k < np; k++)
         pv[k] = dup_cstr(r, path->items[k]) ? dup_cstr(r, path->items[k]) : (char *)"";
     pv[np] = NULL;
     q->argv = av;
-    q->envp = ev;
+    q->envp = env_same ? saved_env : ev;
     q->path = pv;
     const value *cwd = dict_get(msg, "cwd");
     q->cwd = cwd && cwd->t != V_NONE ? dup_cstr(r, cwd) : NULL;
@@ -1511,13 +1642,15 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     int lifted[MAX_FDS];
     int nlifted = 0;
     for (int k = 0; k < nfds; k++) {
-        lifted[k] = fcntl(fds[k], F_DUPFD_CLOEXEC, base);
+        /* (already above every target, as received fds usually are: as is) */
+        lifted[k] = fds[k] >= base ? fds[k] : fcntl(fds[k], F_DUPFD_CLOEXEC, base);
         nlifted++;
         if (lifted[k] < 0) {
             int err = errno;
             for (int j = 0; j < k; j++)
-                close(lifted[j]);
-            reply_error("os", err, strerror(err), NULL);
+                if (lifted[j] != fds[j])
+                    close(lifted[j]);
+            reply_error("os", err, NULL, NULL);
             return;
         }
     }
@@ -1531,7 +1664,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             if (t->t != V_INT || i->t != V_INT || i->i < 0 || i->i >= nfds || t->i < 0 ||
                 t->i > 1 << 20 || q->nmap == MAX_FDS) {
                 for (int j = 0; j < nlifted; j++)
-                    close(lifted[j]);
+                    if (lifted[j] != fds[j])
+                        close(lifted[j]);
                 reply_error("ValueError", 0, "malformed spawn request: a bad fd map", NULL);
                 return;
             }
@@ -1559,7 +1693,26 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     q->umask_ = (int)dict_int(msg, "umask", -1);
     q->ctty = dict_true(msg, "ctty");
     const value *rl = dict_get(msg, "rlimits");
-    if (rl && rl->t == V_LIST)
+    if (dict_true(msg, "owner_state")) {
+        const char *bad = NULL;
+        char why[160];
+        if (ig || rl) {
+            bad = "ValueError";
+            snprintf(why, sizeof why, "malformed spawn request: owner_state, and the owner's "
+                     "state in it");
+        } else if (read_owner_state(q, dict_true(msg, "restore_signals"), q->umask_ < 0) < 0) {
+            bad = "owner_state";
+            snprintf(why, sizeof why, "cannot read the owner's signals, umask and limits from "
+                     "/proc/%d: %s", (int)K.owner, strerror(errno));
+        }
+        if (bad) {
+            for (int k = 0; k < nlifted; k++)
+                if (lifted[k] != fds[k])
+                    close(lifted[k]);
+            reply_error(bad, 0, why, NULL);
+            return;
+        }
+    } else if (rl && rl->t == V_LIST)
         for (size_t k = 0; k < rl->len && q->nlim < 16; k++) {
             const value *t = rl->items[k];
             if (t->t == V_LIST && t->len == 3 && t->items[0]->t == V_INT &&
@@ -1582,7 +1735,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     pid_t pid = spawn_followed(q, &pidfd, b, &n);
     int err = errno;
     for (int k = 0; k < nlifted; k++)
-        close(lifted[k]);
+        if (lifted[k] != fds[k])
+            close(lifted[k]);
     if (pid < 0) {
         if (K.mech == M_CGROUP &&
             (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
@@ -1590,7 +1744,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             snprintf(why, sizeof why, "cannot place the child in the job: %s", strerror(err));
             reply_error("refused", 0, why, NULL);
         } else
-            reply_error("os", err, strerror(err), NULL);
+            reply_error("os", err, NULL, NULL);
         return;
     }
     if (n == 0) { /* killed at birth on the old path too: the job is being killed */
@@ -1621,7 +1775,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             /* as subprocess names them: the cwd (None when it was passed as
              * a directory fd), else the executable as given */
             const char *fname = b[1] == 'c' ? q->cwd : b[1] == 'e' ? q->exe : NULL;
-            reply_error("os", cerr, strerror(cerr), fname);
+            reply_error("os", cerr, NULL, fname);
         }
         return;
     }
@@ -1969,7 +2123,7 @@ static int usage(void)
 {
     static const char text[] =
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
-        "[background=1] [legacy=1]\n"
+        "[background=1] [legacy=1] [owner_state=0]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
@@ -2014,6 +2168,8 @@ int main(int argc, char **argv)
             K.background = 1;
         else if (strcmp(argv[k], "legacy=1") == 0)
             K.legacy = 1;
+        else if (strcmp(argv[k], "owner_state=0") == 0)
+            K.no_owner_state = 1;
         else
             return usage();
     }

@@ -36,6 +36,9 @@ HELPER = os.environ.get("_TETHER_NATIVE_HELPER") or HELPER
 # What a sanitizer build reads (it writes its reports where these say).
 _PASSED_ON = ("ASAN_OPTIONS", "UBSAN_OPTIONS")
 MECHANISMS = ("cgroup", "subreaper", "pidns")
+#: Test knob, read when a job opens: its keeper answers as if the owner's
+#: /proc could not be read (the owner then sends its state itself).
+NO_OWNER_STATE = "_TETHER_TEST_NO_OWNER_STATE"
 ENV = "TETHER_NATIVE"
 _WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "yes": "on", "true": "on",
           "0": "off", "off": "off", "no": "off", "false": "off"}
@@ -109,6 +112,8 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
         args.append("background=1")
     if os.environ.get("_TETHER_NATIVE_LEGACY") == "1":  # tests: the old-kernel paths
         args.append("legacy=1")
+    if os.environ.get(NO_OWNER_STATE) == "1" or mech.params.get("no_owner_state"):
+        args.append("owner_state=0")  # tests: the owner sends its state itself
     env = {k: os.environ[k] for k in _PASSED_ON if k in os.environ}
     # No setsigdef: exec resets handled signals, and the keeper sets every
     # disposition itself first (ignored ones included); 64 sigactions fewer

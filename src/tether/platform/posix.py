@@ -63,8 +63,11 @@ class KeeperJob(JobBackend):
         self._closed = False
         self._final_status: dict[int, int] = {}
         self._exits: dict[int, int] = {}  # exit statuses the keeper pushed
+        self._env_sent: dict | None = None  # the environment the keeper holds (env_same)
         self._reap: list[int] = []
         self._sock, child = _proto.socketpair()
+        if os.environ.get(native.NO_OWNER_STATE) == "1":  # tests: see native.NO_OWNER_STATE
+            self.mech.params["no_owner_state"] = True
         self.native = native.wanted(mechanism)
         if self.native:
             self.mech.keeper_inside = False  # it clones each child into the job instead
@@ -139,10 +142,22 @@ class KeeperJob(JobBackend):
             raise JobClosed("the job's keeper is gone")
         return msg
 
-    def request(self, msg: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:
+    def request(self, msg: dict, fds: list[int] = (), env: dict | None = None
+                ) -> tuple[dict, list[int]]:
+        """One request and its reply. ``env``, for a spawn: sent only when it is
+        not the one the keeper has from the last spawn (``env_same``), decided
+        under the lock, as the keeper sees the requests, in order."""
         with self._lock:
             if self._closed:
                 raise JobClosed(f"job {self.options.name!r} is closed")
+            if env is not None:
+                msg.pop("env", None)
+                msg.pop("env_same", None)
+                if env == self._env_sent:
+                    msg["env_same"] = True
+                else:
+                    msg["env"] = env
+                self._env_sent = None  # until the keeper took it (a reply says so)
             try:
                 _proto.send(self._sock, msg, fds)
                 while True:
@@ -154,6 +169,8 @@ class KeeperJob(JobBackend):
                 raise JobClosed(f"the job's keeper is gone: {exc}") from exc
             if reply is None:
                 raise JobClosed("the job's keeper is gone")
+            if env is not None and reply.get("ok"):
+                self._env_sent = env  # the keeper holds it now
             return reply, rfds
 
     def _drain_exits(self) -> bool:
@@ -447,26 +464,24 @@ class JobPopen(subprocess.Popen):
                     raise ValueError("illegal environment variable name")
                 env_b[k] = os.fsencode(v)
         env_b = with_cookie(env_b, self._tether_backend.options)
-        ignored, owner_umask = _ignored_signals_and_umask()
-        if restore_signals:
-            ignored = [s for s in ignored if s not in RESTORED]
         # The child gets this process's state as of now, as subprocess's child
-        # would, not the keeper's copy from when the job opened.
+        # would, not the keeper's copy from when the job opened: the keeper
+        # reads our ignored signals, umask and limits while we wait for its
+        # reply (owner_state); the signal mask is this thread's, so it goes along.
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
             "executable": os.fsencode(executable),
-            "env": env_b,
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
             "path": _exec_path(env),
             "fdmap": fdmap,
             "pgroup": process_group if process_group is not None else -1,
             "setsid": bool(start_new_session),
             "owner_pgid": os.getpgrp(),
-            "umask": umask if umask >= 0 else owner_umask,
-            "ignored": ignored,
+            "umask": umask if umask >= 0 else -1,
+            "owner_state": True,
+            "restore_signals": bool(restore_signals),
             "sigmask": [int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])],
-            "rlimits": _rlimits(),
             "ids": (os.getuid(), os.geteuid(), os.getgid(), os.getegid()),
             "ctty": self._tether_ctty,
             "ident": self._tether_backend.record_identity,
@@ -480,7 +495,17 @@ class JobPopen(subprocess.Popen):
             msg["cwd_fd"] = len(sources)
             sources = [*sources, cwd_fd]
         try:
-            reply, fds = backend.request(msg, sources)
+            reply, fds = backend.request(msg, sources, env=env_b)
+            if not reply.get("ok") and reply.get("kind") == "owner_state":
+                # The keeper could not read our state (a /proc it cannot see):
+                # read it here and send it along, as before owner_state.
+                ignored, owner_umask = _ignored_signals_and_umask()
+                if restore_signals:
+                    ignored = [s for s in ignored if s not in RESTORED]
+                del msg["owner_state"]
+                msg.update(umask=umask if umask >= 0 else owner_umask, ignored=ignored,
+                           rlimits=_rlimits())
+                reply, fds = backend.request(msg, sources, env=env_b)
         finally:
             if cwd_fd != -1:
                 os.close(cwd_fd)
@@ -490,11 +515,10 @@ class JobPopen(subprocess.Popen):
                 os.close(fd)
             kind = reply.get("kind")
             if kind == "os":
-                # This interpreter's words for the errno (the keeper's libc, musl
-                # say, may word it otherwise), as subprocess would raise it.
+                # No words from the native keeper for a bare errno: this
+                # interpreter's (its libc, musl say, may word it otherwise).
                 err = reply["errno"]
-                raise OSError(err, os.strerror(err) if err else reply["strerror"],
-                              reply.get("filename"))
+                raise OSError(err, reply.get("strerror") or os.strerror(err), reply.get("filename"))
             if kind in ("ValueError", "TypeError"):  # a bad argument, as subprocess raises it
                 raise (ValueError if kind == "ValueError" else TypeError)(reply.get("strerror"))
             why = str(reply.get("strerror"))
