@@ -1486,16 +1486,23 @@ static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
          * subprocess's does */
         ign[s] = (mask >> (s - 1)) & 1 && s != SIGCHLD &&
                  !(restore && (s == SIGPIPE || s == SIGXFSZ));
-    /* "Limit  Soft Limit  Hard Limit  Units" then one line per resource, in
+    struct rlimit got[RLIM_NLIMITS];
+    int res = 0;
+    /* prlimit where we can name the owner (a third of the file's cost) */
+    while (K.mech != M_PIDNS && res < RLIM_NLIMITS && prlimit(K.owner, res, NULL, &got[res]) == 0)
+        res++;
+    if (res == RLIM_NLIMITS)
+        goto have_limits;
+    /* else (a PID namespace, or an owner whose ids differ: EPERM) its file:
+     * "Limit  Soft Limit  Hard Limit  Units" then one line per resource, in
      * RLIMIT_* order; the name column is 25 characters and a space */
     snprintf(path, sizeof path, "/proc/%d/limits", (int)K.owner);
     char lim[4096];
     if (read_file(path, lim, sizeof lim) <= 0)
         return -1;
     errno = EPROTO;
-    struct rlimit got[RLIM_NLIMITS];
     const char *line = strchr(lim, '\n');
-    for (int res = 0; res < RLIM_NLIMITS; res++) {
+    for (res = 0; res < RLIM_NLIMITS; res++) {
         if (!line || strlen(line + 1) < 27)
             return -1;
         const char *p = line + 1 + 26;
@@ -1518,11 +1525,12 @@ static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
         got[res].rlim_max = v[1];
         line = strchr(line + 1, '\n');
     }
+have_limits:
     memcpy(q->ign, ign, sizeof ign);
     if (want_umask)
         q->umask_ = (int)strtol(um + 7, NULL, 8);
     q->nlim = 0;
-    for (int res = 0; res < RLIM_NLIMITS && q->nlim < 16; res++) {
+    for (res = 0; res < RLIM_NLIMITS && q->nlim < 16; res++) {
         if (K.lim[res].rlim_cur == got[res].rlim_cur && K.lim[res].rlim_max == got[res].rlim_max)
             continue; /* the child has it from us already */
         q->lim_res[q->nlim] = res;
