@@ -9,7 +9,7 @@ without it and says so once; tether then runs its Python keeper, with the
 same behaviour (``tether doctor`` says which keeper runs).
 
 Which libc: where ``musl-gcc`` exists (Debian's ``musl-tools``), the programs
-are linked statically against musl - a keeper then costs ~150 KiB PSS where
+are linked statically against musl - a keeper then costs ~170 KiB PSS where
 the same source linked against the system's glibc costs ~400-470 (a lone
 keeper carries its share of every glibc page it maps; a static glibc is
 bigger still), and a static program starts without the dynamic loader
