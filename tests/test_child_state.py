@@ -217,3 +217,38 @@ def test_address_space_limit_below_the_keepers_size_is_set_on_the_child(procs):
                        text=True, timeout=60, env=procs.env())
     got, want = r.stdout.split()
     assert got == want, r.stderr
+
+
+CWD_OWNER = r'''
+import json, os, subprocess, sys, tempfile
+from tether import Job
+
+mech = sys.argv[1]
+here = tempfile.mkdtemp(prefix="tether-cwd-")
+os.chdir(here)
+os.rmdir(here)  # deleted: the child must start in it all the same, as subprocess's does
+CMD = ["readlink", "/proc/self/cwd"]
+with Job(mechanism=mech) as job:
+    sub = subprocess.run(CMD, capture_output=True, text=True, check=True).stdout
+    mine = job.run(CMD, capture_output=True, text=True, check=True).stdout
+    other = job.run(CMD, capture_output=True, text=True, check=True, cwd="/").stdout
+print(json.dumps({"here": here, "subprocess": sub.strip(), "job": mine.strip(),
+                  "cwd=/": other.strip()}))
+'''
+
+
+@pytest.mark.parametrize("owner_state", ["keeper-reads", "owner-sends"])
+@pytest.mark.parametrize("keeper", KEEPERS)
+def test_job_child_starts_in_the_owners_deleted_working_directory(procs, keeper, owner_state):
+    # The keeper opens the owner's working directory itself (its /proc/PID/cwd,
+    # the directory, not its name); where it cannot, the owner passes it.
+    mech = next(m for m in MECHS if m != "pgroup")
+    env = {native.NO_OWNER_STATE: "1"} if owner_state == "owner-sends" else {}
+    r = subprocess.run([sys.executable, "-c", CWD_OWNER, mech], capture_output=True, text=True,
+                       timeout=60, env=procs.env(**_keeper_env(keeper), **env))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # The control: subprocess's child is in the deleted directory.
+    assert out["subprocess"] == out["here"] + " (deleted)", out
+    assert out["job"] == out["subprocess"], out
+    assert out["cwd=/"] == "/", out

@@ -1649,6 +1649,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
                 base = (int)fdmap->items[2 * k]->i + 1;
     int lifted[MAX_FDS];
     int nlifted = 0;
+    int own_cwd = -1; /* the owner's cwd, opened here (owner_state) */
     for (int k = 0; k < nfds; k++) {
         /* (already above every target, as received fds usually are: as is) */
         lifted[k] = fds[k] >= base ? fds[k] : fcntl(fds[k], F_DUPFD_CLOEXEC, base);
@@ -1712,6 +1713,23 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             bad = "owner_state";
             snprintf(why, sizeof why, "cannot read the owner's signals, umask and limits from "
                      "/proc/%d: %s", (int)K.owner, strerror(errno));
+        } else if (!q->cwd && q->cwd_fd < 0) {
+            /* the owner's working directory itself (deleted or not), above
+             * every target fd, as the owner would have passed it */
+            char path[64];
+            snprintf(path, sizeof path, "/proc/%d/cwd", (int)K.owner);
+            int fd = K.no_owner_state ? -1 : open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+            if (fd >= 0 && fd < base) {
+                int up = fcntl(fd, F_DUPFD_CLOEXEC, base);
+                close(fd);
+                fd = up;
+            }
+            if (fd < 0) {
+                bad = "owner_state";
+                snprintf(why, sizeof why, "cannot open the owner's working directory %s: %s",
+                         path, strerror(errno));
+            }
+            q->cwd_fd = own_cwd = fd;
         }
         if (bad) {
             for (int k = 0; k < nlifted; k++)
@@ -1745,6 +1763,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     for (int k = 0; k < nlifted; k++)
         if (lifted[k] != fds[k])
             close(lifted[k]);
+    if (own_cwd >= 0)
+        close(own_cwd);
     if (pid < 0) {
         if (K.mech == M_CGROUP &&
             (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {

@@ -229,11 +229,12 @@ class OwnerStateUnread(Exception):
     """``owner_state``: the owner's state could not be read from its /proc."""
 
 
-def _owner_state(keeper: Keeper, msg: dict) -> dict:
+def _owner_state(keeper: Keeper, msg: dict, fds: list[int]) -> dict:
     """``msg`` with the owner's ignored signals, umask (unless it asked for
     one) and resource limits, read from its /proc entries while it waits for
     the reply (``owner_state``: three reads fewer in the owner per spawn; as
-    the native keeper's read_owner_state)."""
+    the native keeper's read_owner_state), and its working directory (the
+    directory itself, deleted or not) when it gave none, added to ``fds``."""
     from ._keeper import RESTORED
 
     if "ignored" in msg or "rlimits" in msg:
@@ -248,6 +249,9 @@ def _owner_state(keeper: Keeper, msg: dict) -> dict:
         out = {**msg, "ignored": ignored, "rlimits": identity.rlimits(pid)}
         if msg.get("umask", -1) < 0:
             out["umask"] = int(f[b"Umask"], 8)
+        if msg.get("cwd") is None and "cwd_fd" not in msg:
+            fds.append(os.open(f"/proc/{pid}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            out["cwd_fd"] = len(fds) - 1
         return out
     except (OSError, KeyError, ValueError) as exc:
         raise OwnerStateUnread(f"cannot read the owner's signals, umask and limits from "
@@ -276,7 +280,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                        f"{os.getegid()}, since the job opened): it would start the child as "
                        "the wrong user; open the job after changing user")
     if msg.get("owner_state"):
-        msg = _owner_state(keeper, msg)
+        msg = _owner_state(keeper, msg, fds)  # fds: handle() closes what it adds
     argv = msg["argv"]
     executable = msg["executable"]
     if msg.get("env_same"):  # the environment of the last request that carried one

@@ -473,7 +473,7 @@ class JobPopen(subprocess.Popen):
             "argv": [os.fsencode(a) for a in args],
             "executable": os.fsencode(executable),
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
-            "path": _exec_path(env),
+            "path": _exec_path(env, env_b),
             "fdmap": fdmap,
             "pgroup": process_group if process_group is not None else -1,
             "setsid": bool(start_new_session),
@@ -488,13 +488,8 @@ class JobPopen(subprocess.Popen):
         }
         backend = self._tether_backend
         cwd_fd = -1
-        if cwd is None:
-            # The child starts where we are, even if that directory was deleted:
-            # pass the directory itself, not its name.
-            cwd_fd = os.open(".", getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
-            msg["cwd_fd"] = len(sources)
-            sources = [*sources, cwd_fd]
         try:
+            # cwd None: the keeper opens our working directory itself (owner_state)
             reply, fds = backend.request(msg, sources, env=env_b)
             if not reply.get("ok") and reply.get("kind") == "owner_state":
                 # The keeper could not read our state (a /proc it cannot see):
@@ -505,6 +500,13 @@ class JobPopen(subprocess.Popen):
                 del msg["owner_state"]
                 msg.update(umask=umask if umask >= 0 else owner_umask, ignored=ignored,
                            rlimits=_rlimits())
+                if cwd is None:
+                    # The child starts where we are, even if that directory was
+                    # deleted: pass the directory itself, not its name.
+                    cwd_fd = os.open(".", getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
+                                     | os.O_CLOEXEC)
+                    msg["cwd_fd"] = len(sources)
+                    sources = [*sources, cwd_fd]
                 reply, fds = backend.request(msg, sources, env=env_b)
         finally:
             if cwd_fd != -1:
@@ -679,12 +681,16 @@ def _ignored_signals_and_umask() -> tuple[list[int], int]:
 _PATH_SEEN: tuple[object, list[str]] = (None, [])
 
 
-def _exec_path(env) -> list[str]:
+def _exec_path(env, env_b: dict) -> list[str]:
     """``os.get_exec_path(env)`` as str, remembered for the last PATH seen
-    (it rarely changes; each spawn asked for it anew)."""
+    (it rarely changes; each spawn asked for it anew). ``env_b``: the child's
+    environment as bytes; with ``env`` None, its PATH is ours (a bytes key:
+    no os.environ lookup, which encodes and decodes)."""
     global _PATH_SEEN
     if env is None:
-        key: object = os.environ.get("PATH")
+        key: object = env_b.get(b"PATH")
+        if key is not None and key == _PATH_SEEN[0]:
+            return list(_PATH_SEEN[1])
     else:
         key = (env.get("PATH"), env.get(b"PATH")) if hasattr(env, "get") else object()
     if key is None or key != _PATH_SEEN[0]:
