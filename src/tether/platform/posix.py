@@ -64,6 +64,9 @@ class KeeperJob(JobBackend):
         self._final_status: dict[int, int] = {}
         self._exits: dict[int, int] = {}  # exit statuses the keeper pushed
         self._env_sent: dict | None = None  # the environment the keeper holds (env_same)
+        # Whether to let the keeper read our state from our /proc (owner_state):
+        # where there is one, until the keeper says it cannot (then we send it).
+        self.owner_state = sys.platform.startswith("linux")
         self._reap: list[int] = []
         self._sock, child = _proto.socketpair()
         if os.environ.get(native.NO_OWNER_STATE) == "1":  # tests: see native.NO_OWNER_STATE
@@ -490,10 +493,14 @@ class JobPopen(subprocess.Popen):
         cwd_fd = -1
         try:
             # cwd None: the keeper opens our working directory itself (owner_state)
-            reply, fds = backend.request(msg, sources, env=env_b)
+            reply = {"ok": False, "kind": "owner_state"}
+            fds: list[int] = []
+            if backend.owner_state:
+                reply, fds = backend.request(msg, sources, env=env_b)
             if not reply.get("ok") and reply.get("kind") == "owner_state":
-                # The keeper could not read our state (a /proc it cannot see):
-                # read it here and send it along, as before owner_state.
+                # The keeper cannot read our state (no /proc, or one it cannot
+                # see): read it here and send it along, from now on.
+                backend.owner_state = False
                 ignored, owner_umask = _ignored_signals_and_umask()
                 if restore_signals:
                     ignored = [s for s in ignored if s not in RESTORED]
