@@ -152,6 +152,36 @@ class Procs:
         self.popens.append(p)
         return p
 
+    def adopting_orphans(self):
+        """A context: this process is a child subreaper within it, so what a
+        control orphans on purpose (a shell whose caller was SIGKILLed, with
+        no tether to end it) is re-parented here rather than to PID 1; on the
+        way out everything is ended (``cleanup``), the adopted ones reaped,
+        and the flag cleared."""
+        import contextlib
+        import ctypes
+
+        @contextlib.contextmanager
+        def ctx():
+            libc = ctypes.CDLL(None, use_errno=True)
+            before = set(_own_children())
+            if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+            try:
+                yield
+            finally:
+                try:
+                    self.cleanup()
+                finally:
+                    libc.prctl(36, 0, 0, 0, 0)
+                    mine = {p.pid for p in self.popens}
+                    for pid in set(_own_children()) - before - mine:
+                        try:  # adopted, and ended by cleanup: a zombie of ours
+                            os.waitpid(pid, 0)
+                        except ChildProcessError:
+                            pass
+        return ctx()
+
     def cleanup(self) -> None:
         if getattr(self, "_cleaned", False):  # a test may clean up early; the fixture again
             return
@@ -329,3 +359,15 @@ def tether_shell(kind: str, scratch) -> str | None:
                 "from tether.shell import main\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path
+
+
+def _own_children() -> list[int]:
+    """The pids of this process's children (every thread's), alive or zombie."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+    return out

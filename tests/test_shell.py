@@ -8,6 +8,7 @@ surviving by the same check.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -1179,18 +1180,23 @@ def test_terminal_app_sigkilled_ends_the_interactive_shell(procs, ts, env, tmp_p
            "    os.execv(sys.argv[1], sys.argv[1:])\n"
            "time.sleep(600)\n")
     master, slave = pty.openpty()
+    # The control's shell and child outlive their caller on purpose: they are
+    # adopted by this test process, not by PID 1, until the test ends them.
+    held = procs.adopting_orphans() if plain else contextlib.nullcontext()
     try:
-        argv = [shutil.which(shell), "-i"] if plain else [ts, "-i"]
-        caller = procs.popen([sys.executable, "-c", app, *argv], env=env, stdin=slave,
-                             stdout=slave, stderr=slave)
-        bg, sh = read_pids(env["P"], 2)
-        caller.kill()
-        caller.wait(timeout=5)
-        if plain:
-            time.sleep(0.5)
-            assert living([bg, sh]) == [bg, sh]  # control: nothing ends them
-        else:
-            assert wait_dead([bg, sh], 3.0) == []
+        with held:
+            argv = [shutil.which(shell), "-i"] if plain else [ts, "-i"]
+            caller = procs.popen([sys.executable, "-c", app, *argv], env=env, stdin=slave,
+                                 stdout=slave, stderr=slave)
+            bg, sh = read_pids(env["P"], 2)
+            caller.kill()
+            caller.wait(timeout=5)
+            if plain:
+                time.sleep(0.5)
+                assert living([bg, sh]) == [bg, sh]  # control: nothing ends them
+                assert identity.read(sh.pid).ppid == os.getpid()  # held here, not by PID 1
+            else:
+                assert wait_dead([bg, sh], 3.0) == []
     finally:
         os.close(master)
         os.close(slave)
@@ -1478,6 +1484,11 @@ def _ptrace_hold(pid: int) -> None:
 def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, mech):
     # Control: with both gone nothing guards the tree; then `tether reap`, from
     # the shell's own records (the cookie finds even the double-forked daemon).
+    with procs.adopting_orphans():  # the tree, orphaned on purpose, is held here, not by PID 1
+        _keeper_and_wrapper_sigkilled(procs, ts, env, mech)
+
+
+def _keeper_and_wrapper_sigkilled(procs, ts, env, mech):
     p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.DEVNULL)
     # Both, with the wrapper unable to act on the keeper's death in between (the
     # native one does so within microseconds): the wrapper is held first - by
