@@ -699,6 +699,26 @@ def log_records(state_home) -> list[dict]:
     return out
 
 
+def wait_start_record(state_home, timeout: float = 10.0) -> dict:
+    """The last start record, waiting for the wrapper to write it.
+
+    While the command already runs, the wrapper may not yet have created the
+    log's directory, or may be part way through its one line: both mean "not
+    yet", never a failure."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            starts = [r for r in log_records(state_home) if r["event"] == "start"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            starts = []
+        if starts:
+            return starts[-1]
+        assert time.monotonic() < deadline, "no start record"
+        time.sleep(0.01)
+
+
 def test_audit_records_metadata_and_never_the_secret(procs, ts, env, tmp_path):
     secret = "hunter2-Tether-SECRET-5f3a"
     env["API_TOKEN"] = secret
@@ -1037,11 +1057,7 @@ def test_an_orphan_adopted_at_start_does_not_watch_its_adopter(procs, ts, env, a
     (sh,) = read_pids(env["P"], 1)
     # The wrapper writes its start record once it has the keeper's report:
     # the command may already run by then.
-    deadline = time.monotonic() + 10
-    while not (starts := [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"]):
-        assert time.monotonic() < deadline, "no start record"
-        time.sleep(0.01)
-    start = starts[-1]
+    start = wait_start_record(env["XDG_STATE_HOME"])
     assert start["wrapper"] == wrapper
     if adopt:
         assert "caller" not in start  # its parent is not its caller: not watched
