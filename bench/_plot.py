@@ -158,7 +158,7 @@ def kill_mechanisms(results: str, out: str) -> str | None:
         for x, k in enumerate(kinds, start=1):
             row = d["results"][s].get(k) or {}
             if row.get("all_ms"):
-                data.append((x, row["all_ms"], BASE_COLOR if k == "unshare" else TETHER_COLOR))
+                data.append((x, row["all_ms"], BASE_COLOR if k.startswith("unshare") else TETHER_COLOR))
             elif row.get("survivors_total"):
                 leaks.append((x, row["survivors_total"], row.get("trials")))
         if data:

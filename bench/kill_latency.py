@@ -15,7 +15,14 @@ Each keeper mechanism runs with both keepers where the native one is built
 Targets: issue 2, tether's median within 1.5x of the unshare baseline at 100
 and 1000 processes; issue 18, the native keeper at or below 1.0x there.
 
+A second baseline, ``unshare+python``, is the same kernel teardown started by
+the death of an owner like tether's: a Python process that imported tether,
+whose child unshare dies with it (PR_SET_PDEATHSIG). The plain ``unshare``
+row's owner is unshare itself, a small C program that exits in a fraction of
+the time an interpreter takes to (its memory unmapped before its pidfd fires).
+
 usage: python3 bench/kill_latency.py [--trials 20] [--sizes 1,10,100,1000] [--quick]
+                                    [--kinds subreaper/native,...]
 """
 
 from __future__ import annotations
@@ -65,16 +72,31 @@ def marked(born: int, mark: bytes) -> list[identity.Identity]:
     return out
 
 
+# The same kernel teardown behind an owner like tether's (a Python process that
+# imported tether): its exit, not unshare's, starts the teardown; unshare dies
+# with it (PR_SET_PDEATHSIG) and takes the namespace's init along (--kill-child).
+PY_UNSHARE_OWNER = ("import ctypes, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); import tether; "
+                    "libc = ctypes.CDLL(None, use_errno=True); "
+                    "subprocess.Popen(sys.argv[2:], preexec_fn=lambda: libc.prctl(1, 9)); "
+                    "print('up', flush=True); time.sleep(600)")
+
+
+def unshare_argv(tree: str) -> list[str]:
+    args = ["unshare", "--pid", "--fork", "--kill-child"]
+    if os.geteuid() != 0:
+        args.insert(1, "-Ur")
+    return args + ["/bin/sh", "-c", tree]
+
+
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     tree = TREE if n > 1 else "trap '' TERM HUP; exec sleep 300"
     kind, _, keeper = kind.partition("/")
     if keeper:
         env = dict(env, TETHER_NATIVE="1" if keeper == "native" else "0")
     if kind == "unshare":
-        args = ["unshare", "--pid", "--fork", "--kill-child"]
-        if os.geteuid() != 0:
-            args.insert(1, "-Ur")
-        args += ["/bin/sh", "-c", tree]
+        args = unshare_argv(tree)
+    elif kind == "unshare+python":
+        args = [sys.executable, "-c", PY_UNSHARE_OWNER, SRC, *unshare_argv(tree)]
     else:
         args = [sys.executable, "-c", OWNER, SRC, kind, tree]
     return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -90,7 +112,8 @@ def trial(kind: str, n: int) -> dict:
     try:
         if kind != "unshare":
             owner.stdout.readline()
-        want = n + (1 if kind == "unshare" else 0)  # unshare's init sh is in the tree too
+        # unshare's init sh is in the tree too, and under a Python owner unshare itself
+        want = n + {"unshare": 1, "unshare+python": 2}.get(kind, 0)
         deadline = time.monotonic() + 30
         members = []
         while time.monotonic() < deadline:
@@ -150,6 +173,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--sizes", default="1,10,100,1000")
     ap.add_argument("--quick", action="store_true", help="5 trials, sizes 1,10,100")
+    ap.add_argument("--kinds", default="", help="only these, comma-separated (e.g. subreaper/native);"
+                    " the two unshare baselines always run")
     a = ap.parse_args()
     trials = 5 if a.quick else a.trials
     sizes = [1, 10, 100] if a.quick else [int(x) for x in a.sizes.split(",")]
@@ -159,32 +184,48 @@ def main() -> int:
     kinds = [f"{m}/{k}" if m != "pgroup" else m
              for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available
              for k in (keepers if m != "pgroup" else ["python"])]
+    if a.kinds:
+        wanted = a.kinds.split(",")
+        unknown = [k for k in wanted if k not in kinds and not k.startswith("unshare")]
+        if unknown:
+            ap.error(f"--kinds: not available here: {', '.join(unknown)} (available: {', '.join(kinds)})")
+        kinds = [k for k in kinds if k in wanted]
     baseline_ok = shutil.which("unshare") is not None
     if baseline_ok:
-        kinds.insert(0, "unshare")
+        kinds[:0] = ["unshare", "unshare+python"]
     out: dict = {"bench": "kill_latency", "trials": trials, "sizes": sizes, "uid": os.geteuid(),
                  "kernel": platform.release(), "load_avg_start": os.getloadavg(), "results": {},
                  "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable"}
     print("owner SIGKILL -> last member dead (ms); tree includes setsid/nohup escapees and a TERM-ignorer")
-    print(f"  {'mechanism':<17} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} {'vs unshare':>10}")
+    print("(rounds interleave the kinds, so drift in the machine's speed hits them alike)")
+    print(f"  {'mechanism':<17} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} "
+          f"{'vs unshare':>10} {'vs unshare+python':>17}")
+    fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
     for n in sizes:
         t = trials if n < 1000 else max(3, trials // 2)
+        runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+        for _ in range(t):
+            for kind in kinds:
+                runs[kind].append(trial(kind, n))
+        res = out["results"].setdefault(str(n), {})
         for kind in kinds:
-            rs = [trial(kind, n) for _ in range(t)]
+            rs = runs[kind]
             ms = [r["ms"] for r in rs if r["ms"] is not None]
             surv = sum(r["survivors"] for r in rs)
-            row = {"trials": t, "members_median": statistics.median(r["members"] for r in rs),
-                   "survivors_total": surv,
-                   "p50_ms": round(statistics.median(ms), 2) if ms else None,
-                   "p99_ms": round(pct(ms, 0.99), 2) if ms else None,
-                   "max_ms": round(max(ms), 2) if ms else None, "all_ms": [round(x, 3) for x in ms]}
-            out["results"].setdefault(str(n), {})[kind] = row
-            base = out["results"][str(n)].get("unshare", {}).get("p50_ms")
-            ratio = (row["p50_ms"] / base) if (base and row["p50_ms"]) else None
-            row["ratio_vs_unshare"] = round(ratio, 2) if ratio else None
-            fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
+            res[kind] = row = {"trials": t, "members_median": statistics.median(r["members"] for r in rs),
+                               "survivors_total": surv,
+                               "p50_ms": round(statistics.median(ms), 2) if ms else None,
+                               "p99_ms": round(pct(ms, 0.99), 2) if ms else None,
+                               "max_ms": round(max(ms), 2) if ms else None,
+                               "all_ms": [round(x, 3) for x in ms]}
+            ratios = []
+            for base_kind, key in (("unshare", "ratio_vs_unshare"), ("unshare+python", "ratio_vs_unshare_python")):
+                base = res.get(base_kind, {}).get("p50_ms")
+                ratio = (row["p50_ms"] / base) if (base and row["p50_ms"]) else None
+                row[key] = round(ratio, 2) if ratio else None
+                ratios.append(f"{ratio:.2f}x" if ratio else "-")
             print(f"  {kind:<17} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
-                  f"{surv:9d} {(f'{ratio:.2f}x') if ratio else '-':>10}")
+                  f"{surv:9d} {ratios[0]:>10} {ratios[1]:>17}")
     out["load_avg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:

@@ -1458,6 +1458,21 @@ static int save_env(char *const *ev, size_t n)
     return 0;
 }
 
+/* The child is to set limit res to (cur, max) - unless it has it from us
+ * already (a fork keeps the keeper's limits). An unknown res is kept: the
+ * child's setrlimit then fails, and that failure is the reply. */
+static void want_limit(struct spawn_req *q, int res, rlim_t cur, rlim_t max)
+{
+    if (q->nlim >= 16)
+        return;
+    if (res >= 0 && res < RLIM_NLIMITS && K.lim[res].rlim_cur == cur && K.lim[res].rlim_max == max)
+        return;
+    q->lim_res[q->nlim] = res;
+    q->lim[q->nlim].rlim_cur = cur;
+    q->lim[q->nlim].rlim_max = max;
+    q->nlim++;
+}
+
 /* owner_state: the owner's ignored signals, umask (want_umask) and resource
  * limits, read by us from its /proc entries while it waits for our reply -
  * its state as of its popen(), as when it sent them, for one request
@@ -1530,12 +1545,8 @@ have_limits:
     if (want_umask)
         q->umask_ = (int)strtol(um + 7, NULL, 8);
     q->nlim = 0;
-    for (res = 0; res < RLIM_NLIMITS && q->nlim < 16; res++) {
-        if (K.lim[res].rlim_cur == got[res].rlim_cur && K.lim[res].rlim_max == got[res].rlim_max)
-            continue; /* the child has it from us already */
-        q->lim_res[q->nlim] = res;
-        q->lim[q->nlim++] = got[res];
-    }
+    for (res = 0; res < RLIM_NLIMITS; res++)
+        want_limit(q, res, got[res].rlim_cur, got[res].rlim_max);
     return 0;
 }
 
@@ -1743,16 +1754,9 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             const value *t = rl->items[k];
             if (t->t == V_LIST && t->len == 3 && t->items[0]->t == V_INT &&
                 t->items[1]->t == V_INT && t->items[2]->t == V_INT) {
-                int res = (int)t->items[0]->i;
                 rlim_t cur = t->items[1]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[1]->i;
                 rlim_t max = t->items[2]->i < 0 ? RLIM_INFINITY : (rlim_t)t->items[2]->i;
-                if (res >= 0 && res < RLIM_NLIMITS && K.lim[res].rlim_cur == cur &&
-                    K.lim[res].rlim_max == max)
-                    continue; /* the child has it from us already */
-                q->lim_res[q->nlim] = res;
-                q->lim[q->nlim].rlim_cur = cur;
-                q->lim[q->nlim].rlim_max = max;
-                q->nlim++;
+                want_limit(q, (int)t->items[0]->i, cur, max);
             }
         }
     int pidfd = -1;
