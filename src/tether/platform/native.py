@@ -112,7 +112,7 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
         args.append("background=1")
     if os.environ.get("_TETHER_NATIVE_LEGACY") == "1":  # tests: the old-kernel paths
         args.append("legacy=1")
-    if os.environ.get(NO_OWNER_STATE) == "1" or mech.params.get("no_owner_state"):
+    if mech.params.get("no_owner_state"):  # NO_OWNER_STATE, read when the job opened
         args.append("owner_state=0")  # tests: the owner sends its state itself
     env = {k: os.environ[k] for k in _PASSED_ON if k in os.environ}
     # No setsigdef: exec resets handled signals, and the keeper sets every
