@@ -164,7 +164,7 @@ class Procs:
         @contextlib.contextmanager
         def ctx():
             libc = ctypes.CDLL(None, use_errno=True)
-            before = set(_own_children())
+            before = set(identity.children(os.getpid()))
             if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
             try:
@@ -175,11 +175,20 @@ class Procs:
                 finally:
                     libc.prctl(36, 0, 0, 0, 0)
                     mine = {p.pid for p in self.popens}
-                    for pid in set(_own_children()) - before - mine:
-                        try:  # adopted, and ended by cleanup: a zombie of ours
-                            os.waitpid(pid, 0)
-                        except ChildProcessError:
-                            pass
+                    adopted = set(identity.children(os.getpid())) - before - mine
+                    # Adopted, and ended by cleanup: each is, or soon is, a
+                    # zombie of ours. Reap only zombies (never block, never
+                    # take a status that belongs to a Popen or a Job).
+                    def zombies():
+                        for pid in list(adopted):
+                            ident = identity.read(pid)
+                            if ident is None or ident.state in ("Z", "X"):
+                                with contextlib.suppress(ChildProcessError):
+                                    os.waitpid(pid, os.WNOHANG)
+                                adopted.discard(pid)
+                        return not adopted
+                    if not poll_until(zombies, 5.0):
+                        raise AssertionError(f"adopted and still running after cleanup: {sorted(adopted)}")
         return ctx()
 
     def cleanup(self) -> None:
@@ -359,15 +368,3 @@ def tether_shell(kind: str, scratch) -> str | None:
                 "from tether.shell import main\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path
-
-
-def _own_children() -> list[int]:
-    """The pids of this process's children (every thread's), alive or zombie."""
-    out = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            continue
-    return out

@@ -252,3 +252,43 @@ def test_job_child_starts_in_the_owners_deleted_working_directory(procs, keeper,
     assert out["subprocess"] == out["here"] + " (deleted)", out
     assert out["job"] == out["subprocess"], out
     assert out["cwd=/"] == "/", out
+
+
+FORKED_OWNER = r'''
+import json, os, subprocess, sys
+from tether import Job
+
+CMD = ["sh", "-c", "umask"]
+os.umask(0o022)
+with Job(mechanism=sys.argv[1]) as job:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked child of the owner spawns into the job, with a umask of its own
+        try:
+            os.umask(0o077)
+            out = {"sub": subprocess.run(CMD, capture_output=True, text=True).stdout.strip(),
+                   "job": job.run(CMD, capture_output=True, text=True).stdout.strip()}
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = json.loads(f.read() or "{}")
+    os.waitpid(pid, 0)
+    parent = job.run(CMD, capture_output=True, text=True).stdout.strip()
+print(json.dumps({"child": child, "parent": parent}))
+'''
+
+
+@pytest.mark.parametrize("keeper", KEEPERS)
+def test_a_forked_child_of_the_owner_spawns_with_its_own_state(procs, keeper):
+    # The keeper reads the owner's /proc (owner_state): not the state of a
+    # forked child, which sends its own.
+    mech = next(m for m in MECHS if m != "pgroup")
+    r = subprocess.run([sys.executable, "-c", FORKED_OWNER, mech], capture_output=True, text=True,
+                       timeout=60, env=procs.env(**_keeper_env(keeper)))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["child"]["sub"] == "0077", out  # the control: subprocess's child has the child's
+    assert out["child"]["job"] == "0077", out
+    assert out["parent"] == "0022", out

@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from procutil import SHELL_KINDS, native_shell, tether_shell
+from procutil import SHELL_KINDS, native_shell, tether_shell, wait_until
 
 from tether import _shellargs as sa
 from tether import identity
@@ -707,16 +707,13 @@ def wait_start_record(state_home, timeout: float = 10.0) -> dict:
     yet", never a failure."""
     import json
 
-    deadline = time.monotonic() + timeout
-    while True:
+    def starts():
         try:
-            starts = [r for r in log_records(state_home) if r["event"] == "start"]
+            return [r for r in log_records(state_home) if r["event"] == "start"]
         except (FileNotFoundError, json.JSONDecodeError):
-            starts = []
-        if starts:
-            return starts[-1]
-        assert time.monotonic() < deadline, "no start record"
-        time.sleep(0.01)
+            return []
+
+    return wait_until(starts, timeout)[-1]
 
 
 def test_audit_records_metadata_and_never_the_secret(procs, ts, env, tmp_path):

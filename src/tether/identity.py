@@ -669,6 +669,20 @@ def self_status() -> tuple[int, int, int]:
     return int(f[b"Threads"]), int(f.get(b"SigIgn", b"0"), 16), int(f.get(b"SigBlk", b"0"), 16)
 
 
+_RLIMIT_RESOURCES: "tuple[int, ...] | None" = None
+
+
+def rlimit_resources() -> "tuple[int, ...]":
+    """The ``RLIMIT_*`` resources this Python knows, in order (read once)."""
+    global _RLIMIT_RESOURCES
+    if _RLIMIT_RESOURCES is None:
+        import resource
+
+        _RLIMIT_RESOURCES = tuple(sorted({getattr(resource, n) for n in dir(resource)
+                                          if n.startswith("RLIMIT_")}))
+    return _RLIMIT_RESOURCES
+
+
 def rlimits(pid: int | str) -> list[tuple[int, int, int]]:
     """``(resource, soft, hard)`` for each of ``pid``'s resource limits, from
     ``/proc/PID/limits`` (0444: readable where ``prlimit`` is not, from a PID
@@ -678,7 +692,7 @@ def rlimits(pid: int | str) -> list[tuple[int, int, int]]:
     in that form)."""
     import resource
 
-    known = sorted({getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")})
+    known = rlimit_resources()
     with open(f"/proc/{pid}/limits", "rb") as f:
         lines = f.read().split(b"\n")[1:]
     out = []

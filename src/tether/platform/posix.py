@@ -156,8 +156,8 @@ class KeeperJob(JobBackend):
             if env is not None:
                 msg.pop("env", None)
                 msg.pop("env_same", None)
-                if env == self._env_sent:
-                    msg["env_same"] = True
+                if env == self._env_sent and os.getpid() == self.mech.owner_pid:
+                    msg["env_same"] = True  # (a forked child cannot know what the keeper holds)
                 else:
                     msg["env"] = env
                 self._env_sent = None  # until the keeper took it (a reply says so)
@@ -495,7 +495,8 @@ class JobPopen(subprocess.Popen):
             # cwd None: the keeper opens our working directory itself (owner_state)
             reply = {"ok": False, "kind": "owner_state"}
             fds: list[int] = []
-            if backend.owner_state:
+            # (the keeper reads the owner's /proc: a forked child sends its own state)
+            if backend.owner_state and os.getpid() == backend.mech.owner_pid:
                 reply, fds = backend.request(msg, sources, env=env_b)
             if not reply.get("ok") and reply.get("kind") == "owner_state":
                 # The keeper cannot read our state (no /proc, or one it cannot
@@ -696,8 +697,6 @@ def _exec_path(env, env_b: dict) -> list[str]:
     global _PATH_SEEN
     if env is None:
         key: object = env_b.get(b"PATH")
-        if key is not None and key == _PATH_SEEN[0]:
-            return list(_PATH_SEEN[1])
     else:
         key = (env.get("PATH"), env.get(b"PATH")) if hasattr(env, "get") else object()
     if key is None or key != _PATH_SEEN[0]:
@@ -705,18 +704,11 @@ def _exec_path(env, env_b: dict) -> list[str]:
     return list(_PATH_SEEN[1])
 
 
-_RLIMITS: tuple[int, ...] | None = None
-
-
 def _rlimits() -> list[tuple[int, int, int]]:
     """This process's resource limits, ``(resource, soft, hard)`` each."""
-    global _RLIMITS
     import resource
 
-    if _RLIMITS is None:
-        _RLIMITS = tuple(sorted({getattr(resource, n) for n in dir(resource)
-                                 if n.startswith("RLIMIT_")}))
-    return [(r, *resource.getrlimit(r)) for r in _RLIMITS]
+    return [(r, *resource.getrlimit(r)) for r in identity.rlimit_resources()]
 
 
 def _list_fds() -> list[int]:
