@@ -227,10 +227,12 @@ def main() -> int:
             print(f"  {kind:<17} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
                   f"{surv:9d} {ratios[0]:>10} {ratios[1]:>17}")
     out["load_avg_end"] = os.getloadavg()
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    # A run of some kinds only does not replace the full one the docs quote.
+    results = RESULTS.replace(".json", "-kinds.json") if a.kinds else RESULTS
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    with open(results, "w") as f:
         json.dump(out, f, indent=2)
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 
