@@ -1729,7 +1729,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
              * every target fd, as the owner would have passed it */
             char path[64];
             snprintf(path, sizeof path, "/proc/%d/cwd", (int)K.owner);
-            int fd = K.no_owner_state ? -1 : open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+            int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
             if (fd >= 0 && fd < base) {
                 int up = fcntl(fd, F_DUPFD_CLOEXEC, base);
                 close(fd);
