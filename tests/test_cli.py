@@ -241,8 +241,11 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(tether
     from tether import identity
 
     mark = tmp_path / "left"
+    # The mark only after 0.5 s: by then the spawn's reply has reached tether
+    # run (a Python keeper replies after the command's exec, and sh can write
+    # a file first); a keeper killed before it replied is another case.
     p = procs.popen(tether + ["run", "-m", mech, "--", "sh", "-c",
-                              f"sleep 300 & echo $! > {mark}; sleep 1; exit 5"],
+                              f"sleep 0.5; sleep 300 & echo $! > {mark}; sleep 1; exit 5"],
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
     left = _wait_exec(int(_wait_file(mark)), "sleep")
