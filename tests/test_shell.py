@@ -1465,15 +1465,18 @@ def _tree_and_keeper(procs, ts, env, mech, stderr):
 @pytest.mark.parametrize("mech", MECHS)
 def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mech):
     # (The control is the next test: with the wrapper killed too, the tree stays.)
-    p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.PIPE)
-    t0 = time.monotonic()
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
-    _, err = p.communicate(timeout=10)
-    assert p.returncode == 123 and time.monotonic() - t0 < 5
-    # one line from tether (the shell, sharing stderr, may report its killed children)
-    assert [ln for ln in err.splitlines() if b"tether" in ln] == [
-        b"tether: keeper died; the job is no longer guarded"]
-    assert wait_dead(tree, 3.0) == []
+    # The keeper's children lose their parent when it is killed: held here, not
+    # under PID 1, for the moment until the wrapper ends them.
+    with procs.adopting_orphans():
+        p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.PIPE)
+        t0 = time.monotonic()
+        assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+        _, err = p.communicate(timeout=10)
+        assert p.returncode == 123 and time.monotonic() - t0 < 5
+        # one line from tether (the shell, sharing stderr, may report its killed children)
+        assert [ln for ln in err.splitlines() if b"tether" in ln] == [
+            b"tether: keeper died; the job is no longer guarded"]
+        assert wait_dead(tree, 3.0) == []
     assert log_records(env["XDG_STATE_HOME"])[-1]["detail"]["error"] == "keeper-died"
 
 
