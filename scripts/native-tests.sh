@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_sanitized.sh
-WORKERS="${TETHER_TEST_WORKERS:-2}"
+WORKERS="${TETHER_TEST_WORKERS:-4}"
 what="all"
 case "${1:-}" in python|sanitized|all) what="$1"; shift ;; esac
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 if [ "$(id -u)" != 0 ]; then
   echo "already unprivileged: running the mechanism tests directly"
-  exec python3 -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism
+  exec python3 -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-4}" -m mechanism
 fi
 USER_NAME=tether-ci-$$
 WORK=$(mktemp -d /tmp/tether-unpriv.XXXXXX)
@@ -40,7 +40,7 @@ cd "$WORK"
 rc=0
 runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" PATH="$WORK/venv/bin:/usr/bin:/bin" \
   LANG=C.UTF-8 TMPDIR=/tmp "${extra[@]}" \
-  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-2}" -m mechanism tests \
+  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TETHER_TEST_WORKERS:-4}" -m mechanism tests \
   || rc=$?
 if [ "${TETHER_UNPRIV_SANITIZED:-0}" = 1 ]; then
   sanitized_check "$WORK/sanitized" || rc=1
