@@ -21,8 +21,13 @@ whose child unshare dies with it (PR_SET_PDEATHSIG). The plain ``unshare``
 row's owner is unshare itself, a small C program that exits in a fraction of
 the time an interpreter takes to (its memory unmapped before its pidfd fires).
 
+A third, ``--keeper-baseline PATH``, runs each native kind a second time with
+the keeper program at PATH (``cgroup/baseline``: say, a keeper built from the
+commit before a change), interleaved, so a change to the keeper is measured
+against the one it replaces in the same run.
+
 usage: python3 bench/kill_latency.py [--trials 20] [--sizes 1,10,100,1000] [--quick]
-                                    [--kinds subreaper/native,...]
+                                    [--kinds subreaper/native,...] [--keeper-baseline PATH]
 """
 
 from __future__ import annotations
@@ -88,11 +93,16 @@ def unshare_argv(tree: str) -> list[str]:
     return args + ["/bin/sh", "-c", tree]
 
 
+BASELINE_KEEPER = ""  # --keeper-baseline: the keeper program of the */baseline kinds
+
+
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     tree = TREE if n > 1 else "trap '' TERM HUP; exec sleep 300"
     kind, _, keeper = kind.partition("/")
     if keeper:
-        env = dict(env, TETHER_NATIVE="1" if keeper == "native" else "0")
+        env = dict(env, TETHER_NATIVE="0" if keeper == "python" else "1")
+    if keeper == "baseline":
+        env["_TETHER_NATIVE_HELPER"] = BASELINE_KEEPER
     if kind == "unshare":
         args = unshare_argv(tree)
     elif kind == "unshare+python":
@@ -112,8 +122,9 @@ def trial(kind: str, n: int) -> dict:
     try:
         if kind != "unshare":
             owner.stdout.readline()
-        # unshare's init sh is in the tree too, and under a Python owner unshare itself
-        want = n + {"unshare": 1, "unshare+python": 2}.get(kind, 0)
+        # unshare's init is the tree's top (sh, then exec sleep): n, as under
+        # tether; under a Python owner, unshare itself too
+        want = n + (1 if kind == "unshare+python" else 0)
         deadline = time.monotonic() + 30
         members = []
         while time.monotonic() < deadline:
@@ -175,7 +186,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="5 trials, sizes 1,10,100")
     ap.add_argument("--kinds", default="", help="only these, comma-separated (e.g. subreaper/native);"
                     " the two unshare baselines always run")
+    ap.add_argument("--keeper-baseline", default="", metavar="PATH",
+                    help="also run each native kind with the keeper program at PATH (kind */baseline)")
     a = ap.parse_args()
+    global BASELINE_KEEPER
+    if a.keeper_baseline:
+        if not os.access(a.keeper_baseline, os.X_OK):
+            ap.error(f"--keeper-baseline: not an executable program: {a.keeper_baseline}")
+        BASELINE_KEEPER = os.path.abspath(a.keeper_baseline)
     trials = 5 if a.quick else a.trials
     sizes = [1, 10, 100] if a.quick else [int(x) for x in a.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -190,12 +208,15 @@ def main() -> int:
         if unknown:
             ap.error(f"--kinds: not available here: {', '.join(unknown)} (available: {', '.join(kinds)})")
         kinds = [k for k in kinds if k in wanted]
+    if BASELINE_KEEPER:
+        kinds += [k.replace("/native", "/baseline") for k in kinds if k.endswith("/native")]
     baseline_ok = shutil.which("unshare") is not None
     if baseline_ok:
         kinds[:0] = ["unshare", "unshare+python"]
     out: dict = {"bench": "kill_latency", "trials": trials, "sizes": sizes, "uid": os.geteuid(),
                  "kernel": platform.release(), "load_avg_start": os.getloadavg(), "results": {},
-                 "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable"}
+                 "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable",
+                 "keeper_baseline": BASELINE_KEEPER or None}
     print("owner SIGKILL -> last member dead (ms); tree includes setsid/nohup escapees and a TERM-ignorer")
     print("(rounds interleave the kinds, so drift in the machine's speed hits them alike)")
     print(f"  {'mechanism':<17} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} "
@@ -228,7 +249,8 @@ def main() -> int:
                   f"{surv:9d} {ratios[0]:>10} {ratios[1]:>17}")
     out["load_avg_end"] = os.getloadavg()
     # A run of some kinds only does not replace the full one the docs quote.
-    results = RESULTS.replace(".json", "-kinds.json") if a.kinds else RESULTS
+    results = (RESULTS.replace(".json", "-baseline.json") if BASELINE_KEEPER
+               else RESULTS.replace(".json", "-kinds.json") if a.kinds else RESULTS)
     os.makedirs(os.path.dirname(results), exist_ok=True)
     with open(results, "w") as f:
         json.dump(out, f, indent=2)

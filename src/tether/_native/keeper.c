@@ -32,7 +32,8 @@
  *    child moves itself in before exec.
  *  - subreaper: PR_SET_CHILD_SUBREAPER; ending is a kill loop over
  *    /proc/self/task/<tid>/children (not atomic: rescan after each round of
- *    reaping, never after each single reap) until waitpid says ECHILD.
+ *    reaping, never after each single reap; never walk the dying again: what
+ *    they forked comes down to us) until waitpid says ECHILD.
  *  - pidns: unshare(CLONE_NEWPID [| CLONE_NEWUSER]) in this process, then one
  *    fork: the child is the namespace's init and the keeper; the intermediate
  *    reports the init's outer pid and exits (after unshare, later forks of
@@ -839,14 +840,6 @@ static size_t children_of(pid_t pid, pid_t *out, size_t cap)
     return n;
 }
 
-static size_t descendants(pid_t root, pid_t *out, size_t cap)
-{
-    size_t n = children_of(root, out, cap);
-    for (size_t k = 0; k < n; k++)
-        n += children_of(out[k], out + n, cap - n);
-    return n;
-}
-
 static void kill_pid(pid_t pid)
 {
     /* A pid from our own children lists a moment ago, pinned by its pidfd. */
@@ -859,31 +852,123 @@ static void kill_pid(pid_t pid)
 
 static pid_t scratch[MAX_CHILDREN];
 
-/* The subreaper's (and an init's) kill loop: until waitpid says ECHILD. */
+/* The pids a kill loop has signalled and not yet reaped (open addressing:
+ * 0 empty, -1 removed). Their subtrees were read when they were signalled.
+ * Allocated for one kill loop (a table that was never made, or could not
+ * grow, only means reading the tree again: the old, slower way). */
+struct pidset {
+    pid_t *slot;
+    size_t cap, used; /* used: slots taken, removed ones included */
+};
+
+static size_t ps_find(const struct pidset *s, pid_t p)
+{
+    size_t k = ((uint32_t)p * 2654435761u) & (s->cap - 1);
+    while (s->slot[k] != 0 && s->slot[k] != p)
+        k = (k + 1) & (s->cap - 1);
+    return k;
+}
+
+static int ps_has(const struct pidset *s, pid_t p)
+{
+    return s->slot && s->slot[ps_find(s, p)] == p;
+}
+
+static void ps_del(struct pidset *s, pid_t p)
+{
+    if (s->slot && s->slot[ps_find(s, p)] == p)
+        s->slot[ps_find(s, p)] = -1;
+}
+
+static void ps_add(struct pidset *s, pid_t p)
+{
+    if (!s->slot || (s->used + 1) * 2 > s->cap) {
+        struct pidset g = {calloc(s->cap ? s->cap * 2 : 256, sizeof(pid_t)), s->cap ? s->cap * 2 : 256, 0};
+        if (!g.slot)
+            return;
+        for (size_t k = 0; k < s->cap; k++)
+            if (s->slot[k] > 0) {
+                g.slot[ps_find(&g, s->slot[k])] = s->slot[k];
+                g.used++;
+            }
+        free(s->slot);
+        *s = g;
+    }
+    size_t k = ps_find(s, p);
+    if (s->slot[k] != p) {
+        s->slot[k] = p;
+        s->used++;
+    }
+}
+
+/* SIGKILL the processes of scratch[from..n) not killed yet, and remember
+ * them; in scratch, one killed before is negated: its subtree was read when
+ * it was killed. */
+static void kill_found(struct pidset *killed, size_t from, size_t n)
+{
+    for (size_t k = from; k < n; k++) {
+        if (ps_has(killed, scratch[k])) {
+            scratch[k] = -scratch[k];
+            continue;
+        }
+        kill_pid(scratch[k]);
+        ps_add(killed, scratch[k]);
+    }
+}
+
+/* The subreaper's (and an init's) kill loop: until waitpid says ECHILD.
+ * Each process is killed as soon as it is found, parents before their
+ * children, so the first exits run on the other CPU while the walk goes on.
+ * The dying need not be read again: what one of them forked before the kill
+ * (a child this loop never saw) is re-parented to this subreaper when its
+ * parent exits, so after the first round a round reads our own children and
+ * the subtrees of those not killed yet. Rounds are a millisecond apart: the
+ * CPU is the dying's, whose exits are the cost of the whole (walking them
+ * again and again, or waking at each SIGCHLD, slowed their exits down:
+ * bench/kill_latency.py, 100 processes, 8.4 -> 7.4 ms and 7.2 -> 6.9 ms).
+ * A process stuck dying (uninterruptible sleep) hides what it forked until
+ * it exits, so the whole tree is read again once 20 ms pass without a reap. */
 static int kill_descendants(double timeout)
 {
-    double deadline = now_s() + timeout;
-    while (now_s() < deadline) {
-        size_t n = descendants(getpid(), scratch, MAX_CHILDREN);
-        for (size_t k = 0; k < n; k++)
-            kill_pid(scratch[k]);
-        int reaped_any = 0;
+    double deadline = now_s() + timeout, progress = 0;
+    struct pidset killed = {0};
+    int done = 0;
+    while (!done && now_s() < deadline) {
         for (;;) {
             int st;
             pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
             if (pid < 0 && errno == EINTR)
                 continue;
-            if (pid < 0)
-                return 1;
+            if (pid < 0) {
+                done = 1; /* ECHILD */
+                break;
+            }
             if (pid == 0)
                 break;
-            reaped_any = 1;
+            ps_del(&killed, pid);
             reaped(pid, st, 1);
+            progress = now_s();
         }
-        if (!n && !reaped_any)
-            nap_us(500);
+        if (done)
+            break;
+        int whole = !killed.slot || now_s() - progress >= 0.02;
+        size_t n = children_of(getpid(), scratch, MAX_CHILDREN);
+        kill_found(&killed, 0, n);
+        for (size_t k = 0; k < n; k++) {
+            pid_t pid = scratch[k] < 0 ? -scratch[k] : scratch[k];
+            if (scratch[k] < 0 && !whole)
+                continue;
+            size_t got = children_of(pid, scratch + n, MAX_CHILDREN - n);
+            kill_found(&killed, n, n + got);
+            n += got;
+        }
+        if (whole)
+            progress = now_s();
+        nap_us(1000);
+        drain_sigfd();
     }
-    return 0;
+    free(killed.slot);
+    return done;
 }
 
 static int cg_populated(void)

@@ -796,6 +796,15 @@ static int readable(int fd)
  * began and not yet dead. */
 static size_t nmembers;
 static pid_t members_buf[MAX_CHILDREN];
+
+/* Every descendant of root, breadth first, by the kernel's children lists. */
+static size_t descendants(pid_t root, pid_t *out, size_t cap)
+{
+    size_t n = children_of(root, out, cap);
+    for (size_t k = 0; k < n; k++)
+        n += children_of(out[k], out + n, cap - n);
+    return n;
+}
 static unsigned long long members_start[MAX_CHILDREN]; /* their start ticks, as read */
 static pid_t members_ppid[MAX_CHILDREN];
 static unsigned long long members_born;

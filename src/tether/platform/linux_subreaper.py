@@ -3,14 +3,15 @@
 ``PR_SET_CHILD_SUBREAPER`` makes every orphan below the keeper re-parent to
 the keeper instead of PID 1, so a double fork, ``setsid`` or a pid-hopper
 cannot leave the keeper's subtree. Ending the job is this module's kill
-loop: SIGKILL every descendant, reap, and read the children lists again
-until ``waitpid`` says ECHILD.
+loop: SIGKILL every descendant, then read our own children lists again
+(the dying hand what they forked down to us) until ``waitpid`` says ECHILD.
 
 Pitfalls: the guarantee rests on the keeper. If the keeper itself is
 SIGKILLed before the owner dies, its subtree is re-parented to PID 1 and
 survives; the audit log and ``tether reap`` clean that up afterwards.
 ``/proc/PID/task/*/children`` is not atomic: the loop rescans after each
-round of reaping (not after each single reap, which is quadratic).
+round of reaping (not after each single reap, which is quadratic), and
+never walks the dying again (that took the CPU their exits need).
 Available to any user on Linux >= 3.4.
 """
 
@@ -71,33 +72,64 @@ def _kill(pid: int, sig: int) -> None:
         os.close(fd)
 
 
-def reap_loop(timeout: float, sig: int = _SIGKILL, on_reap=None) -> bool:
-    """Kill every descendant of this process, in rounds, until waitpid says
+def kill_found(pids: "list[int]", killed: "set[int]") -> "list[tuple[int, bool]]":
+    """SIGKILL those of ``pids`` not in ``killed`` (and add them); each pid
+    with whether it was killed just now."""
+    out = []
+    for pid in pids:
+        fresh = pid not in killed
+        if fresh:
+            _kill(pid, _SIGKILL)
+            killed.add(pid)
+        out.append((pid, fresh))
+    return out
+
+
+def reap_loop(timeout: float, on_reap=None) -> bool:
+    """SIGKILL every descendant of this process, in rounds, until waitpid says
     ECHILD (True) or ``timeout`` passes (False).
 
     Works only in a subreaper (or a PID namespace's init): an orphan anywhere
-    below is re-parented here and shows up in the next scan. ``on_reap(pid,
-    status)`` is called for every child reaped.
+    below is re-parented here. Each process is killed as soon as it is found,
+    parents first. The dying are not read again: what one of them forked
+    before the kill is re-parented here when it exits, so after the first
+    round a round reads this process's own children and the subtrees of those
+    not killed yet. Rounds are a millisecond apart: the CPU belongs to the
+    dying, whose exits are the cost (walking them again and again slowed them
+    down). A process stuck dying hides what it forked until it exits, so the
+    whole tree is read again once 20 ms pass without a reap. The native
+    keeper's kill_descendants is the same loop. ``on_reap(pid, status)`` is
+    called for every child reaped.
     """
     me = os.getpid()
     deadline = time.monotonic() + timeout
+    killed: set[int] = set()  # signalled, not yet reaped: their subtrees were read
+    progress: float | None = None  # the last reap, or the last whole-tree read
     while time.monotonic() < deadline:
-        pids = identity.descendant_pids(me)
-        for pid in pids:
-            _kill(pid, sig)
-        reaped_any = False
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return True
+            except InterruptedError:
+                continue
             if pid == 0:
                 break
-            reaped_any = True
+            killed.discard(pid)
+            progress = time.monotonic()
             if on_reap is not None:
                 on_reap(pid, status)
-        if not pids and not reaped_any:
-            time.sleep(0.0005)
+        whole = progress is None or time.monotonic() - progress >= 0.02
+        found = kill_found(identity.children(me), killed)
+        k = 0
+        while k < len(found):
+            pid, fresh = found[k]
+            if fresh or whole:
+                found.extend(kill_found(identity.children(pid), killed))
+            k += 1
+        if whole:
+            progress = time.monotonic()
+        time.sleep(0.001)
     return False
 
 
@@ -111,4 +143,4 @@ class Mechanism(KeeperMechanism):
         return identity.descendant_pids(keeper_pid)
 
     def kill_all(self, keeper, timeout: float) -> None:
-        reap_loop(timeout, _SIGKILL, keeper.reaped)
+        reap_loop(timeout, keeper.reaped)
