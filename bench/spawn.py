@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Contained spawn+wait of /bin/true vs plain subprocess.Popen, in the same run.
 
-Also: the cost of opening a job, memory per open job (the keeper's PSS), and
+Also: the cost of opening a job, memory per open job (the keeper's PSS, and
+its pin's: an idle native cgroup job's sleeping process, cgroupfs.PIN_DIR), and
 how spawn time grows with the number of open jobs. Rounds interleave tether
 and the baseline so machine noise hits both alike; we report medians and the
 ratio. Each mechanism runs with both keepers where the native one is built:
@@ -10,7 +11,7 @@ it replaces). Targets (issue 18, native keeper): spawn+wait <= 1.25x plain
 Popen, tight and spaced 50 ms apart; opening a job <= 1 ms; <= 256 KiB PSS
 per open job at 1, 10 and 100 jobs, spawn time flat as they grow.
 
-usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python]
+usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python] [--spaced 60]
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def uss_kb(pid: int) -> int | None:
     return r["Private_Clean"] + r["Private_Dirty"] if "Private_Dirty" in r else None
 
 
+def pin_pid(job: Job) -> int | None:
+    """The job's pin (a native cgroup job's sleeping process that keeps it
+    populated: cgroupfs.PIN_DIR), whose memory is the job's too."""
+    from tether import cgroupfs
+
+    path = job.trace().get("cgroup_path")
+    pins = cgroupfs.procs_here(os.path.join(path, cgroupfs.PIN_DIR)) if path else []
+    return pins[0] if pins else None
+
+
+def job_kb(job: Job, measure) -> int:
+    """``measure`` (pss_kb or uss_kb) of the job's keeper plus its pin."""
+    return sum(measure(p) or 0 for p in (job.trace()["keeper_pid"], pin_pid(job)) if p)
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -68,6 +84,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keeper", choices=("both", "native", "python"), default="both")
+    ap.add_argument("--spaced", type=int, default=0, help="rounds of the spaced spawns (default 60)")
     a = ap.parse_args()
     n = 60 if a.quick else a.n
     keepers = ["native", "python"] if a.keeper == "both" else [a.keeper]
@@ -110,12 +127,13 @@ def main() -> int:
         for _ in range(n):
             base.append(timed(plain))
             ours.append(timed(lambda job=job: job.popen(["/bin/true"]).wait()))
-        pss = pss_kb(job.trace()["keeper_pid"])
+        pss = job_kb(job, pss_kb)
+        pin_pss = pss_kb(pin_pid(job) or 0) if pin_pid(job) else None
         job.close()
         b, o = statistics.median(base) * 1e6, statistics.median(ours) * 1e6
         out["mechanisms"][label] = {"plain_us": round(b, 1), "tether_us": round(o, 1),
                                 "ratio": round(o / b, 3), "open_job_us": round(statistics.median(t_open) * 1e6, 1),
-                                "keeper_pss_kb": pss,
+                                "keeper_pss_kb": pss, "of_which_pin_pss_kb": pin_pss,
                                 "tether_p90_us": round(sorted(ours)[int(len(ours) * 0.9)] * 1e6, 1),
                                 "plain_p90_us": round(sorted(base)[int(len(base) * 0.9)] * 1e6, 1)}
         r = out["mechanisms"][label]
@@ -125,7 +143,7 @@ def main() -> int:
     # Spaced out, as an agent spawns (a command every so often): 50 ms of quiet
     # before each spawn. A tight loop hides costs that only a cold kernel path
     # pays (a cgroup move after an RCU grace period: see linux_cgroup.py).
-    spaced_n = 20 if a.quick else 60
+    spaced_n = a.spaced or (20 if a.quick else 60)
     print(f"spaced spawns (50 ms apart), {spaced_n} rounds, median µs")
     jobs = {label: job_of(m, k) for label, m, k in mechs if m != "auto"}
     # The same with a member that stays (an agent's CLI, a server): the first
@@ -137,8 +155,9 @@ def main() -> int:
             job.popen(["sleep", "3600"])
     samples: dict[str, list[float]] = {"plain": [], **{m: [] for m in jobs}}
     try:
-        for _ in range(spaced_n):
-            for k in samples:
+        order = list(samples)
+        for i in range(spaced_n):
+            for k in order[i % len(order):] + order[:i % len(order)]:  # each goes first in turn
                 time.sleep(0.05)
                 fn = plain if k == "plain" else (lambda j=jobs[k]: j.popen(["/bin/true"]).wait())
                 samples[k].append(timed(fn))
@@ -160,10 +179,12 @@ def main() -> int:
         for count in (1, 10, 100) if not a.quick else (1, 10):
             jobs = [job_of("auto", k) for _ in range(count)]
             try:
+                for j in jobs:  # a job that ran something: a native cgroup job has its pin
+                    j.run(["/bin/true"])
                 ts = [timed(lambda jobs=jobs: jobs[-1].popen(["/bin/true"]).wait())
                       for _ in range(max(20, n // 5))]
-                pss = sum(pss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
-                uss = sum(uss_kb(j.trace()["keeper_pid"]) or 0 for j in jobs)
+                pss = sum(job_kb(j, pss_kb) for j in jobs)
+                uss = sum(job_kb(j, uss_kb) for j in jobs)
             finally:
                 for j in jobs:
                     j.close()

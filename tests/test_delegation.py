@@ -181,6 +181,51 @@ def test_doctor_and_job_in_a_delegated_scope(sim):
     assert res["alive"] == [False, False, False] and not res["dir_left"]
 
 
+PIN = r'''
+import json, os, subprocess, time
+from tether import Job, cgroupfs
+from tether.platform import native
+with Job(mechanism="cgroup") as job:
+    path = job.trace()["cgroup_path"]
+    job.run(["true"])
+    pin_dir = os.path.join(path, cgroupfs.PIN_DIR)
+    deadline = time.monotonic() + 5
+    while not (os.path.isdir(pin_dir) and cgroupfs.procs_here(pin_dir)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    def move(to):
+        return job.run(["sh", "-c", 'echo $$ > "$0/cgroup.procs"', to],
+                       stderr=subprocess.DEVNULL).returncode
+    hide = move(pin_dir)
+    os.mkdir(os.path.join(path, "mine"))
+    other = move(os.path.join(path, "mine"))  # the control: a cgroup of the user's own
+    pins = cgroupfs.procs_here(pin_dir)
+print(json.dumps({"native": native.built(), "uid": os.getuid(), "pins": len(pins), "hide": hide,
+                  "other": other, "left": os.path.exists(path)}))
+'''
+
+
+def test_a_member_cannot_hide_in_its_jobs_pin(sim):
+    """As a user in a cgroup delegated to it (owned.service, owned by nobody):
+    a member cannot move itself into its job's pin cgroup (read-only
+    cgroup.procs); the control, a cgroup of its own in the job, it can."""
+    py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    why = unprivileged_blocker(py, NOBODY)
+    if why:
+        pytest.skip(why)
+    os.chmod(sim["owned"], 0o755)
+    script = ('echo $$ > "$CG/cgroup.procs" && exec setpriv --reuid=65534 --regid=65534 '
+              '--clear-groups "$PY" -c "$CODE"')
+    env = dict(os.environ, CG=sim["owned"], PY=py, CODE=PIN, PYTHONPATH=SRC, TETHER_NATIVE="1")
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    if not res["native"]:
+        pytest.skip("the native keeper is not built: no pin")
+    assert res["uid"] == NOBODY and res["pins"] == 1, res
+    assert res["hide"] != 0 and res["other"] == 0, res
+    assert not res["left"], res
+
+
 def test_doctor_in_a_scope_not_delegated_says_how_to_get_one(sim):
     r = _under_systemd(sim["plain"], DOCTOR)
     assert r.returncode == 0, r.stderr

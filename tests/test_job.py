@@ -386,6 +386,74 @@ def test_native_cgroup_keeper_lives_outside_and_children_are_born_inside(procs, 
     assert not os.path.exists(path)
 
 
+def _pin_pids(path: str) -> list[int]:
+    from tether import cgroupfs
+
+    d = os.path.join(path, cgroupfs.PIN_DIR)
+    return cgroupfs.procs_here(d) if os.path.isdir(d) else []
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+@pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
+def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(procs, monkeypatch):
+    from procutil import wait_until
+
+    from tether import cgroupfs
+
+    monkeypatch.setenv("TETHER_NATIVE", "1")
+    with Job(mechanism="cgroup") as job:
+        path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
+        assert _pin_pids(path) == []  # none before the first spawn
+        assert job.run(["true"]).returncode == 0
+        pin = identity.read(wait_until(lambda: _pin_pids(path))[0])
+        assert pin is not None and pin.ppid == keeper and pin.comm == "tether-pin"
+        assert cgroupfs.is_pin(pin.pid) and not cgroupfs.is_pin(keeper)
+        # It keeps the idle job populated, and is nobody's member.
+        assert job.member_pids() == [] and cgroupfs.populated(path)
+        assert cgroupfs.procs(path) == []
+        p = job.popen(["sleep", "30"], env=procs.env())
+        assert job.member_pids() == [p.pid] and cgroupfs.procs(path) == [p.pid]
+        # Its cgroup.procs is read-only: a member cannot hide there (but root).
+        mode = os.stat(os.path.join(path, cgroupfs.PIN_DIR, "cgroup.procs")).st_mode
+        assert mode & 0o777 == 0o444
+        assert os.listdir(f"/proc/{pin.pid}/fd") == []  # it holds nothing of the keeper's
+        assert job.run(["true"]).returncode == 0
+        assert _pin_pids(path) == [pin.pid]  # one pin per job, not one per spawn
+    assert p.wait(timeout=5) is not None
+    wait_until(lambda: not identity.is_alive(pin), 3.0)  # ended with the job
+    assert not os.path.exists(path)
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+@pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
+def test_a_pin_dies_with_its_keeper(procs, monkeypatch):
+    """The keeper SIGKILLed first: its job's members survive (stated for the
+    mechanism), its pin does not (PR_SET_PDEATHSIG)."""
+    from procutil import wait_until
+
+    monkeypatch.setenv("TETHER_NATIVE", "1")
+    job = Job(mechanism="cgroup")
+    try:
+        path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
+        p = job.popen(["sleep", "30"], env=procs.env())
+        pin = identity.read(wait_until(lambda: _pin_pids(path))[0])
+        k = identity.read(keeper)
+        assert identity.send_signal(k, signal.SIGKILL)
+        wait_until(lambda: not identity.is_alive(pin), 3.0)
+        # Control: the member, which nothing ties to the keeper, is still alive.
+        assert identity.is_alive(identity.read(p.pid))
+    finally:
+        from tether import cgroupfs
+
+        cgroupfs.kill(path, 5.0)
+        p.wait(timeout=5)
+        try:
+            job.close()
+        except Exception:
+            pass
+        cgroupfs.remove_tree(path)
+
+
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 def test_nested_cgroup_job_keeper_is_no_member_and_survives_outer_terminate(procs):
     with Job(mechanism="cgroup") as outer, Job(mechanism="cgroup", parent=outer) as inner:

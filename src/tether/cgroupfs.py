@@ -31,7 +31,7 @@ __all__ = [
     "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
-    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER", "SHELL_SCOPE_DIR",
+    "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER", "SHELL_SCOPE_DIR", "PIN_DIR", "is_pin",
 ]
 
 RUN_PREFIX = "tether-"
@@ -41,6 +41,14 @@ BACKGROUND_SUFFIX = ".bg"
 #: The cgroup of tether-shell's caller scope:
 #: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
 SHELL_SCOPE_DIR = "shell-scope"
+#: The child cgroup of a native keeper's job that holds the job's pin: one
+#: sleeping process, the keeper's child, that keeps an idle job's cgroup
+#: populated (a spawn into an empty cgroup pays the kernel's cgroup.events
+#: notice; see keeper.c's pin_job). Not a job, and its process not a member:
+#: every reader skips it. Its cgroup.procs is read-only, so only root (who can
+#: leave any cgroup anyway) could hide a member there; cgroup.kill of the job
+#: ends it too.
+PIN_DIR = "tether-pin"
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
 
@@ -104,6 +112,12 @@ def path_of(rel: str, where: str | None = None) -> str | None:
     if where is None:
         return None
     return where if rel in ("", "/") else os.path.join(where, rel.lstrip("/"))
+
+
+def is_pin(pid: int) -> bool:
+    """Whether ``pid`` is a job's pin (it is in a :data:`PIN_DIR` cgroup)."""
+    rel = own(pid)
+    return rel is not None and rel.rsplit("/", 1)[-1] == PIN_DIR
 
 
 def own_dir(pid: int | str = "self") -> str | None:
@@ -182,9 +196,12 @@ def _walk_error(e: OSError) -> None:
 
 
 def procs(path: str) -> list[int]:
-    """The processes in cgroup ``path`` and every cgroup below it."""
+    """The processes in cgroup ``path`` and every cgroup below it (but a
+    job's pin, :data:`PIN_DIR`)."""
     out: list[int] = []
-    for dirpath, _dirs, _files in os.walk(path, onerror=_walk_error):
+    for dirpath, dirs, _files in os.walk(path, onerror=_walk_error):
+        if PIN_DIR in dirs:
+            dirs.remove(PIN_DIR)
         out.extend(procs_here(dirpath))
     return out
 

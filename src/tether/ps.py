@@ -236,6 +236,8 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
         run = f"{owner.pid}-{owner.start}"
         for dirpath, dirs, _files in os.walk(rd):
             dirs.sort()
+            if cgroupfs.PIN_DIR in dirs:
+                dirs.remove(cgroupfs.PIN_DIR)  # a job's pin, not a job
             if dirpath == rd:
                 continue
             job_id = os.path.basename(dirpath)

@@ -500,6 +500,8 @@ def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
             continue
         if (d.pid, d.start) in plan.targets:
             continue
+        if d.ppid == parent.ident.pid and cgroupfs.is_pin(d.pid):
+            continue  # a keeper's pin (cgroupfs.PIN_DIR): it dies with its keeper
         cur = identity.read(d.pid)  # the capture's uid is the effective one; read the real one
         if cur is None or cur.start != d.start or cur.state in ("Z", "X", "x"):
             continue
@@ -598,7 +600,9 @@ def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool
     """
     whole = True
     protected_dirs: dict[str, str] = {}
-    for dirpath, _dirs, _files in os.walk(jd):  # top-down: a parent before its children
+    for dirpath, dirs, _files in os.walk(jd):  # top-down: a parent before its children
+        if cgroupfs.PIN_DIR in dirs:
+            dirs.remove(cgroupfs.PIN_DIR)  # a job's pin: not a member (it dies with its keeper)
         job = os.path.basename(dirpath)
         why = protected_dirs.get(os.path.dirname(dirpath)) or _job_protection(run, job)
         if why is not None:

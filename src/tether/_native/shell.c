@@ -813,6 +813,9 @@ static void add_members_of(const char *dir, int depth)
 {
     char path[4200];
     static char buf[65536];
+    const char *base = strrchr(dir, '/');
+    if (depth > 0 && base && strcmp(base + 1, PIN_DIR) == 0)
+        return; /* a job's pin (keeper.c's pin_job), not a member */
     if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", dir) >= sizeof path)
         return;
     ssize_t len = read_file(path, buf, sizeof buf);
