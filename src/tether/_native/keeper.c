@@ -643,6 +643,7 @@ static struct {
     int born_killed;    /* a CLONE_INTO_CGROUP child was killed at birth: see op_spawn */
     pid_t pin;          /* the idle job's pin (see pin_job), or 0 */
     int no_pin;         /* a pin could not start (its exec failed): none again */
+    int no_prlimit;     /* prlimit on the owner was refused (EPERM): read its /proc file */
     unsigned char ign[65];        /* the signals this keeper ignores */
     struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
@@ -1583,8 +1584,12 @@ static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
         return -1;
     }
     snprintf(path, sizeof path, "/proc/%d/status", (int)K.owner);
-    if (read_file(path, buf, sizeof buf) <= 0)
+    ssize_t got_status = read_file(path, buf, sizeof buf);
+    if (got_status <= 0) {
+        if (got_status == 0)
+            errno = EPROTO; /* empty: not as this kernel writes it */
         return -1;
+    }
     const char *ig = strstr(buf, "\nSigIgn:"), *um = strstr(buf, "\nUmask:");
     errno = EPROTO; /* for what follows: an entry not as this kernel writes it */
     if (!ig || (want_umask && !um))
@@ -1599,9 +1604,13 @@ static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
                  !(restore && (s == SIGPIPE || s == SIGXFSZ));
     struct rlimit got[RLIM_NLIMITS];
     int res = 0;
-    /* prlimit where we can name the owner (a third of the file's cost) */
-    while (K.mech != M_PIDNS && res < RLIM_NLIMITS && prlimit(K.owner, res, NULL, &got[res]) == 0)
+    /* prlimit where we can name the owner (a third of the file's cost);
+     * refused once (EPERM: the owner's ids differ from ours), always */
+    while (K.mech != M_PIDNS && !K.no_prlimit && res < RLIM_NLIMITS &&
+           prlimit(K.owner, res, NULL, &got[res]) == 0)
         res++;
+    if (res < RLIM_NLIMITS && errno == EPERM)
+        K.no_prlimit = 1;
     if (res == RLIM_NLIMITS)
         goto have_limits;
     /* else (a PID namespace, or an owner whose ids differ: EPERM) its file:
@@ -1609,12 +1618,16 @@ static int read_owner_state(struct spawn_req *q, int restore, int want_umask)
      * RLIMIT_* order; the name column is 25 characters and a space */
     snprintf(path, sizeof path, "/proc/%d/limits", (int)K.owner);
     char lim[4096];
-    if (read_file(path, lim, sizeof lim) <= 0)
+    ssize_t got_limits = read_file(path, lim, sizeof lim);
+    if (got_limits <= 0) {
+        if (got_limits == 0)
+            errno = EPROTO;
         return -1;
+    }
     errno = EPROTO;
     const char *line = strchr(lim, '\n');
     for (res = 0; res < RLIM_NLIMITS; res++) {
-        if (!line || strlen(line + 1) < 27)
+        if (!line || strnlen(line + 1, 27) < 27)
             return -1;
         const char *p = line + 1 + 26;
         rlim_t v[2];
@@ -1878,9 +1891,10 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             snprintf(path, sizeof path, "/proc/%d/cwd", (int)K.owner);
             int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
             if (fd >= 0 && fd < base) {
-                int up = fcntl(fd, F_DUPFD_CLOEXEC, base);
+                int up = fcntl(fd, F_DUPFD_CLOEXEC, base), err = errno;
                 close(fd);
                 fd = up;
+                errno = err; /* fcntl's, for the message below */
             }
             if (fd < 0) {
                 bad = "owner_state";
