@@ -11,7 +11,14 @@ it replaces). Targets (issue 18, native keeper): spawn+wait <= 1.25x plain
 Popen, tight and spaced 50 ms apart; opening a job <= 1 ms; <= 256 KiB PSS
 per open job at 1, 10 and 100 jobs, spawn time flat as they grow.
 
+``--keeper-baseline PATH`` adds each native mechanism a second time with the
+keeper program at PATH (``cgroup/baseline``: say, one built from the commit
+before a change), in the same spaced rounds, so a change to the keeper is
+measured against the one it replaces in the same run (results go to
+spawn-baseline.json).
+
 usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python] [--spaced 60]
+                              [--keeper-baseline PATH]
 """
 
 from __future__ import annotations
@@ -85,26 +92,39 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keeper", choices=("both", "native", "python"), default="both")
     ap.add_argument("--spaced", type=int, default=0, help="rounds of the spaced spawns (default 60)")
+    ap.add_argument("--keeper-baseline", metavar="PATH", default="",
+                    help="a second native keeper program, run beside the built one")
     a = ap.parse_args()
+    results = RESULTS
+    if a.keeper_baseline:
+        if not os.access(a.keeper_baseline, os.X_OK):
+            ap.error(f"--keeper-baseline: {a.keeper_baseline} is not an executable file")
+        results = RESULTS.replace(".json", "-baseline.json")
     n = 60 if a.quick else a.n
     keepers = ["native", "python"] if a.keeper == "both" else [a.keeper]
     if not native.built():
         keepers = [k for k in keepers if k == "python"] or ["python"]
+    if a.keeper_baseline and "native" in keepers:
+        keepers.insert(keepers.index("native") + 1, "baseline")
     base_mechs = ["auto"] + [m for m in ("cgroup", "subreaper", "pidns", "pgroup")
                              if probe(m).available]
     # (label, mechanism, keeper): pgroup keeps its Python keeper
     mechs = [(m if k == "python" and len(keepers) == 1 else f"{m}/{k}", m, k)
-             for m in base_mechs for k in keepers if not (m == "pgroup" and k == "native")]
+             for m in base_mechs for k in keepers if not (m == "pgroup" and k != "python")]
     out: dict = {"bench": "spawn", "n": n, "python": platform.python_version(),
                  "kernel": platform.release(), "uid": os.geteuid(), "auto": choose("auto"),
                  "keepers": keepers, "load_avg": os.getloadavg(), "mechanisms": {}}
 
     def job_of(m: str, k: str) -> Job:
-        os.environ["TETHER_NATIVE"] = "1" if k == "native" else "0"
+        os.environ["TETHER_NATIVE"] = "0" if k == "python" else "1"
+        built = native.HELPER
+        if k == "baseline":
+            native.HELPER = a.keeper_baseline
         try:
             return Job(mechanism=m)
         finally:
             del os.environ["TETHER_NATIVE"]
+            native.HELPER = built
 
     def plain() -> None:
         subprocess.Popen(["/bin/true"]).wait()
@@ -176,6 +196,8 @@ def main() -> int:
     # Growth with the number of open jobs: spawn cost and memory, auto mechanism.
     growth = []
     for k in keepers:
+        if k == "baseline":
+            continue
         for count in (1, 10, 100) if not a.quick else (1, 10):
             jobs = [job_of("auto", k) for _ in range(count)]
             try:
@@ -196,10 +218,10 @@ def main() -> int:
                   f"{growth[-1]['pss_kb_per_job']:.0f} kB PSS, "
                   f"{growth[-1]['uss_kb_per_job']:.0f} kB USS per job")
     out["growth"] = growth
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    with open(results, "w") as f:
         json.dump(out, f, indent=2)
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

@@ -426,6 +426,31 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
 
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 @pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
+def test_a_native_cgroup_keeper_holds_the_procs_files_its_clones_are_checked_against(monkeypatch):
+    """CLONE_INTO_CGROUP checks that the keeper may write the job's
+    cgroup.procs and that of the lowest cgroup above both the job's and its
+    own; the keeper holds both files (O_PATH), so the kernel does not make
+    and drop their inodes on every spawn."""
+    from tether import cgroupfs
+
+    monkeypatch.setenv("TETHER_NATIVE", "1")
+    with Job(mechanism="cgroup") as job:
+        path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
+        held = set()
+        for fd in os.listdir(f"/proc/{keeper}/fd"):
+            try:
+                held.add(os.readlink(f"/proc/{keeper}/fd/{fd}"))
+            except OSError:
+                continue
+        ours = cgroupfs.path_of(cgroupfs.own(keeper) or "/")
+        common = os.path.commonpath([ours, path])
+        assert os.path.join(path, "cgroup.procs") in held
+        assert os.path.join(common, "cgroup.procs") in held
+        assert job.run(["true"]).returncode == 0
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
+@pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
 def test_a_pin_dies_with_its_keeper(procs, monkeypatch):
     """The keeper SIGKILLed first: its job's members survive (stated for the
     mechanism), its pin does not (PR_SET_PDEATHSIG)."""

@@ -199,7 +199,7 @@ static int has_marker(const char *buf, size_t n)
 /* The first and last 4 KiB (a launcher puts its script at one end). */
 static int file_marked(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
     static char buf[8192];
@@ -220,7 +220,7 @@ static int file_marked(const char *path)
 
 static int same_bytes(const char *a, const char *b)
 {
-    int fa = open(a, O_RDONLY | O_CLOEXEC), fb = fa < 0 ? -1 : open(b, O_RDONLY | O_CLOEXEC);
+    int fa = openat(AT_FDCWD, a, O_RDONLY | O_CLOEXEC), fb = fa < 0 ? -1 : openat(AT_FDCWD, b, O_RDONLY | O_CLOEXEC);
     int same = fa >= 0 && fb >= 0;
     static char ba[65536], bb[65536];
     while (same) {
@@ -568,13 +568,13 @@ static void log_open(void)
     snprintf(L.path, sizeof L.path, "%s/shell-%04d-%02d-%02d.jsonl", L.dir, tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday);
     int flags = O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
-    L.fd = open(L.path, flags);
+    L.fd = openat(AT_FDCWD, L.path, flags);
     if (L.fd < 0 && errno == ENOENT) {
-        L.fd = open(L.path, flags | O_CREAT | O_EXCL, 0600);
+        L.fd = openat(AT_FDCWD, L.path, flags | O_CREAT | O_EXCL, 0600);
         if (L.fd >= 0)
             log_prune(tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
         else if (errno == EEXIST)
-            L.fd = open(L.path, flags);
+            L.fd = openat(AT_FDCWD, L.path, flags);
     }
     if (L.fd < 0) {
         L.on = 0;
@@ -1020,7 +1020,7 @@ static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
         return -1;
     }
     snprintf(K.mount, sizeof K.mount, "%s", R->mount);
-    K.cgfd = open(K.cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    K.cgfd = openat(AT_FDCWD, K.cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (K.cgfd < 0) {
         *err = errno;
         snprintf(why, whysize, "%s", strerror(errno));
@@ -1080,7 +1080,7 @@ static void let_go(int *keep, int n)
         lo = (unsigned)keep[k] + 1;
     }
     close_span(lo, ~0U);
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int null = openat(AT_FDCWD, "/dev/null", O_RDWR | O_CLOEXEC);
     if (null >= 0) {
         for (int fd = 0; fd < 3; fd++)
             dup2(null, fd);
