@@ -1037,9 +1037,8 @@ static int cg_is_member(pid_t pid)
  * write the cgroup.procs file of the job's cgroup and of the lowest cgroup
  * above both it and ours. The kernel takes each file's inode for the check:
  * with no dentry holding it, it allocates one and evicts it again, on every
- * spawn. An O_PATH descriptor on each file keeps both (a clone ~6 us sooner
- * after a pause: 117 against 123 us, C, medians of 200, 50 ms apart).
- * Best effort: a path it cannot work out is left alone. */
+ * spawn. An O_PATH descriptor on each file keeps both inodes. Best effort: a
+ * path it cannot work out is left alone. */
 static void hold_procs_files(void)
 {
     char buf[4200], path[4200];
