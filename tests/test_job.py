@@ -424,6 +424,34 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
     assert not os.path.exists(path)
 
 
+@pytest.mark.parametrize("keeper", ["native", "python"])
+@pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper") if available(m)])
+def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, monkeypatch, mech, keeper):
+    """SIGHUP, SIGINT, SIGQUIT, SIGTERM, the stop signals and SIGPIPE leave a
+    keeper serving (the native one blocks them, the Python one ignores
+    them). Control: SIGUSR1, which no keeper takes, ends it."""
+    from procutil import wait_until
+
+    from tether.platform._keeper import KEEPER_IGNORES
+
+    if keeper == "native" and not native.built():
+        pytest.skip("the native keeper is not built")
+    monkeypatch.setenv("TETHER_NATIVE", "1" if keeper == "native" else "0")
+    job = Job(mechanism=mech)
+    try:
+        k = identity.read(job.trace()["keeper_pid"])
+        assert k is not None
+        for sig in KEEPER_IGNORES:
+            assert identity.send_signal(k, sig)
+        assert job.run(["true"]).returncode == 0  # it serves: not stopped, not gone
+        now = identity.read(k.pid)
+        assert now is not None and now.start == k.start and now.state not in ("T", "Z")
+        assert identity.send_signal(k, signal.SIGUSR1)
+        wait_until(lambda: not identity.is_alive(k), 3.0)
+    finally:
+        job.close()
+
+
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 @pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
 def test_a_native_cgroup_keeper_holds_the_procs_files_its_clones_are_checked_against(monkeypatch):

@@ -1268,6 +1268,10 @@ static void child_fail(int errfd, char stage, int err)
     _exit(127);
 }
 
+/* This keeper's umask, the owner's when it started us, never changed (a
+ * child whose owner has the same needs no call), or -1 where unknown. */
+static int keeper_umask = -1;
+
 static void child_main(struct spawn_req *q) __attribute__((noreturn));
 static void child_main(struct spawn_req *q)
 {
@@ -1299,7 +1303,7 @@ static void child_main(struct spawn_req *q)
     for (int k = 0; k < q->nlim; k++)
         if (setrlimit(q->lim_res[k], &q->lim[k]) < 0)
             child_fail(q->errfd, 'r', errno);
-    if (q->umask_ >= 0)
+    if (q->umask_ >= 0 && q->umask_ != keeper_umask)
         umask((mode_t)q->umask_);
     if (q->cwd) {
         if (chdir(q->cwd) < 0)
@@ -2376,7 +2380,7 @@ static int usage(void)
  * PARENT, asleep until it dies with the keeper (PR_SET_PDEATHSIG, set
  * before the exec that started us and kept by it) or with the job. (A
  * zombie child of its own in the job's cgroup would also keep the kernel's
- * css_set of the job alive, another ~75 us off a spawn after a pause, but
+ * css_set of the job alive, for a spawn after a pause sooner still, but
  * while it lives, for a moment, it is in the job's cgroup.procs: a member
  * to any reader.) */
 static int pin_main(const char *parent)
@@ -2386,7 +2390,7 @@ static int pin_main(const char *parent)
         return 0; /* the keeper died before the line above */
     prctl(PR_SET_NAME, "tether-pin", 0, 0, 0);
     close_span(0, ~0U);
-    for (;;) /* the keeper's ignored signals stay ignored; SIGKILL ends it */
+    for (;;) /* the keeper's blocked signals stay blocked (exec keeps a mask); SIGKILL ends it */
         pause();
 }
 
@@ -2443,17 +2447,25 @@ int main(int argc, char **argv)
     prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
     setpgid(0, 0); /* a caller killing the owner's group must not take us along */
     /* A known signal state: everything default (an owner's posix_spawn on
-     * glibc < 2.38 leaves glibc's 32 and 33 ignored here), then ignore what
-     * a keeper must survive (the caller may kill the owner's group). */
+     * glibc < 2.38 leaves glibc's 32 and 33 ignored here), and what a keeper
+     * must survive (the caller may kill the owner's group) blocked, never
+     * to be taken: blocked rather than ignored, so a child starts with every
+     * disposition at its default and calls sigaction only for what the
+     * owner ignores (with eight ignored here, each child set all eight back
+     * before its exec); child_main gives it the owner's mask. SIGCHLD is
+     * blocked as well: it is read from a signalfd (below). */
     for (int s = 1; s < 65; s++)
         if (s != SIGKILL && s != SIGSTOP)
             raw_signal(s, SIG_DFL);
-    static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU,
-                                  SIGPIPE};
-    for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++) {
-        raw_signal(ignored[k], SIG_IGN);
-        K.ign[ignored[k]] = 1;
-    }
+    static const int survived[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU,
+                                   SIGPIPE};
+    sigset_t blocked;
+    sigemptyset(&blocked);
+    for (size_t k = 0; k < sizeof survived / sizeof *survived; k++)
+        sigaddset(&blocked, survived[k]);
+    sigprocmask(SIG_BLOCK, &blocked, NULL);
+    keeper_umask = (int)umask(0);
+    umask((mode_t)keeper_umask);
     for (int r = 0; r < RLIM_NLIMITS; r++)
         if (getrlimit(r, &K.lim[r]) < 0)
             K.lim[r].rlim_cur = K.lim[r].rlim_max = 0; /* unknown: always set */
