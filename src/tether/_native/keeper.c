@@ -1457,9 +1457,10 @@ static pid_t spawn_followed(struct spawn_req *q, int *pidfd, unsigned char b[6],
             return -1;
         }
         /* A vfork-style child woke us at its exec (past the point of no
-         * return) or its exit, so what it wrote is all it will write; its
-         * copy of the pipe closes only later in exec, and waiting for that
-         * EOF measured ~75 us. A copying clone runs beside us: read to EOF. */
+         * return) or its exit, so what it wrote is all it will write, and
+         * one read takes it all; its copy of the pipe closes only later in
+         * exec, and waiting for that EOF measured ~75 us. A copying clone
+         * runs beside us: read to EOF. */
         if (!q->vforked)
             fcntl(pipefd[0], F_SETFL, 0);
         *n = 0;
@@ -1470,7 +1471,7 @@ static pid_t spawn_followed(struct spawn_req *q, int *pidfd, unsigned char b[6],
             if (got <= 0)
                 break;
             *n += got;
-            if (*n == 6)
+            if (*n == 6 || q->vforked)
                 break;
         }
         close(pipefd[0]);
