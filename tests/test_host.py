@@ -89,10 +89,32 @@ time.sleep(600)
 # helpers and fixtures
 
 
+def _stuck(pid: int) -> str:
+    """Where the host child and what it started are (state, kernel stack):
+    the message of a child that did not report, so a CI failure says why."""
+    me = identity.read(pid)
+    if me is None:
+        return "(it is gone)"
+    tree = {pid}
+    procs = sorted(identity.capture(born_after=me.start).procs.values(), key=lambda i: i.start)
+    lines = []
+    for i in [me] + procs:
+        if i is not me and (i.pid == pid or i.ppid not in tree):
+            continue
+        tree.add(i.pid)
+        try:
+            with open(f"/proc/{i.pid}/stack") as f:
+                stack = " < ".join(ln.split()[-1] for ln in f.read().splitlines()[:6])
+        except OSError:
+            stack = "?"
+        lines.append(f"{i.pid} (ppid {i.ppid}) {i.comm} {i.state}: {stack}")
+    return "\n".join(lines)
+
+
 def read_line(p: subprocess.Popen, timeout: float = 30) -> str:
     r, _, _ = select.select([p.stdout], [], [], timeout)
     if not r:
-        raise RuntimeError("host child did not report in time")
+        raise RuntimeError(f"host child did not report in time; its tree:\n{_stuck(p.pid)}")
     line = p.stdout.readline()
     if not line:
         raise RuntimeError(f"host child died before reporting (status {p.wait()})")
