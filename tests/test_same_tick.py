@@ -50,6 +50,7 @@ def records(state, leftover, cookie):
     w.write("job-open", **job)
     w.write("spawn", run="crashed", owner=o, job="j1", pid=leftover.pid, start=leftover.token())
     w.close()
+    return owner
 
 def one(i, with_cookie):
     # A leftover L (with the job's cookie), gone; a stranger S (none) given
@@ -97,11 +98,18 @@ for k in range(20):
     L = spawn({"TETHER_JOB": cookie, **base})
     li = identity.read(L.pid)
     state = tempfile.mkdtemp()
-    records(state, li, cookie)
+    owner = records(state, li, cookie)
     rep = reap(state, grace=0, cgroups=False)
     if [e.pid for e in rep.ended] == [li.pid]:
         out["reaped"] += 1
-    L.wait(timeout=5)
+        L.wait(timeout=5)
+    else:  # say why (the test fails on "reaped"), and end it here
+        out.setdefault("unreaped", []).append(
+            {"pid": li.pid, "start": li.start, "owner_start": owner.start,
+             "ended": [e.pid for e in rep.ended],
+             "skipped": [(x.pid, x.reason, x.detail) for x in rep.skipped]})
+        L.kill()
+        L.wait()
 print(json.dumps(out))
 """
 
