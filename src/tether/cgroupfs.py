@@ -27,11 +27,16 @@ Import-light (``os``, ``time``): the shell wrapper's one-command path uses it.
 import os
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections.abc costs start-up time: hints only
+    from collections.abc import Iterator
+
 __all__ = [
     "RUN_PREFIX", "BACKGROUND_SUFFIX", "mount", "own", "own_dir", "path_of", "where", "base_dir",
     "write", "procs_here", "procs", "populated", "kill", "remove_tree", "run_dir_name",
     "parse_run_dir", "probe_dir_name", "parse_probe_dir", "run_dir_of", "prove_stale",
     "remove_stale_run_dirs", "is_member", "SYSTEMD_MARKER", "SHELL_SCOPE_DIR", "PIN_DIR", "is_pin",
+    "walk",
 ]
 
 RUN_PREFIX = "tether-"
@@ -195,13 +200,21 @@ def _walk_error(e: OSError) -> None:
         raise e
 
 
+def walk(path: str, onerror=None) -> "Iterator[tuple[str, list[str], list[str]]]":
+    """``os.walk(path)``, top-down, that never enters a job's pin cgroup
+    (:data:`PIN_DIR`): the one walk of a job's cgroup tree for every reader
+    of members or jobs. A caller may prune ``dirs`` in place, as with os.walk."""
+    for dirpath, dirs, files in os.walk(path, onerror=onerror):
+        if PIN_DIR in dirs:
+            dirs.remove(PIN_DIR)
+        yield dirpath, dirs, files
+
+
 def procs(path: str) -> list[int]:
     """The processes in cgroup ``path`` and every cgroup below it (but a
     job's pin, :data:`PIN_DIR`)."""
     out: list[int] = []
-    for dirpath, dirs, _files in os.walk(path, onerror=_walk_error):
-        if PIN_DIR in dirs:
-            dirs.remove(PIN_DIR)
+    for dirpath, _dirs, _files in walk(path, onerror=_walk_error):
         out.extend(procs_here(dirpath))
     return out
 

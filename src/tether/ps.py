@@ -234,10 +234,8 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
         assert parsed is not None
         owner = Identity(parsed[0], parsed[1], boot)
         run = f"{owner.pid}-{owner.start}"
-        for dirpath, dirs, _files in os.walk(rd):
+        for dirpath, dirs, _files in cgroupfs.walk(rd):  # (a job's pin is no job)
             dirs.sort()
-            if cgroupfs.PIN_DIR in dirs:
-                dirs.remove(cgroupfs.PIN_DIR)  # a job's pin, not a job
             if dirpath == rd:
                 continue
             job_id = os.path.basename(dirpath)

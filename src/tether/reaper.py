@@ -600,9 +600,8 @@ def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool
     """
     whole = True
     protected_dirs: dict[str, str] = {}
-    for dirpath, dirs, _files in os.walk(jd):  # top-down: a parent before its children
-        if cgroupfs.PIN_DIR in dirs:
-            dirs.remove(cgroupfs.PIN_DIR)  # a job's pin: not a member (it dies with its keeper)
+    # top-down, a parent before its children; never a job's pin (it dies with its keeper)
+    for dirpath, _dirs, _files in cgroupfs.walk(jd):
         job = os.path.basename(dirpath)
         why = protected_dirs.get(os.path.dirname(dirpath)) or _job_protection(run, job)
         if why is not None:
@@ -636,7 +635,7 @@ def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool
 def _session_job_dirs(run: Run | None, rd: str, session: str) -> list[str]:
     """The job directories of ``session`` in run directory ``rd`` (outermost)."""
     out = []
-    for dirpath, dirs, _files in os.walk(rd):
+    for dirpath, dirs, _files in cgroupfs.walk(rd):
         if dirpath == rd:
             continue
         job = os.path.basename(dirpath)

@@ -890,8 +890,11 @@ static int ps_has(const struct pidset *s, pid_t p)
 
 static void ps_del(struct pidset *s, pid_t p)
 {
-    if (s->slot && s->slot[ps_find(s, p)] == p)
-        s->slot[ps_find(s, p)] = -1;
+    if (!s->slot)
+        return;
+    size_t k = ps_find(s, p);
+    if (s->slot[k] == p)
+        s->slot[k] = -1;
 }
 
 static void ps_add(struct pidset *s, pid_t p)
@@ -1713,9 +1716,9 @@ have_limits:
  * cgroup of its own (PIN_DIR). The first process into an empty cgroup and
  * the last one out flip "populated" in cgroup.events, which the kernel
  * reports through a workqueue at once unless it did so within the last
- * 10 ms: spawn+wait of /bin/true 50 ms apart measured 1517 us into an empty
- * cgroup, 1186 us with a pin below it, 1129 us outside any (medians of
- * 300). A tight loop never paid it; a job that runs one command now and
+ * 10 ms (bench/cgroup_spawn.py, clone3+exec+wait of /bin/true 50 ms apart:
+ * 1576 us into an empty cgroup, 1320 with a process below it, 1220 outside
+ * any). A tight loop never paid it; a job that runs one command now and
  * then paid it every time. Every reader of a job's members skips PIN_DIR
  * (cgroupfs.procs and is_pin, ps, the reaper, tether-shell), whose
  * cgroup.procs is read-only but while a pin is placed. The pin is this keeper's
