@@ -92,7 +92,17 @@ def call(form: str, comspec: str, cmd: str, env: dict[str, str], **kw):
     raise ValueError(form)
 
 
+class WineStartFailure(Exception):
+    """cmd.exe could not start a program that exists (pytest-wine.ini reruns these)."""
+
+
 def outcome(r) -> tuple[int, bytes, bytes]:
+    # Wine's cmd.exe reports any CreateProcessW failure as 9009 "Can't recognize
+    # ... as an internal or external command", so the Wine failure that
+    # pytest-wine.ini reruns as WinError 1359 looks like this through cmd.exe.
+    # Every program a seed names exists, so this result is never the one under test.
+    if r.returncode == 9009 and r.stderr.startswith(b"Can't recognize"):
+        raise WineStartFailure(f"cmd.exe could not start a program: {r.stderr!r}")
     return r.returncode, r.stdout, r.stderr
 
 
