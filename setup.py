@@ -52,7 +52,7 @@ SHELL_PROGRAM = "tether-shell"
 # The Python tether-shell, installed beside the native one: it serves what
 # the native program hands over (an interactive shell, scope caller, errors).
 SHELL_FALLBACK = "tether-shell-py"
-CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2",
+CFLAGS = ["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2",
           "-fstack-protector-strong", "-fno-strict-aliasing"]
 
 

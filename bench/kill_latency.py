@@ -26,8 +26,17 @@ the keeper program at PATH (``cgroup/baseline``: say, a keeper built from the
 commit before a change), interleaved, so a change to the keeper is measured
 against the one it replaces in the same run.
 
+A fourth, ``--beacon-baseline``, runs each native kind a second time without
+the owner's beacon (``cgroup/nobeacon``: _TETHER_BEACON=0, the keeper told by
+the owner's pidfd alone; see tether/platform/_beacon.py), interleaved.
+
+``--owner-mb N``: every Python owner (tether's, and unshare+python's) first
+fills N MB of memory, as a real host holds hundreds: the kernel unmaps it
+before the owner's pidfd fires.
+
 usage: python3 bench/kill_latency.py [--trials 20] [--sizes 1,10,100,1000] [--quick]
                                     [--kinds subreaper/native,...] [--keeper-baseline PATH]
+                                    [--beacon-baseline] [--owner-mb N]
 """
 
 from __future__ import annotations
@@ -58,7 +67,10 @@ TREE = ("n=$((N-3)); i=0; while [ $i -lt $n ]; do sleep 300 & i=$((i+1)); done; 
         "(setsid sh -c 'exec sleep 300' &); nohup setsid sleep 300 >/dev/null 2>&1 & "
         "trap '' TERM HUP; exec sleep 300")
 
-OWNER = ("import sys, time; sys.path.insert(0, sys.argv[1]); from tether import Job; "
+# (TETHER_BENCH_OWNER_MB: --owner-mb)
+FILL = ("import os; _mb = int(os.environ.get('TETHER_BENCH_OWNER_MB') or 0); "
+        "_held = bytearray(_mb * 2**20); _held[::4096] = b'x' * len(_held[::4096]); ")
+OWNER = (FILL + "import sys, time; sys.path.insert(0, sys.argv[1]); from tether import Job; "
          "j = Job(mechanism=sys.argv[2]); j.popen(['/bin/sh', '-c', sys.argv[3]]); "
          "print('up', flush=True); time.sleep(600)")
 
@@ -80,7 +92,7 @@ def marked(born: int, mark: bytes) -> list[identity.Identity]:
 # The same kernel teardown behind an owner like tether's (a Python process that
 # imported tether): its exit, not unshare's, starts the teardown; unshare dies
 # with it (PR_SET_PDEATHSIG) and takes the namespace's init along (--kill-child).
-PY_UNSHARE_OWNER = ("import ctypes, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); import tether; "
+PY_UNSHARE_OWNER = (FILL + "import ctypes, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); import tether; "
                     "libc = ctypes.CDLL(None, use_errno=True); "
                     "subprocess.Popen(sys.argv[2:], preexec_fn=lambda: libc.prctl(1, 9)); "
                     "print('up', flush=True); time.sleep(600)")
@@ -101,6 +113,8 @@ def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     kind, _, keeper = kind.partition("/")
     if keeper:
         env = dict(env, TETHER_NATIVE="0" if keeper == "python" else "1")
+    if keeper == "nobeacon":
+        env["_TETHER_BEACON"] = "0"
     if keeper == "baseline":
         env["_TETHER_NATIVE_HELPER"] = BASELINE_KEEPER
     if kind == "unshare":
@@ -188,7 +202,13 @@ def main() -> int:
                     " the two unshare baselines always run")
     ap.add_argument("--keeper-baseline", default="", metavar="PATH",
                     help="also run each native kind with the keeper program at PATH (kind */baseline)")
+    ap.add_argument("--beacon-baseline", action="store_true",
+                    help="also run each native kind without the owner's beacon (kind */nobeacon)")
+    ap.add_argument("--owner-mb", type=int, default=0, metavar="N",
+                    help="every Python owner first fills N MB of memory")
     a = ap.parse_args()
+    if a.owner_mb:
+        os.environ["TETHER_BENCH_OWNER_MB"] = str(a.owner_mb)
     global BASELINE_KEEPER
     if a.keeper_baseline:
         if not os.access(a.keeper_baseline, os.X_OK):
@@ -208,18 +228,21 @@ def main() -> int:
         if unknown:
             ap.error(f"--kinds: not available here: {', '.join(unknown)} (available: {', '.join(kinds)})")
         kinds = [k for k in kinds if k in wanted]
+    natives = [k for k in kinds if k.endswith("/native")]
     if BASELINE_KEEPER:
-        kinds += [k.replace("/native", "/baseline") for k in kinds if k.endswith("/native")]
+        kinds += [k.replace("/native", "/baseline") for k in natives]
+    if a.beacon_baseline:
+        kinds += [k.replace("/native", "/nobeacon") for k in natives]
     baseline_ok = shutil.which("unshare") is not None
     if baseline_ok:
         kinds[:0] = ["unshare", "unshare+python"]
     out: dict = {"bench": "kill_latency", "trials": trials, "sizes": sizes, "uid": os.geteuid(),
                  "kernel": platform.release(), "load_avg_start": os.getloadavg(), "results": {},
                  "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable",
-                 "keeper_baseline": BASELINE_KEEPER or None}
+                 "keeper_baseline": BASELINE_KEEPER or None, "owner_mb": a.owner_mb}
     print("owner SIGKILL -> last member dead (ms); tree includes setsid/nohup escapees and a TERM-ignorer")
     print("(rounds interleave the kinds, so drift in the machine's speed hits them alike)")
-    print(f"  {'mechanism':<17} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} "
+    print(f"  {'mechanism':<18} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} "
           f"{'vs unshare':>10} {'vs unshare+python':>17}")
     fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
     for n in sizes:
@@ -245,12 +268,14 @@ def main() -> int:
                 ratio = (row["p50_ms"] / base) if (base and row["p50_ms"]) else None
                 row[key] = round(ratio, 2) if ratio else None
                 ratios.append(f"{ratio:.2f}x" if ratio else "-")
-            print(f"  {kind:<17} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
+            print(f"  {kind:<18} {n:5d} {fmt(row['p50_ms'])} {fmt(row['p99_ms'])} {fmt(row['max_ms'])} "
                   f"{surv:9d} {ratios[0]:>10} {ratios[1]:>17}")
     out["load_avg_end"] = os.getloadavg()
     # A run of some kinds only does not replace the full one the docs quote.
     results = (RESULTS.replace(".json", "-baseline.json") if BASELINE_KEEPER
                else RESULTS.replace(".json", "-kinds.json") if a.kinds else RESULTS)
+    if a.owner_mb:
+        results = results.replace(".json", f"-owner{a.owner_mb}mb.json")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     with open(results, "w") as f:
         json.dump(out, f, indent=2)

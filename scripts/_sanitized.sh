@@ -16,10 +16,10 @@ sanitized_build() {
     echo "no C compiler ($cc): the sanitizer run needs one" >&2
     return 1
   fi
-  "$cc" -std=gnu11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+  "$cc" -std=gnu11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -pthread \
     -fno-sanitize-recover=all -Wall -Wextra -Werror -o "$dir/tether-keeper" \
     src/tether/_native/keeper.c
-  "$cc" -std=gnu11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+  "$cc" -std=gnu11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -pthread \
     -fno-sanitize-recover=all -Wall -Wextra -Werror -o "$dir/tether-shell" \
     src/tether/_native/shell.c
   local bindir

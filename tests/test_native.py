@@ -63,6 +63,7 @@ class Keeper:
         ready = self.recv()
         assert ready.get("ready") is True, ready
         assert ready["keeper"] == self.pid
+        self.trace = ready.get("trace", {})
 
     def recv(self) -> dict:
         msg, fds = _proto.recv(self.sock)
@@ -288,8 +289,16 @@ def test_the_keeper_holds_nothing_of_the_owner_but_its_socket_and_pidfd(procs):
         mine = os.readlink(f"/proc/self/fd/{w}")
         assert mine not in fds.values(), fds  # the pipe the owner holds did not leak
         kinds = sorted(v.split(":")[0] for n, v in fds.items() if n > 2)
-        # its socket, the owner's pidfd, and its own signalfd
-        assert kinds == ["anon_inode", "anon_inode", "socket"], fds
+        # its socket, the owner's pidfd, and its own signalfd; with the
+        # owner's beacon (_beacon) also its own eventfd and the owner's /proc
+        # directory - and the beacon's page mapped, its memfd closed
+        if k.trace.get("owner_watch") == "pidfd+beacon":
+            assert kinds == ["/proc/" + str(os.getpid()), "anon_inode", "anon_inode",
+                             "anon_inode", "socket"], fds
+            with open(f"/proc/{k.pid}/maps") as f:
+                assert "/memfd:tether-beacon" in f.read()
+        else:
+            assert kinds == ["anon_inode", "anon_inode", "socket"], fds
         # Control: a plain child of this process does get the pipe.
         p = subprocess.Popen(["sleep", "5"], close_fds=False)
         try:

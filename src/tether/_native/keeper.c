@@ -5,10 +5,11 @@
  * the same rules, for the price of a small C process instead of an
  * interpreter: it creates nothing the owner did not ask for, starts each
  * child inside the job before the child's first instruction, watches the
- * owner by pidfd and ends the whole job the moment the owner is gone.
+ * owner by pidfd (and, told earlier, by the owner's beacon: beacon_wait) and
+ * ends the whole job the moment the owner is gone.
  *
  *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
- *                 [background=1] [legacy=1] [owner_state=0]
+ *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]
  *   tether-keeper pin KEEPER_PID      (a job's pin, started by its keeper: pin_job)
  *
  * legacy=1 makes it behave as on a kernel without clone3 and cgroup.kill
@@ -42,7 +43,7 @@
  *    is gone). When the init exits, the kernel kills the whole namespace.
  *
  * Every fd is close-on-exec; children get exactly the fds the owner mapped.
- * Signals: the keeper ignores hang-up, interrupt, terminate and job control
+ * Signals: the keeper blocks hang-up, interrupt, terminate and job control
  * (a caller killing the owner's group must not take it along); a child gets
  * the owner's ignored signals as SIG_IGN and every other one as SIG_DFL -
  * glibc's internal 32 and 33 included, set with the raw system call.
@@ -52,16 +53,20 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
+#include <linux/futex.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -130,10 +135,11 @@ static int write_file(const char *path, const char *text)
     return n < 0 ? -1 : 0;
 }
 
-/* Read a whole small file into buf (NUL-terminated); bytes read, or -1. */
-static ssize_t read_file(const char *path, char *buf, size_t size)
+/* Read a whole small file (path relative to dir) into buf, NUL-terminated;
+ * bytes read, or -1. */
+static ssize_t read_file_at(int dir, const char *path, char *buf, size_t size)
 {
-    int fd = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dir, path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     size_t got = 0;
@@ -148,6 +154,11 @@ static ssize_t read_file(const char *path, char *buf, size_t size)
     close(fd);
     buf[got] = '\0';
     return (ssize_t)got;
+}
+
+static ssize_t read_file(const char *path, char *buf, size_t size)
+{
+    return read_file_at(AT_FDCWD, path, buf, size);
 }
 
 /* One entry of getdents64 (glibc's readdir would bring stdio's DIR along). */
@@ -169,11 +180,16 @@ struct dir_walk {
     char buf[4096] __attribute__((aligned(8)));
 };
 
-static int dir_open(struct dir_walk *w, const char *path)
+static int dir_open_at(struct dir_walk *w, int dir, const char *path)
 {
     w->got = w->off = 0;
-    w->fd = openat(AT_FDCWD, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    w->fd = openat(dir, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     return w->fd < 0 ? -1 : 0;
+}
+
+static int dir_open(struct dir_walk *w, const char *path)
+{
+    return dir_open_at(w, AT_FDCWD, path);
 }
 
 static const struct dent64 *dir_next(struct dir_walk *w)
@@ -650,6 +666,7 @@ static struct {
     unsigned char ign[65];        /* the signals this keeper ignores */
     struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
+    int beacon_event;   /* eventfd the owner's beacon is told on (see beacon_wait), or -1 */
     char boot[64];
     /* direct children not yet reaped, and statuses not yet collected */
     pid_t kids[MAX_CHILDREN];
@@ -2182,14 +2199,17 @@ out:
 static void serve(void) __attribute__((noreturn));
 static void serve(void)
 {
-    struct pollfd p[3] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0}, {K.ownerfd, POLLIN, 0}};
-    int np = K.ownerfd >= 0 ? 3 : 2;
+    /* (poll skips an entry whose fd is -1) */
+    struct pollfd p[4] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0}, {K.ownerfd, POLLIN, 0},
+                          {K.beacon_event, POLLIN, 0}};
     for (;;) {
-        int n = poll(p, (nfds_t)np, K.ownerfd >= 0 ? -1 : 200);
+        int n = poll(p, 4, K.ownerfd >= 0 ? -1 : 200);
         if (n < 0 && errno != EINTR)
             end_for_dead_owner();
         if (K.ownerfd >= 0 && (p[2].revents & (POLLIN | POLLHUP | POLLERR)))
             end_for_dead_owner();
+        if (p[3].revents & POLLIN)
+            end_for_dead_owner(); /* every thread of the owner is exiting: see beacon_wait */
         if (K.ownerfd < 0 && (kill(K.owner, 0) < 0 && errno == ESRCH))
             end_for_dead_owner(); /* no pidfd: the owner watched by polling */
         if (p[1].revents & POLLIN) {
@@ -2268,6 +2288,8 @@ static void ready(pid_t outer)
             w_key(w, "cgroup_path");
             w_str(w, K.cgroup);
         }
+        w_key(w, "owner_watch");
+        w_str(w, K.ownerfd < 0 ? "poll" : K.beacon_event >= 0 ? "pidfd+beacon" : "pidfd");
         w_end(w);
     }
     w_end(w);
@@ -2371,7 +2393,7 @@ static int usage(void)
 {
     static const char text[] =
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
-        "[background=1] [legacy=1] [owner_state=0]\n"
+        "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
@@ -2380,6 +2402,140 @@ static int usage(void)
 }
 
 #ifndef TETHER_KEEPER_NO_MAIN /* shell.c includes this file for its own main */
+/* ------------------------------------------------------------------------ */
+/* the owner's death, told before its memory is unmapped                    */
+
+/* The owner's pidfd becomes readable at the very end of its exit, after the
+ * kernel has unmapped its memory: about a millisecond for a Python owner,
+ * several for a big one, while the job runs on. Earlier in the same exit
+ * (exit_mm -> mm_release) the kernel walks the dying thread's robust-futex
+ * list: each mutex on it gets FUTEX_OWNER_DIED in its lock word, and one
+ * waiter is woken. The owner's main thread holds such a mutex, in a memfd
+ * page, for its whole life (tether/platform/_beacon.py); a thread of this
+ * keeper waits on its lock word, and serve() ends the job when told.
+ *
+ * The trap: the same walk runs when that thread calls execve, or exits while
+ * other threads live on. So the job ends only when every thread of the owner
+ * is exiting (PF_EXITING, or a SIGKILL pending, which nothing survives);
+ * otherwise the waiter stops and the pidfd alone watches, as without one. */
+
+#define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
+
+static uint32_t *beacon_word; /* in the owner's memfd page, mapped here */
+static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive */
+
+/* beacon=FD:OFFSET: map the page, keep nothing of the fd. A page that
+ * cannot be mapped leaves the pidfd alone (the trace says which). */
+static int beacon_map(const char *spec)
+{
+    char *end;
+    long fd = strtol(spec, &end, 10);
+    if (end == spec || *end != ':' || fd < 3 || fd == K.ctl || fd == K.ownerfd)
+        return -1;
+    const char *at = end + 1;
+    long off = strtol(at, &end, 10);
+    if (*end || end == at || off < 0 || off > 4092 || off % 4)
+        return -1;
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+    close((int)fd);
+    if (m != MAP_FAILED)
+        beacon_word = (uint32_t *)((char *)m + off);
+    return 0;
+}
+
+/* 1 when every thread of the owner is exiting or gone, else 0. */
+static int owner_exiting(void)
+{
+    struct dir_walk w;
+    if (dir_open_at(&w, beacon_proc, "task") < 0)
+        return errno == ENOENT || errno == ESRCH; /* reaped: gone */
+    int all = 1;
+    const struct dent64 *d;
+    while (all && (d = dir_next(&w))) {
+        if (d->name[0] == '.')
+            continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof path, "%s/stat", d->name);
+        ssize_t n = read_file_at(w.fd, path, buf, sizeof buf);
+        if (n <= 0) {
+            all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
+            continue;
+        }
+        /* after the comm's last ')': field 3 (state) onward; 9 is the flags,
+         * 31 the thread's pending signals (SIGKILL's bit: every thread gets
+         * it at a group exit or a kill -9, before its own exit starts) */
+        char *f = strrchr(buf, ')');
+        unsigned long long flags = 0, pending = 0;
+        for (int field = 2; f && field < 31; field++) {
+            f = strchr(f + 1, ' ');
+            if (f && field + 1 == 9)
+                flags = strtoull(f + 1, NULL, 10);
+            if (f && field + 1 == 31)
+                pending = strtoull(f + 1, NULL, 10);
+        }
+        if (!f || (!(flags & PF_EXITING_) && !(pending & (1ULL << (SIGKILL - 1)))))
+            all = 0;
+    }
+    close(w.fd);
+    return all;
+}
+
+static void *beacon_wait(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        uint32_t v = __atomic_load_n(beacon_word, __ATOMIC_ACQUIRE);
+        if (v & FUTEX_OWNER_DIED)
+            break;
+        if (!(v & FUTEX_TID_MASK))
+            return NULL; /* not held: there is nothing to be told */
+        if (!(v & FUTEX_WAITERS)) {
+            if (!__atomic_compare_exchange_n(beacon_word, &v, v | FUTEX_WAITERS, 0,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                continue;
+            v |= FUTEX_WAITERS;
+        }
+        /* shared (not FUTEX_PRIVATE): the word is in the owner's memory too;
+         * EAGAIN (it changed) and EINTR: look again */
+        syscall(SYS_futex, beacon_word, FUTEX_WAIT, v, NULL, NULL, 0);
+    }
+    /* the kernel woke one waiter: wake every other keeper of this owner */
+    syscall(SYS_futex, beacon_word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    if (owner_exiting()) {
+        uint64_t one = 1;
+        ssize_t n = write(K.beacon_event, &one, sizeof one);
+        (void)n;
+    }
+    return NULL;
+}
+
+/* The waiter thread: every signal blocked in it, so each one still reaches
+ * the main thread (its signalfd, or its default action) as before. */
+static void beacon_start(void)
+{
+    if (!beacon_word || beacon_proc < 0)
+        return;
+    K.beacon_event = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (K.beacon_event < 0)
+        return;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    sigset_t all, was;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &was);
+    pthread_t t;
+    int rc = pthread_create(&t, &attr, beacon_wait, NULL);
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        close(K.beacon_event);
+        K.beacon_event = -1;
+        return;
+    }
+    pthread_detach(t);
+}
+
 /* tether-keeper pin PARENT: a job's pin (pin_job), the child of keeper
  * PARENT, asleep until it dies with the keeper (PR_SET_PDEATHSIG, set
  * before the exec that started us and kept by it) or with the job. (A
@@ -2427,6 +2583,7 @@ int main(int argc, char **argv)
     if (*end)
         return usage();
     K.cgfd = -1;
+    K.beacon_event = -1;
     for (int k = 6; k < argc; k++) {
         if (strncmp(argv[k], "cgroup=", 7) == 0)
             snprintf(K.cgroup, sizeof K.cgroup, "%s", argv[k] + 7);
@@ -2438,7 +2595,10 @@ int main(int argc, char **argv)
             K.legacy = 1;
         else if (strcmp(argv[k], "owner_state=0") == 0)
             K.no_owner_state = 1;
-        else
+        else if (strncmp(argv[k], "beacon=", 7) == 0) {
+            if (beacon_map(argv[k] + 7) < 0)
+                return usage();
+        } else
             return usage();
     }
     /* nothing of the owner's but these two: a leaked pipe end would hold a
@@ -2448,6 +2608,11 @@ int main(int argc, char **argv)
     fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
     if (K.ownerfd >= 0)
         fcntl(K.ownerfd, F_SETFD, FD_CLOEXEC);
+    if (beacon_word) { /* before a PID namespace would hide the owner's number */
+        char proc[64];
+        snprintf(proc, sizeof proc, "/proc/%d", (int)K.owner);
+        beacon_proc = openat(AT_FDCWD, proc, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
     prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
     setpgid(0, 0); /* a caller killing the owner's group must not take us along */
     /* A known signal state: everything default (an owner's posix_spawn on
@@ -2506,6 +2671,7 @@ int main(int argc, char **argv)
     K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
     if (K.sigfd < 0)
         refuse("signalfd: %s", strerror(errno));
+    beacon_start(); /* (after the namespace's fork, which keeps one thread) */
     /* The owner may have died before the watch was set up. */
     if (K.ownerfd >= 0) {
         struct pollfd o = {K.ownerfd, POLLIN, 0};

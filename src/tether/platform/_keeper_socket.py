@@ -69,7 +69,9 @@ class SocketKeeper(Keeper):
         # The owner may have died before the watch was set up.
         if not self.owner_alive():
             return self.end_for_dead_owner()
-        _proto.send(ctl, {"ready": True, "keeper": os.getpid(), "trace": self.mech.trace()})
+        watch = "pidfd" if self.owner_pidfd is not None else "poll"  # (no beacon: native only)
+        _proto.send(ctl, {"ready": True, "keeper": os.getpid(),
+                          "trace": {**self.mech.trace(), "owner_watch": watch}})
         period = None if self.owner_pidfd is not None else 200
         while True:
             for fd, _ev in poller.poll(period):

@@ -20,14 +20,20 @@ behaviour, slower); ``TETHER_NATIVE`` decides:
     the native keeper or nothing: a job that cannot have it is refused
     (:class:`tether.errors.JobRefused`), never silently served by Python.
 
-Trap: the helper must get nothing of the owner but its control socket and
-the owner's pidfd. ``posix_spawn`` keeps every inheritable fd, so the
+The owner's death reaches it twice: by the owner's pidfd, and earlier, at the
+start of the owner's exit, by the owner's beacon (``_beacon``) where this
+process has one.
+
+Trap: the helper must get nothing of the owner but its control socket, the
+owner's pidfd and the beacon's page. ``posix_spawn`` keeps every inheritable fd, so the
 helper closes all others itself before it serves, and its stdio is
 ``/dev/null`` (a keeper holding the owner's stdout would keep a pipe's
 reader waiting after the owner is gone).
 """
 
 import os
+
+from . import _beacon
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
                       "tether-keeper")
@@ -96,12 +102,16 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
     """Start the native keeper of ``mech`` serving socket fd ``ctl_child``;
     its pid (a child of this process, to be reaped by the caller)."""
 
-    # The two fds move above every source first (either may be 0-2 in an
-    # owner that closed its stdio), then stdio becomes /dev/null.
-    hi = max(ctl_child, owner_pidfd if owner_pidfd is not None else 0, 2) + 1
+    # The fds move above every source first (any may be 0-2 in an owner
+    # that closed its stdio), then stdio becomes /dev/null.
+    beacon = _beacon.for_keeper() if owner_pid == os.getpid() else None
+    hi = max(ctl_child, owner_pidfd if owner_pidfd is not None else 0,
+             beacon[0] if beacon else 0, 2) + 1
     actions = [(os.POSIX_SPAWN_DUP2, ctl_child, hi)]
     if owner_pidfd is not None:
         actions.append((os.POSIX_SPAWN_DUP2, owner_pidfd, hi + 1))
+    if beacon:
+        actions.append((os.POSIX_SPAWN_DUP2, beacon[0], hi + 2))
     actions += [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
                 (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
     args = [HELPER, "serve", mech.name, str(hi), str(owner_pid),
@@ -114,6 +124,8 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
         args.append("legacy=1")
     if mech.params.get("no_owner_state"):  # NO_OWNER_STATE, read when the job opened
         args.append("owner_state=0")  # tests: the owner sends its state itself
+    if beacon:
+        args.append(f"beacon={hi + 2}:{beacon[1]}")
     env = {k: os.environ[k] for k in _PASSED_ON if k in os.environ}
     # No setsigdef: exec resets handled signals, and the keeper sets every
     # disposition itself first (ignored ones included); 64 sigactions fewer

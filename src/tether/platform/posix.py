@@ -126,6 +126,8 @@ class KeeperJob(JobBackend):
                              mechanism=mechanism)
         if not self.keeper_pid:
             self.keeper_pid = msg["keeper"]
+        # what the keeper says of itself (the native one: how it watches us)
+        self._keeper_trace = msg.get("trace") if isinstance(msg.get("trace"), dict) else {}
         self.keeper = identity.read(self.keeper_pid)
         # A pidfd of the keeper, for noticing its death at once (keeper_pidfd).
         self._keeper_fd = identity.open_pidfd(self.keeper_pid)
@@ -221,6 +223,7 @@ class KeeperJob(JobBackend):
     def trace(self) -> dict[str, Any]:
         out = {"keeper_pid": self.keeper_pid, "keeper": "native" if self.native else "python"}
         out.update(self.mech.trace())
+        out["owner_watch"] = self._keeper_trace.get("owner_watch", "pidfd")
         return out
 
     def popen(self, args: Any, kwargs: dict[str, Any]) -> subprocess.Popen:
