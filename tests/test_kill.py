@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -151,3 +153,58 @@ def test_a_daemon_that_clears_its_environment(procs, mechanism):
         while identity.is_alive(daemon) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not identity.is_alive(daemon)
+
+
+BIG_PARENT = ("import subprocess, sys, time; held = bytearray(1024 * 2**20); "
+              "held[::4096] = b'x' * len(held[::4096]); "
+              "c = subprocess.Popen(['sleep', '300']); print(c.pid, flush=True); time.sleep(300)")
+
+
+@pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
+@pytest.mark.parametrize("how", ["close", "tether"])
+def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exit(procs, how):
+    """A member P holding 1 GiB takes tens of ms to exit once SIGKILLed; the
+    subreaper's kill loop reads P's children right after killing it and ends
+    them then, not once P's exit has handed them down to the keeper. (With
+    how="tether" nothing but P is killed, by hand: the control, in which P's
+    child outlives P.)"""
+    import select
+    import threading
+
+    from tether import Job
+
+    job = Job(mechanism="subreaper")
+    try:
+        p = job.popen([sys.executable, "-c", BIG_PARENT], stdout=subprocess.PIPE,
+                      env=procs.env())
+        child = int(p.stdout.readline())
+        fds = {os.pidfd_open(p.pid): "parent", os.pidfd_open(child): "child"}
+        order: list[str] = []
+
+        def watch() -> None:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            deadline = time.monotonic() + 10
+            while len(order) < 2 and time.monotonic() < deadline:
+                for fd, _ in poller.poll(100):
+                    order.append(fds[fd])
+                    poller.unregister(fd)
+                    if order == ["parent"]:  # the child: now, or within 0.5 s, or never
+                        deadline = min(deadline, time.monotonic() + 0.5)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        if how == "close":
+            job.close()
+        else:
+            p.kill()
+        t.join(15)
+        for fd in fds:
+            os.close(fd)
+        if how == "close":
+            assert order == ["child", "parent"], order
+        else:
+            assert order == ["parent"], order  # the child lives on: nothing ended it
+    finally:
+        job.close()

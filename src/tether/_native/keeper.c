@@ -871,14 +871,63 @@ static size_t children_of(pid_t pid, pid_t *out, size_t cap)
     return n;
 }
 
-static void kill_pid(pid_t pid)
+/* PIDFD_GET_INFO (Linux 6.13): the ids of a pidfd's process; the struct as
+ * that version has it (64 bytes; later kernels take it as it is). */
+struct pidfd_info_ {
+    uint64_t mask, cgroupid;
+    uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+    int32_t exit_code;
+};
+#define PIDFD_GET_INFO_ _IOWR(0xFF, 11, struct pidfd_info_)
+
+/* The parent of the process held by pidfd fd (pid, as this keeper sees it);
+ * 0 if it is gone (reaped), -1 if it could not be read. */
+static pid_t pidfd_parent(int fd, pid_t pid)
 {
-    /* A pid from our own children lists a moment ago, pinned by its pidfd. */
+    static int no_info; /* a kernel before 6.13: its /proc file instead */
+    if (!no_info) {
+        struct pidfd_info_ in = {0};
+        if (ioctl(fd, PIDFD_GET_INFO_, &in) == 0)
+            return (pid_t)in.ppid;
+        if (errno == ESRCH)
+            return 0;
+        if (errno != ENOTTY && errno != EINVAL)
+            return -1;
+        no_info = 1;
+    }
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (read_file(path, buf, sizeof buf) <= 0)
+        return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    char *p = strrchr(buf, ')'); /* ") S PPID": the comm may hold anything */
+    return p && p[1] && p[2] ? (pid_t)strtol(p + 3, NULL, 10) : -1;
+}
+
+enum kill_result { KILLED, NOT_KILLED, TRY_AGAIN };
+
+/* SIGKILL pid, read a moment ago from the children list of parent: this
+ * keeper's (0: its own child, which only this loop reaps, so the pid is
+ * still that child's), or a process this loop SIGKILLed already. That one
+ * forks no more, but a wait of its already under way may reap the child,
+ * and the pid may go to another process: so the pid is pinned (a pidfd) and
+ * signalled only if its parent is still parent, or this keeper (the child
+ * was re-parented to us). NOT_KILLED: gone, or not a child of either now
+ * (re-parented to a subreaper of the job's below us, it turns up again in
+ * that one's list; reused, its subtree is not the job's); TRY_AGAIN: no fd
+ * to pin it with. */
+static enum kill_result kill_pid(pid_t pid, pid_t parent, pid_t me)
+{
+    if (parent == 0)
+        return kill(pid, SIGKILL) == 0 ? KILLED : errno == ESRCH ? NOT_KILLED : TRY_AGAIN;
     int fd = pidfd_open_(pid);
     if (fd < 0)
-        return;
-    pidfd_signal_(fd, SIGKILL);
+        return errno == ESRCH ? NOT_KILLED : TRY_AGAIN;
+    pid_t pp = pidfd_parent(fd, pid);
+    int ours = pp == parent || pp == me;
+    if (ours)
+        pidfd_signal_(fd, SIGKILL);
     close(fd);
+    return ours ? KILLED : pp < 0 ? TRY_AGAIN : NOT_KILLED;
 }
 
 static pid_t scratch[MAX_CHILDREN];
@@ -935,18 +984,19 @@ static void ps_add(struct pidset *s, pid_t p)
     }
 }
 
-/* SIGKILL the processes of scratch[from..n) not killed yet, and remember
- * them; in scratch, one killed before is negated: its subtree was read when
- * it was killed. */
-static void kill_found(struct pidset *killed, size_t from, size_t n)
+/* SIGKILL the processes of scratch[from..n), the children of parent (0:
+ * this keeper's own), not killed yet, and remember those killed. In
+ * scratch, one killed before is negated (its subtree was read when it was
+ * killed), and one not killed now is 0 (its subtree is not to be read). */
+static void kill_found(struct pidset *killed, size_t from, size_t n, pid_t parent, pid_t me)
 {
     for (size_t k = from; k < n; k++) {
-        if (ps_has(killed, scratch[k])) {
+        if (ps_has(killed, scratch[k]))
             scratch[k] = -scratch[k];
-            continue;
-        }
-        kill_pid(scratch[k]);
-        ps_add(killed, scratch[k]);
+        else if (kill_pid(scratch[k], parent, me) == KILLED)
+            ps_add(killed, scratch[k]);
+        else
+            scratch[k] = 0;
     }
 }
 
@@ -965,6 +1015,7 @@ static void kill_found(struct pidset *killed, size_t from, size_t n)
 static int kill_descendants(double timeout)
 {
     double deadline = now_s() + timeout, progress = 0;
+    pid_t me = getpid();
     struct pidset killed = {0};
     int done = 0;
     while (!done && now_s() < deadline) {
@@ -986,14 +1037,14 @@ static int kill_descendants(double timeout)
         if (done)
             break;
         int whole = !killed.slot || now_s() - progress >= 0.02;
-        size_t n = children_of(getpid(), scratch, MAX_CHILDREN);
-        kill_found(&killed, 0, n);
+        size_t n = children_of(me, scratch, MAX_CHILDREN);
+        kill_found(&killed, 0, n, 0, me);
         for (size_t k = 0; k < n; k++) {
             pid_t pid = scratch[k] < 0 ? -scratch[k] : scratch[k];
-            if (scratch[k] < 0 && !whole)
+            if (pid == 0 || (scratch[k] < 0 && !whole))
                 continue;
             size_t got = children_of(pid, scratch + n, MAX_CHILDREN - n);
-            kill_found(&killed, n, n + got);
+            kill_found(&killed, n, n + got, pid, me);
             n += got;
         }
         if (whole)

@@ -51,35 +51,60 @@ def guarantee(options: "JobOptions | None" = None) -> "Guarantee":
     )
 
 
-def _kill(pid: int, sig: int) -> None:
-    # A pid read from our own children list a moment ago; the pidfd pins that
-    # process, so a pid recycled in between is never hit after the open.
+def _kill(pid: int, sig: int, parent: int, me: int) -> bool:
+    """Signal ``pid``, read a moment ago from the children list of ``parent``:
+    this process (its own child, which only this loop reaps, so the pid is
+    still that child's), or a process this loop SIGKILLed already. That one
+    forks no more, but a wait of its already under way may reap the child and
+    the pid go to another process: so the pid is pinned (a pidfd) and
+    signalled only if its parent is still ``parent``, or this process (the
+    child was re-parented here). Whether it was signalled: if not (gone; not
+    a child of either now - re-parented to a subreaper of the job's below
+    us, it turns up in that one's list, and reused, its subtree is not the
+    job's; no fd to pin it with), it is not remembered, and its subtree not
+    read. keeper.c's kill_pid is the same rule."""
+    if parent == me:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return False
+        return True
     fd = identity.open_pidfd(pid)
     if fd is None:
-        if not identity.HAVE_PIDFD:
-            try:
-                os.kill(pid, sig)  # below a subreaper: ours until we reap it
-            except OSError:
-                pass
-        return
+        if identity.HAVE_PIDFD:
+            return False
+        # no pidfd in this Python: the same check, the read right before the kill
+        ident = identity.read(pid)
+        if ident is None or ident.ppid not in (parent, me):
+            return False
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return False
+        return True
     try:
+        ident = identity.read(pid)  # the pinned process's, while the pidfd is open
+        if ident is None or ident.ppid not in (parent, me):
+            return False
         import _signal
 
         _signal.pidfd_send_signal(fd, sig)
+        return True
     except OSError:
-        pass
+        return False
     finally:
         os.close(fd)
 
 
-def kill_found(pids: "list[int]", killed: "set[int]") -> "list[tuple[int, bool]]":
-    """SIGKILL those of ``pids`` not in ``killed`` (and add them); each pid
-    with whether it was killed just now."""
+def kill_found(pids: "list[int]", killed: "set[int]", parent: int, me: int
+               ) -> "list[tuple[int, bool]]":
+    """SIGKILL those of ``pids``, children of ``parent``, not in ``killed``
+    (and add those killed); each pid with whether its subtree is to be read
+    now (it was killed just now)."""
     out = []
     for pid in pids:
-        fresh = pid not in killed
+        fresh = pid not in killed and _kill(pid, _SIGKILL, parent, me)
         if fresh:
-            _kill(pid, _SIGKILL)
             killed.add(pid)
         out.append((pid, fresh))
     return out
@@ -120,12 +145,12 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
             if on_reap is not None:
                 on_reap(pid, status)
         whole = progress is None or time.monotonic() - progress >= 0.02
-        found = kill_found(identity.children(me), killed)
+        found = kill_found(identity.children(me), killed, me, me)
         k = 0
         while k < len(found):
             pid, fresh = found[k]
-            if fresh or whole:
-                found.extend(kill_found(identity.children(pid), killed))
+            if fresh or (whole and pid in killed):
+                found.extend(kill_found(identity.children(pid), killed, pid, me))
             k += 1
         if whole:
             progress = time.monotonic()
