@@ -161,17 +161,22 @@ BIG_PARENT = ("import subprocess, sys, time; held = bytearray(1024 * 2**20); "
 
 
 @pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
-@pytest.mark.parametrize("how", ["close", "tether"])
-def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exit(procs, how):
+@pytest.mark.parametrize("how", ["close", "close-legacy", "tether"])
+def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exit(
+        procs, how, monkeypatch):
     """A member P holding 1 GiB takes tens of ms to exit once SIGKILLed; the
     subreaper's kill loop reads P's children right after killing it and ends
-    them then, not once P's exit has handed them down to the keeper. (With
-    how="tether" nothing but P is killed, by hand: the control, in which P's
-    child outlives P.)"""
+    them then (each checked to be P's child still: keeper.c's kill_pid, by
+    PIDFD_GET_INFO, or with legacy=1 by /proc), not once P's exit has handed
+    them down to the keeper. (With how="tether" nothing but P is killed, by
+    hand: the control, in which P's child outlives P.)"""
     import select
     import threading
 
     from tether import Job
+
+    if how == "close-legacy":
+        monkeypatch.setenv("_TETHER_NATIVE_LEGACY", "1")
 
     job = Job(mechanism="subreaper")
     try:
@@ -195,14 +200,14 @@ def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exi
 
         t = threading.Thread(target=watch)
         t.start()
-        if how == "close":
+        if how.startswith("close"):
             job.close()
         else:
             p.kill()
         t.join(15)
         for fd in fds:
             os.close(fd)
-        if how == "close":
+        if how.startswith("close"):
             assert order == ["child", "parent"], order
         else:
             assert order == ["parent"], order  # the child lives on: nothing ended it

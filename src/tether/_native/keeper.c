@@ -12,8 +12,9 @@
  *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]
  *   tether-keeper pin KEEPER_PID      (a job's pin, started by its keeper: pin_job)
  *
- * legacy=1 makes it behave as on a kernel without clone3 and cgroup.kill
- * (fork and move in by hand; freeze and kill each member), so the tests
+ * legacy=1 makes it behave as on a kernel without clone3, cgroup.kill and
+ * PIDFD_GET_INFO (fork and move in by hand; freeze and kill each member;
+ * read a process's parent from /proc), so the tests
  * can run those paths on a kernel that has both; owner_state=0 makes it
  * answer as if it could not read the owner's /proc (the owner then sends
  * its state itself), for the tests of that path.
@@ -884,8 +885,8 @@ struct pidfd_info_ {
  * 0 if it is gone (reaped), -1 if it could not be read. */
 static pid_t pidfd_parent(int fd, pid_t pid)
 {
-    static int no_info; /* a kernel before 6.13: its /proc file instead */
-    if (!no_info) {
+    static int no_info; /* a kernel before 6.13 (or legacy=1): its /proc file instead */
+    if (!no_info && !K.legacy) {
         struct pidfd_info_ in = {0};
         if (ioctl(fd, PIDFD_GET_INFO_, &in) == 0)
             return (pid_t)in.ppid;
