@@ -24,7 +24,8 @@ the time an interpreter takes to (its memory unmapped before its pidfd fires).
 A third, ``--keeper-baseline PATH``, runs each native kind a second time with
 the keeper program at PATH (``cgroup/baseline``: say, a keeper built from the
 commit before a change), interleaved, so a change to the keeper is measured
-against the one it replaces in the same run.
+against the one it replaces in the same run (a keeper built before the
+owner's beacon, whose usage line names no ``beacon=``, runs without one).
 
 A fourth, ``--beacon-baseline``, runs each native kind a second time without
 the owner's beacon (``cgroup/nobeacon``: _TETHER_BEACON=0, the keeper told by
@@ -108,6 +109,15 @@ def unshare_argv(tree: str) -> list[str]:
 BASELINE_KEEPER = ""  # --keeper-baseline: the keeper program of the */baseline kinds
 
 
+def takes_beacon(keeper: str) -> bool:
+    """Whether the keeper program at ``keeper`` knows ``beacon=`` (one built
+    before the owner's beacon does not, and refuses a job that passes one:
+    its usage line says)."""
+    r = subprocess.run([keeper], capture_output=True, text=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    return "beacon=" in r.stderr
+
+
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     tree = TREE if n > 1 else "trap '' TERM HUP; exec sleep 300"
     kind, _, keeper = kind.partition("/")
@@ -117,6 +127,8 @@ def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
         env["_TETHER_BEACON"] = "0"
     if keeper == "baseline":
         env["_TETHER_NATIVE_HELPER"] = BASELINE_KEEPER
+        if not takes_beacon(BASELINE_KEEPER):
+            env["_TETHER_BEACON"] = "0"
     if kind == "unshare":
         args = unshare_argv(tree)
     elif kind == "unshare+python":

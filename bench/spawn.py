@@ -15,7 +15,8 @@ per open job at 1, 10 and 100 jobs, spawn time flat as they grow.
 keeper program at PATH (``cgroup/baseline``: say, one built from the commit
 before a change), in the same spaced rounds, so a change to the keeper is
 measured against the one it replaces in the same run (results go to
-spawn-baseline.json).
+spawn-baseline.json). A keeper built before the owner's beacon
+(its usage line names no ``beacon=``) runs without one.
 
 usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python] [--spaced 60]
                               [--keeper-baseline PATH]
@@ -115,15 +116,23 @@ def main() -> int:
                  "kernel": platform.release(), "uid": os.geteuid(), "auto": choose("auto"),
                  "keepers": keepers, "load_avg": os.getloadavg(), "mechanisms": {}}
 
+    from kill_latency import takes_beacon
+
+    old_keeper = bool(a.keeper_baseline) and not takes_beacon(a.keeper_baseline)
+
     def job_of(m: str, k: str) -> Job:
         os.environ["TETHER_NATIVE"] = "0" if k == "python" else "1"
-        built = native.HELPER
+        built, beacon = native.HELPER, os.environ.get("_TETHER_BEACON")
         if k == "baseline":
             native.HELPER = a.keeper_baseline
+            if old_keeper:
+                os.environ["_TETHER_BEACON"] = "0"
         try:
             return Job(mechanism=m)
         finally:
             del os.environ["TETHER_NATIVE"]
+            if beacon is None:
+                os.environ.pop("_TETHER_BEACON", None)
             native.HELPER = built
 
     def plain() -> None:
