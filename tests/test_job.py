@@ -405,8 +405,14 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
         path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
         assert _pin_pids(path) == []  # none before the first spawn
         assert job.run(["true"]).returncode == 0
-        pin = identity.read(wait_until(lambda: _pin_pids(path))[0])
-        assert pin is not None and pin.ppid == keeper and pin.comm == "tether-pin"
+        pid = wait_until(lambda: _pin_pids(path))[0]
+
+        def named():  # it names itself after its exec (pin_main): till then, tether-keeper
+            ident = identity.read(pid)
+            return ident if ident is not None and ident.comm == "tether-pin" else None
+
+        pin = wait_until(named, 3.0)
+        assert pin.ppid == keeper
         assert cgroupfs.is_pin(pin.pid) and not cgroupfs.is_pin(keeper)
         # It keeps the idle job populated, and is nobody's member.
         assert job.member_pids() == [] and cgroupfs.populated(path)
