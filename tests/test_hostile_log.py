@@ -67,7 +67,7 @@ def test_a_fifo_anywhere_in_the_log_blocks_nothing(state, where, procs):
     t0 = time.monotonic()
     r = _tether("run", "--state-dir", str(state), "--", "sh", "-c", "echo ran")
     assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
-    r = _tether("reap", "--json", "--state-dir", str(state))
+    r = _tether("reap", "--json", "--no-cgroups", "--state-dir", str(state))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     if where != "audit.jsonl.lock":
@@ -138,7 +138,8 @@ def _steer(state: Path, procs, how: str) -> None:
     assert r.returncode == 0, r.stderr
     assert log.read_text() == line  # the attack landed
     os.chmod(state, 0o700)
-    rep = reap(state, grace=0.2)
+    # (cgroup_dirs=(): not the stale tether-* cgroups of other tests running beside)
+    rep = reap(state, grace=0.2, cgroup_dirs=())
     assert identity.is_alive(victim) and rep.ended == []
     assert rep.log_stats.refused_files == 1
     assert any("another user" in n or "group or others" in n for n in rep.notes)
@@ -146,7 +147,7 @@ def _steer(state: Path, procs, how: str) -> None:
     os.remove(log)
     log.write_text(line)
     os.chmod(log, 0o600)
-    rep = reap(state, grace=0.2)
+    rep = reap(state, grace=0.2, cgroup_dirs=())
     assert [e.pid for e in rep.ended] == [victim.pid]
     victim_p.wait(timeout=5)
 
@@ -218,7 +219,7 @@ def test_a_forged_record_naming_a_live_jobs_cgroup_ends_nothing(state, procs, vi
             session="chat-1", cgroup=job_dir)
     w.close()
     if via == "reap":
-        rep = reap(state, grace=0.2)
+        rep = reap(state, grace=0.2, cgroup_dirs=())
         # Nothing of the live job. (The reaper also ends what stale run
         # directories hold - another test's, running beside this one, may
         # be one for a moment as its finalizer ends it: not this test's.)
@@ -251,7 +252,7 @@ def test_a_forged_record_naming_a_live_jobs_cgroup_ends_nothing(state, procs, vi
             session="chat-1", cgroup=job_dir)
     w.close()
     if via == "reap":
-        rep = reap(state, grace=0.2)
+        rep = reap(state, grace=0.2, cgroup_dirs=())
         assert member.pid in [e.pid for e in rep.ended]
     else:
         h = Host("victim-app", state_dir=state, reap=False)
