@@ -115,9 +115,9 @@ LEADER_EXITS = textwrap.dedent("""
         while leader_state() != "Z":
             time.sleep(0.01)
         time.sleep(0.5)  # the keeper has long been told by now
-        off = _beacon.for_keeper()[1]  # (this process's, made by the main thread)
-        word = int.from_bytes(_beacon._pages[0][off:off + 4], sys.byteorder)
-        told = bool(word & 0x40000000)  # FUTEX_OWNER_DIED
+        made = _beacon.for_keeper()  # (this process's, made by the main thread, or None)
+        told = made is not None and bool(  # FUTEX_OWNER_DIED
+            int.from_bytes(_beacon._pages[0][made[1]:made[1] + 4], sys.byteorder) & 0x40000000)
         print(json.dumps({"member": kid.pid, "watch": job.trace()["owner_watch"], "told": told}),
               flush=True)
         time.sleep(600)
