@@ -1832,6 +1832,21 @@ static void pin_job(void)
         K.pin = (pid_t)pid;
 }
 
+/* fd itself when it is at or above base (a target fd number a child's fd
+ * map may name), else a close-on-exec copy of it above them all. */
+static int lift_fd(int fd, int base)
+{
+    return fd >= base ? fd : fcntl(fd, F_DUPFD_CLOEXEC, base);
+}
+
+/* Close the copies lift_fd made of the first n received fds. */
+static void drop_lifted(const int *lifted, const int *fds, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (lifted[k] != fds[k])
+            close(lifted[k]);
+}
+
 static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 {
     struct spawn_req *q = arena_alloc(r, sizeof *q);
@@ -1945,13 +1960,11 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     int own_cwd = -1; /* the owner's cwd, opened here (owner_state) */
     for (int k = 0; k < nfds; k++) {
         /* (already above every target, as received fds usually are: as is) */
-        lifted[k] = fds[k] >= base ? fds[k] : fcntl(fds[k], F_DUPFD_CLOEXEC, base);
+        lifted[k] = lift_fd(fds[k], base);
         nlifted++;
         if (lifted[k] < 0) {
             int err = errno;
-            for (int j = 0; j < k; j++)
-                if (lifted[j] != fds[j])
-                    close(lifted[j]);
+            drop_lifted(lifted, fds, k);
             reply_error("os", err, NULL, NULL);
             return;
         }
@@ -1965,9 +1978,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             const value *t = fdmap->items[2 * k], *i = fdmap->items[2 * k + 1];
             if (t->t != V_INT || i->t != V_INT || i->i < 0 || i->i >= nfds || t->i < 0 ||
                 t->i > 1 << 20 || q->nmap == MAX_FDS) {
-                for (int j = 0; j < nlifted; j++)
-                    if (lifted[j] != fds[j])
-                        close(lifted[j]);
+                drop_lifted(lifted, fds, nlifted);
                 reply_error("ValueError", 0, "malformed spawn request: a bad fd map", NULL);
                 return;
             }
@@ -2012,12 +2023,11 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             char path[64];
             snprintf(path, sizeof path, "/proc/%d/cwd", (int)K.owner);
             int fd = openat(AT_FDCWD, path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-            if (fd >= 0 && fd < base) {
-                int up = fcntl(fd, F_DUPFD_CLOEXEC, base), err = errno;
+            int up = fd >= 0 ? lift_fd(fd, base) : -1, err = errno;
+            if (up != fd && fd >= 0)
                 close(fd);
-                fd = up;
-                errno = err; /* fcntl's, for the message below */
-            }
+            fd = up;
+            errno = err; /* openat's or fcntl's, for the message below */
             if (fd < 0) {
                 bad = "owner_state";
                 snprintf(why, sizeof why, "cannot open the owner's working directory %s: %s",
@@ -2026,9 +2036,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             q->cwd_fd = own_cwd = fd;
         }
         if (bad) {
-            for (int k = 0; k < nlifted; k++)
-                if (lifted[k] != fds[k])
-                    close(lifted[k]);
+            drop_lifted(lifted, fds, nlifted);
             reply_error(bad, 0, why, NULL);
             return;
         }
@@ -2047,9 +2055,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     ssize_t n = 0;
     pid_t pid = spawn_followed(q, &pidfd, b, &n);
     int err = errno;
-    for (int k = 0; k < nlifted; k++)
-        if (lifted[k] != fds[k])
-            close(lifted[k]);
+    drop_lifted(lifted, fds, nlifted);
     if (own_cwd >= 0)
         close(own_cwd);
     if (pid < 0) {
