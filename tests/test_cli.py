@@ -205,6 +205,10 @@ def test_doctor_text_and_json():
         assert isinstance(m["available"], bool) and m["reason"]
         assert "kernel_enforced" in m["guarantee"]
     assert data["auto"] in ("cgroup", "subreaper", "pgroup")
+    if sys.platform.startswith("linux"):  # how an owner's death is seen, with which keeper
+        k = data["keeper"]
+        assert ("beacon" in k["owner_watch"]) == k["native"], k
+        assert f"an owner's death seen by: {k['owner_watch']}" in run(["doctor"]).stdout.decode()
 
 
 def test_demo_nothing_survives_and_control_shows_survivors(procs):

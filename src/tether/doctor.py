@@ -66,7 +66,12 @@ def report() -> dict[str, Any]:
 
         on, why = native.status()
         out["keeper"] = {"native": on, "what": why, "mechanisms": list(native.MECHANISMS),
-                         "setting": native.setting()}
+                         "setting": native.setting(),
+                         # (per job, Job.trace()["owner_watch"] says what it got)
+                         "owner_watch": ("its pidfd, and sooner the owner's beacon (a robust "
+                                         "mutex the owner's main thread holds: told at the "
+                                         "start of its exit, not at the end)") if on
+                         else "its pidfd"}
         if sys.platform.startswith("linux"):
             out["commands"] = native.front_ends()
     cg = next((m for m in out["mechanisms"] if m["mechanism"] == "cgroup"), None)
@@ -140,6 +145,7 @@ def doctor(as_json: bool = False) -> int:
     if data.get("keeper"):
         k = data["keeper"]
         w(f"\n  keeper of {', '.join(k['mechanisms'])} jobs: {k['what']}\n")
+        w(f"  an owner's death seen by: {k['owner_watch']}\n")
     for c in data.get("commands", []):
         w(f"  {c['name']}: {c['what']}\n")
     w("\n")
