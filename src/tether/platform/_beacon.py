@@ -71,7 +71,7 @@ def for_keeper() -> tuple[int, int] | None:
         return _made[1], _made[2]
 
 
-def _word_offset() -> int | None:
+def _word_offset() -> int:
     """Where the lock word sits in a pthread_mutex_t: glibc's ``__lock`` is
     its first member on every Linux architecture; musl's ``_m_lock`` its
     second int. Checked against our thread id once locked (_make)."""
@@ -88,15 +88,13 @@ def _make(pid: int) -> tuple[int, int, int, object] | None:
     import mmap
 
     off = _word_offset()
-    if off is None:
-        return None
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.memfd_create("tether-beacon", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, _PAGE)
         page = mmap.mmap(fd, _PAGE)
         _pages.append(page)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(page))  # (pins the map open)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(page))
         attr, mutex = ctypes.c_void_p(base), ctypes.c_void_p(base + _MUTEX)
         steps = (lambda: libc.pthread_mutexattr_init(attr),
                  lambda: libc.pthread_mutexattr_setpshared(attr, 1),  # PTHREAD_PROCESS_SHARED
