@@ -53,6 +53,13 @@ KEEPER_IGNORES = tuple(getattr(_signal, n) for n in (
 # Python ignores these at start-up; subprocess (restore_signals=True) gives
 # them back to the child as default, and so does every keeper spawn.
 RESTORED = tuple(getattr(_signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(_signal, n))
+
+
+def child_ignores(owner_ignores, restore_signals: bool) -> list[int]:
+    """What a child gets as SIG_IGN: what its owner ignores, less RESTORED
+    when the spawn restores them (``subprocess``'s ``restore_signals``).
+    keeper.c's read_owner_state keeps the same rule."""
+    return [s for s in owner_ignores if not (restore_signals and s in RESTORED)]
 ALL_SIGNALS = tuple(sorted(int(s) for s in _signal.valid_signals()
                            if s not in (_signal.SIGKILL, _signal.SIGSTOP)))
 KEEPER_COMM = b"tether-keeper"

@@ -237,7 +237,7 @@ def _owner_state(keeper: Keeper, msg: dict, fds: list[int]) -> dict:
     the reply (``owner_state``: three reads fewer in the owner per spawn; as
     the native keeper's read_owner_state), and its working directory (the
     directory itself, deleted or not) when it gave none, added to ``fds``."""
-    from ._keeper import RESTORED
+    from ._keeper import child_ignores
 
     if "ignored" in msg or "rlimits" in msg:
         raise ValueError("malformed spawn request: owner_state, and the owner's state in it")
@@ -246,8 +246,8 @@ def _owner_state(keeper: Keeper, msg: dict, fds: list[int]) -> dict:
         if keeper.mech.params.get("no_owner_state"):  # native.NO_OWNER_STATE, a test knob
             raise PermissionError("turned off for a test")
         f = identity.status_fields(pid, b"SigIgn", b"Umask")
-        ignored = [s for s in identity.mask_signals(int(f[b"SigIgn"], 16))
-                   if not (msg.get("restore_signals") and s in RESTORED)]
+        ignored = child_ignores(identity.mask_signals(int(f[b"SigIgn"], 16)),
+                                bool(msg.get("restore_signals")))
         out = {**msg, "ignored": ignored, "rlimits": identity.rlimits(pid)}
         if msg.get("umask", -1) < 0:
             out["umask"] = int(f[b"Umask"], 8)

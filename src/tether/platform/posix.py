@@ -23,7 +23,7 @@ from .. import identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused, SignalRefused
 from . import _proto, keeper_mechanism, native
-from ._keeper import RESTORED
+from ._keeper import child_ignores
 from ._keeper_socket import fork_keeper
 from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism, with_cookie
 
@@ -506,8 +506,7 @@ class JobPopen(subprocess.Popen):
                 # see): read it here and send it along, from now on.
                 backend.owner_state = False
                 ignored, owner_umask = _ignored_signals_and_umask()
-                if restore_signals:
-                    ignored = [s for s in ignored if s not in RESTORED]
+                ignored = child_ignores(ignored, restore_signals)
                 del msg["owner_state"]
                 msg.update(umask=umask if umask >= 0 else owner_umask, ignored=ignored,
                            rlimits=_rlimits())
