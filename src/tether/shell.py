@@ -422,6 +422,15 @@ def _choice_env(env, name: str, choices: "tuple[str, ...]", default: str, why: s
     return v
 
 
+def _why(exc: OSError) -> str:
+    """Why a start failed, in words; on Windows with the error's number, as
+    Python prints it (``[WinError 1359]``): the words alone can be vague
+    ("Internal error.")."""
+    why = exc.strerror or str(exc)
+    winerror = getattr(exc, "winerror", None)
+    return f"{why} [WinError {winerror}]" if winerror else why
+
+
 def _errcode(exc: "BaseException") -> str:
     if isinstance(exc, OSError) and exc.errno:
         import errno
@@ -589,7 +598,7 @@ def _run_oneshot(oneshot, args, shell, parsed, argc, mech, grace, log, t0, scope
         return EXIT_INTERNAL
     except OSError as exc:  # the shell could not be executed
         code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
-        _say(f"{shell}: {exc.strerror or exc}")
+        _say(f"{shell}: {_why(exc)}")
         if log is not None:
             log.write("error", child=None, mode=parsed.mode, mechanism=mech,
                       detail={"error": _errcode(exc)})
@@ -662,7 +671,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller=
             p = job.popen(args, executable=shell, close_fds=False)
         except OSError as exc:
             code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOEXEC
-            _say(f"{shell}: {exc.strerror or exc}")
+            _say(f"{shell}: {_why(exc)}")
             if log is not None:
                 log.write("error", child=None, mode=parsed.mode, mechanism=job.mechanism,
                           detail={"error": _errcode(exc)})

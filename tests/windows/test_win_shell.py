@@ -421,3 +421,14 @@ def test_reap_and_ps_run_with_default_settings(tracker, tmp_path, token):
                        timeout=60, env=env)
     assert r.returncode == 0 and "would end nothing" in r.stdout, r.stdout
     assert tracker.wait_gone(tree, 0.5) == tree
+
+
+def test_a_shell_that_cannot_start_is_126_with_the_windows_error(env_for, tmp_path):
+    """CreateProcessW's failure says its number (the words alone can be
+    "Internal error."): here ERROR_BAD_EXE_FORMAT, a file that is no program."""
+    bad = tmp_path / "bad.exe"
+    bad.write_bytes(b"MZ but no program")
+    r = subprocess.run([TETHER_CMD, "-c", "echo hi"], capture_output=True, timeout=60,
+                       env=env_for(TETHER_CMD, TETHER_SHELL=str(bad)))
+    assert r.returncode == 126, r
+    assert b"[WinError 193]" in r.stderr and b"Traceback" not in r.stderr, r.stderr
