@@ -10,6 +10,7 @@ conftest of its own).
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -21,6 +22,25 @@ from procutil import Procs
 # need the runner to be an ordinary program: Python's default handler here.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _tether_settings_unchanged():
+    """A test leaves tether's settings (TETHER_*, _TETHER_*) as it found
+    them: CI's second run sets TETHER_NATIVE=0 for every worker, and a test
+    that dropped it made the rest of its worker run the native keeper."""
+    def settings() -> dict:
+        return {k: v for k, v in os.environ.items() if k.startswith(("TETHER_", "_TETHER_"))}
+
+    before = settings()
+    yield
+    after = settings()
+    if after != before:
+        os.environ.update(before)
+        for k in set(after) - set(before):
+            del os.environ[k]
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        pytest.fail(f"the test changed tether's settings and left them so: {changed}")
 
 
 @pytest.fixture

@@ -39,11 +39,15 @@ class Keeper:
         if python:
             from tether import Job
 
+            was = os.environ.get("TETHER_NATIVE")
             os.environ["TETHER_NATIVE"] = "0"
             try:
                 self.job = Job(mechanism="subreaper")
-            finally:
-                del os.environ["TETHER_NATIVE"]
+            finally:  # as it was: CI's Python-keeper run sets it for the whole worker
+                if was is None:
+                    del os.environ["TETHER_NATIVE"]
+                else:
+                    os.environ["TETHER_NATIVE"] = was
             self.sock = self.job._backend._sock  # the test speaks the protocol itself
             self.pid = self.job.trace()["keeper_pid"]
             return
