@@ -597,3 +597,25 @@ def test_portable_path_reads_signals_and_captures(spawn, portable):
     assert portable.matches(ident)  # a zombie until reaped
     p.wait(timeout=3)
     assert not portable.matches(ident)
+
+
+def test_signal_child_signals_only_a_child_of_the_parent_named(procs):
+    """identity.signal_child (the subreaper kill loop's): a grandchild is
+    signalled when the parent named is still its parent, not otherwise; a
+    child of ours, always; PID <= 1 and ourselves never."""
+    p = procs.popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    other = procs.popen(["sleep", "30"])
+    g = int(p.stdout.readline())
+    # named with the wrong parent (another child of ours): refused, and it lives
+    assert identity.signal_child(g, signal.SIGKILL, other.pid) is False
+    time.sleep(0.1)
+    assert identity.read(g) is not None and identity.read(g).state != "Z"
+    # named with its parent: sent (control: it dies)
+    assert identity.signal_child(g, signal.SIGKILL, p.pid) is True
+    procutil.wait_until(lambda: (lambda i: i is None or i.state == "Z")(identity.read(g)), 3)
+    # a child of ours: sent
+    assert identity.signal_child(other.pid, signal.SIGKILL, os.getpid()) is True
+    assert other.wait(timeout=3) == -signal.SIGKILL
+    for bad in (0, 1, -1, os.getpid()):
+        with pytest.raises(SignalRefused):
+            identity.signal_child(bad, signal.SIGKILL, os.getpid())

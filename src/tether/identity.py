@@ -1346,5 +1346,51 @@ def send_signal(ident: "Identity", sig: int, *, member: bool = False,
             os.close(fd)
 
 
+def signal_child(pid: int, sig: int, parent: int) -> bool:
+    """Send ``sig`` to ``pid``, read a moment ago from the children list of
+    ``parent``, if it is still a child of ``parent`` or of this process; True
+    when sent. A kill loop's way (a subreaper's, whose processes carry no
+    recorded identity yet): :func:`send_signal` checks a recorded start time,
+    this checks the parent.
+
+    Why: ``parent`` may reap that child (a wait already under way when a kill
+    loop SIGKILLed it) and the pid go to another process. A child of this
+    process is still that child (only we reap it); any other pid is pinned
+    first (a pidfd) and its parent read while pinned (re-parented to us, it
+    counts). False for one gone, not a child of either now, or that cannot be
+    pinned (no fd). The refusals of :func:`send_signal` hold (PID <= 1, this
+    process, an ancestor). keeper.c's kill_pid is the same rule."""
+    me = os.getpid()
+    if type(pid) is not int or pid <= 1 or pid == me:
+        raise SignalRefused(f"refusing to signal pid {pid!r} (not a child)")
+    if parent == me:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return False
+        return True
+    if _is_ancestor(pid):
+        raise SignalRefused(f"refusing to signal pid {pid!r} (an ancestor of this process)")
+    fd = open_pidfd(pid)
+    if fd is None and HAVE_PIDFD:
+        return False
+    try:
+        cur = _stat_linux(pid) if _LINUX else read(pid)  # the pinned one's, with a pidfd
+        if cur is None or cur[3] not in (parent, me):
+            return False
+        if fd is None:  # no pidfd in this Python: the window of the read, a wrap-around
+            os.kill(pid, sig)
+        else:
+            import signal
+
+            signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def _has_uid() -> bool:
     return hasattr(os, "getuid")  # Windows has no uids; psutil reports none there

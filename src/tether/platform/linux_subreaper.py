@@ -51,59 +51,17 @@ def guarantee(options: "JobOptions | None" = None) -> "Guarantee":
     )
 
 
-def _kill(pid: int, sig: int, parent: int, me: int) -> bool:
-    """Signal ``pid``, read a moment ago from the children list of ``parent``:
-    this process (its own child, which only this loop reaps, so the pid is
-    still that child's), or a process this loop SIGKILLed already. That one
-    forks no more, but a wait of its already under way may reap the child and
-    the pid go to another process: so the pid is pinned (a pidfd) and
-    signalled only if its parent is still ``parent``, or this process (the
-    child was re-parented here). Whether it was signalled: if not (gone; not
-    a child of either now - re-parented to a subreaper of the job's below
-    us, it turns up in that one's list, and reused, its subtree is not the
-    job's; no fd to pin it with), it is not remembered, and its subtree not
-    read. keeper.c's kill_pid is the same rule."""
-    if parent == me:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            return False
-        return True
-    fd = identity.open_pidfd(pid)
-    if fd is None:
-        if identity.HAVE_PIDFD:
-            return False
-        # no pidfd in this Python: the same check, the read right before the kill
-        ident = identity.read(pid)
-        if ident is None or ident.ppid not in (parent, me):
-            return False
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            return False
-        return True
-    try:
-        ident = identity.read(pid)  # the pinned process's, while the pidfd is open
-        if ident is None or ident.ppid not in (parent, me):
-            return False
-        import _signal
-
-        _signal.pidfd_send_signal(fd, sig)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def kill_found(pids: "list[int]", killed: "set[int]", parent: int, me: int
-               ) -> "list[tuple[int, bool]]":
+def kill_found(pids: "list[int]", killed: "set[int]", parent: int) -> "list[tuple[int, bool]]":
     """SIGKILL those of ``pids``, children of ``parent``, not in ``killed``
     (and add those killed); each pid with whether its subtree is to be read
-    now (it was killed just now)."""
+    now (it was killed just now). One not killed (``identity.signal_child``:
+    gone, no longer a child of ``parent`` or of us, not pinned) is not
+    remembered, and its subtree is not read: re-parented to a subreaper of
+    the job's below us, it turns up again in that one's list; reused, its
+    subtree is not the job's."""
     out = []
     for pid in pids:
-        fresh = pid not in killed and _kill(pid, _SIGKILL, parent, me)
+        fresh = pid not in killed and identity.signal_child(pid, _SIGKILL, parent)
         if fresh:
             killed.add(pid)
         out.append((pid, fresh))
@@ -145,12 +103,12 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
             if on_reap is not None:
                 on_reap(pid, status)
         whole = progress is None or time.monotonic() - progress >= 0.02
-        found = kill_found(identity.children(me), killed, me, me)
+        found = kill_found(identity.children(me), killed, me)
         k = 0
         while k < len(found):
             pid, fresh = found[k]
             if fresh or (whole and pid in killed):
-                found.extend(kill_found(identity.children(pid), killed, pid, me))
+                found.extend(kill_found(identity.children(pid), killed, pid))
             k += 1
         if whole:
             progress = time.monotonic()
