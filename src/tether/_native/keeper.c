@@ -162,6 +162,17 @@ static ssize_t read_file(const char *path, char *buf, size_t size)
     return read_file_at(AT_FDCWD, path, buf, size);
 }
 
+/* Field n of a /proc/PID/stat line, as proc(5) numbers them (3 the state,
+ * 4 the parent, 9 the flags, 22 the start), or NULL: counted from the
+ * comm's last ')', as a comm may hold spaces and parentheses. */
+static const char *stat_field(const char *line, int n)
+{
+    const char *q = strrchr(line, ')');
+    for (int k = 2; q && k < n; k++)
+        q = strchr(q + 1, ' ');
+    return q && q[1] ? q + 1 : NULL;
+}
+
 /* One entry of getdents64 (glibc's readdir would bring stdio's DIR along). */
 struct dent64 {
     uint64_t ino;
@@ -900,8 +911,8 @@ static pid_t pidfd_parent(int fd, pid_t pid)
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     if (read_file(path, buf, sizeof buf) <= 0)
         return errno == ENOENT || errno == ESRCH ? 0 : -1;
-    char *p = strrchr(buf, ')'); /* ") S PPID": the comm may hold anything */
-    return p && p[1] && p[2] ? (pid_t)strtol(p + 3, NULL, 10) : -1;
+    const char *ppid = stat_field(buf, 4);
+    return ppid ? (pid_t)strtol(ppid, NULL, 10) : -1;
 }
 
 enum kill_result { KILLED, NOT_KILLED, TRY_AGAIN };
@@ -1598,19 +1609,10 @@ static int write_ident(writer *w, pid_t pid, int pidfd)
         while (*p == ' ')
             p++;
     }
-    long long start = 0;
-    {
-        /* field 22 (starttime) is the 19th after the state letter (field 3) */
-        char *q = close_ + 2;
-        for (int k = 0; k < 19 && q; k++) {
-            q = strchr(q, ' ');
-            if (q)
-                q++;
-        }
-        if (!q)
-            return 0;
-        start = strtoll(q, NULL, 10);
-    }
+    const char *started = stat_field(stat, 22);
+    if (!started)
+        return 0;
+    long long start = strtoll(started, NULL, 10);
     long uid = -1;
     char *u = strstr(status, "\nUid:");
     if (u)
@@ -2519,19 +2521,12 @@ static int owner_exiting(void)
             all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
             continue;
         }
-        /* after the comm's last ')': field 3 (state) onward; 9 is the flags,
-         * 31 the thread's pending signals (SIGKILL's bit: every thread gets
-         * it at a group exit or a kill -9, before its own exit starts) */
-        char *f = strrchr(buf, ')');
-        unsigned long long flags = 0, pending = 0;
-        for (int field = 2; f && field < 31; field++) {
-            f = strchr(f + 1, ' ');
-            if (f && field + 1 == 9)
-                flags = strtoull(f + 1, NULL, 10);
-            if (f && field + 1 == 31)
-                pending = strtoull(f + 1, NULL, 10);
-        }
-        if (!f || (!(flags & PF_EXITING_) && !(pending & (1ULL << (SIGKILL - 1)))))
+        /* field 9 is the flags, 31 the thread's pending signals (SIGKILL's
+         * bit: every thread gets it at a group exit or a kill -9, before its
+         * own exit starts) */
+        const char *flags = stat_field(buf, 9), *pending = stat_field(buf, 31);
+        if (!flags || !pending || (!(strtoull(flags, NULL, 10) & PF_EXITING_) &&
+                                   !(strtoull(pending, NULL, 10) & (1ULL << (SIGKILL - 1)))))
             all = 0;
     }
     close(w.fd);

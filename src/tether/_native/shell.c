@@ -142,20 +142,14 @@ static unsigned long long proc_stat(pid_t pid, char *state, pid_t *ppid)
         snprintf(path, sizeof path, "/proc/self/stat");
     if (read_file(path, buf, sizeof buf) <= 0)
         return 0;
-    char *close_ = strrchr(buf, ')');
-    if (!close_ || close_[1] != ' ' || !close_[2])
+    const char *st = stat_field(buf, 3), *pp = stat_field(buf, 4), *start = stat_field(buf, 22);
+    if (!st || !pp || !start)
         return 0;
     if (state)
-        *state = close_[2];
+        *state = *st;
     if (ppid)
-        *ppid = (pid_t)strtol(close_ + 4, NULL, 10);
-    char *q = close_ + 2;
-    for (int k = 0; k < 19 && q; k++) {
-        q = strchr(q, ' ');
-        if (q)
-            q++;
-    }
-    return q ? strtoull(q, NULL, 10) : 0;
+        *ppid = (pid_t)strtol(pp, NULL, 10);
+    return strtoull(start, NULL, 10);
 }
 
 /* identity.now_ticks: CLOCK_BOOTTIME in clock ticks, rounded down as the
