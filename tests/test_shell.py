@@ -987,12 +987,15 @@ def test_control_caller_sigkilled_with_the_watch_off_leaves_the_tree(procs, ts, 
     # The same caller and kill, TETHER_SHELL_WITH_CALLER=0 (and plain bash does
     # the same): nothing ends the command, which runs on in its own session.
     env["TETHER_SHELL_WITH_CALLER"] = "0"
-    caller, wrapper = start_caller(procs, ts, env, TREE)
-    tree = read_pids(env["P"], TREE_N)
-    caller.kill()
-    caller.wait(timeout=5)
-    time.sleep(0.5)
-    assert len(living(tree)) == TREE_N and identity.is_alive(wrapper)
+    # the wrapper and its tree, orphaned on purpose, are held here, not by PID 1
+    with procs.adopting_orphans():
+        caller, wrapper = start_caller(procs, ts, env, TREE)
+        tree = read_pids(env["P"], TREE_N)
+        caller.kill()
+        caller.wait(timeout=5)
+        time.sleep(0.5)
+        assert len(living(tree)) == TREE_N and identity.is_alive(wrapper)
+        assert identity.read(wrapper.pid).ppid == os.getpid()  # adopted here
 
 
 def test_caller_alive_nothing_changes(procs, ts, env):
