@@ -107,6 +107,7 @@ def unshare_argv(tree: str) -> list[str]:
 
 
 BASELINE_KEEPER = ""  # --keeper-baseline: the keeper program of the */baseline kinds
+BASELINE_TAKES_BEACON = True  # whether it knows beacon= (takes_beacon, asked once)
 
 
 def takes_beacon(keeper: str) -> bool:
@@ -127,7 +128,7 @@ def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
         env["_TETHER_BEACON"] = "0"
     if keeper == "baseline":
         env["_TETHER_NATIVE_HELPER"] = BASELINE_KEEPER
-        if not takes_beacon(BASELINE_KEEPER):
+        if not BASELINE_TAKES_BEACON:
             env["_TETHER_BEACON"] = "0"
     if kind == "unshare":
         args = unshare_argv(tree)
@@ -221,11 +222,12 @@ def main() -> int:
     a = ap.parse_args()
     if a.owner_mb:
         os.environ["TETHER_BENCH_OWNER_MB"] = str(a.owner_mb)
-    global BASELINE_KEEPER
+    global BASELINE_KEEPER, BASELINE_TAKES_BEACON
     if a.keeper_baseline:
         if not os.access(a.keeper_baseline, os.X_OK):
             ap.error(f"--keeper-baseline: not an executable program: {a.keeper_baseline}")
         BASELINE_KEEPER = os.path.abspath(a.keeper_baseline)
+        BASELINE_TAKES_BEACON = takes_beacon(BASELINE_KEEPER)
     trials = 5 if a.quick else a.trials
     sizes = [1, 10, 100] if a.quick else [int(x) for x in a.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
