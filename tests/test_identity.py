@@ -619,3 +619,36 @@ def test_signal_child_signals_only_a_child_of_the_parent_named(procs):
     for bad in (0, 1, -1, os.getpid()):
         with pytest.raises(SignalRefused):
             identity.signal_child(bad, signal.SIGKILL, os.getpid())
+
+
+REAP_SCRIPT = r"""
+import os, signal, sys, time
+from tether import identity
+a = os.fork()
+if a == 0:
+    os._exit(3)
+b = os.fork()
+if b == 0:
+    signal.alarm(30)  # bounded, whatever happens to this script
+    signal.pause()
+    os._exit(0)
+time.sleep(0.3)
+got = []
+note = lambda pid, st: got.append((pid, os.waitstatus_to_exitcode(st)))
+print(identity.reap_exited(note), got == [(a, 3)])
+os.kill(b, signal.SIGKILL)  # our own child: only we reap it
+print(identity.reap_exited(note, wait=True), got[1:] == [(b, -9)])
+print(identity.reap_exited())
+"""
+
+
+def test_reap_exited_reaps_what_exited_and_says_when_none_is_left():
+    """identity.reap_exited (the one reap loop): without waiting it reaps the
+    child that exited and reports it, and says another still runs; with wait,
+    it reaps that one too once it is killed; then there is none left. Run in
+    a process of its own: a wait for any child here would reap the test
+    worker's. Control: a loop that reaped nothing would report nothing."""
+    r = subprocess.run([sys.executable, "-c", REAP_SCRIPT], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=procutil.SRC))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["True True", "False True", "False"], r.stdout

@@ -39,7 +39,7 @@ from tether.errors import SignalRefused
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 __all__ = [
     "Identity",
@@ -72,6 +72,8 @@ __all__ = [
     "parent_pid",
     "capture",
     "send_signal",
+    "signal_child",
+    "reap_exited",
     "Proof",
     "COOKIE_VAR",
     "carriers",
@@ -1390,6 +1392,26 @@ def signal_child(pid: int, sig: int, parent: int) -> bool:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def reap_exited(on_reaped: "Callable[[int, int], object] | None" = None, *, wait: bool = False) -> bool:
+    """Reap every child of this process that has exited, calling
+    ``on_reaped(pid, status)`` for each; False once there is no child left
+    (ECHILD), True while some still run. ``wait``: block until none is left
+    (always False). The one reap loop: the Python keeper's, the warden's, the
+    subreaper's kill loop and ``tether init`` call it."""
+    flags = 0 if wait else os.WNOHANG
+    while True:
+        try:
+            pid, status = os.waitpid(-1, flags)
+        except ChildProcessError:
+            return False
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return True
+        if on_reaped is not None:
+            on_reaped(pid, status)
 
 
 def _has_uid() -> bool:

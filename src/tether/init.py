@@ -237,19 +237,15 @@ class _Init:
 
     def reap(self) -> bool:
         """Reap every exited child; False once there are no children left."""
-        while True:
-            try:
-                pid, st = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return False
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return True
-            if pid == self.child and self.status is None:
-                self.status = st
-            else:
-                self.reaped += 1
+        from .identity import reap_exited
+
+        return reap_exited(self._reaped)
+
+    def _reaped(self, pid: int, st: int) -> None:
+        if pid == self.child and self.status is None:
+            self.status = st
+        else:
+            self.reaped += 1
 
     def forward(self, sig: int) -> None:
         child = self.child

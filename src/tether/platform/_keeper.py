@@ -154,16 +154,7 @@ class Keeper:
 
     def reap(self) -> bool:
         """Reap every exited child; False once there are no children left."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return False
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return True
-            self.reaped(pid, status)
+        return identity.reap_exited(self.reaped)
 
     def spawn(self, exe: bytes | str, argv: list, env, **kwargs) -> int:
         """``posix_spawn`` one child inside the job (the mechanism's spawn
@@ -195,13 +186,7 @@ class Keeper:
             os._exit(0)  # PID 1 of the job's namespace: the kernel kills the rest at once
         if self.mech.options.background:
             # Background jobs outlive the owner on purpose: keep reaping until empty.
-            while True:
-                try:
-                    os.waitpid(-1, 0)
-                except ChildProcessError:
-                    break
-                except InterruptedError:
-                    continue
+            identity.reap_exited(wait=True)
             self.mech.cleanup(self)
             return 0
         self.mech.end_for_dead_owner(self)

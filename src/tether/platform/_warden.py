@@ -60,21 +60,14 @@ def main() -> None:
 
 
 def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    from .. import identity
+
+    identity.reap_exited()
 
 
 def _drain() -> None:
     # Keepers watch the owner themselves; wait for them so none is left a zombie.
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
+    from .. import identity
+
+    identity.reap_exited(wait=True)
+    os._exit(0)

@@ -88,20 +88,16 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
     deadline = time.monotonic() + timeout
     killed: set[int] = set()  # signalled, not yet reaped: their subtrees were read
     progress: float | None = None  # the last reap, or the last whole-tree read
+    def reaped(pid: int, status: int) -> None:
+        nonlocal progress
+        killed.discard(pid)
+        progress = time.monotonic()
+        if on_reap is not None:
+            on_reap(pid, status)
+
     while time.monotonic() < deadline:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return True
-            except InterruptedError:
-                continue
-            if pid == 0:
-                break
-            killed.discard(pid)
-            progress = time.monotonic()
-            if on_reap is not None:
-                on_reap(pid, status)
+        if not identity.reap_exited(reaped):
+            return True
         whole = progress is None or time.monotonic() - progress >= 0.02
         found = kill_found(identity.children(me), killed, me)
         k = 0
