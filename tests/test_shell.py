@@ -1382,6 +1382,7 @@ def test_install_never_replaces_a_real_file(procs, env, tmp_path):
     ("TETHER_SHELL_LOG_DAYS", "0"), ("TETHER_SHELL_LOG_DAYS", "two"),
     ("TETHER_SHELL_LOG_MAX_BYTES", "-5"), ("TETHER_SHELL_SCOPE", "agent"),
     ("TETHER_SHELL_WITH_CALLER", "2"), ("TETHER_SHELL_MECHANISM", "strict"),
+    ("TETHER_NATIVE", "maybe"),
 ])
 def test_bad_tether_shell_values_are_exit_2(procs, ts, env, tmp_path, name, value):
     marker = tmp_path / "ran"
