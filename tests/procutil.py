@@ -9,6 +9,7 @@ ever - so a failing test leaves nothing running, escapees included.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -44,6 +45,38 @@ def poll_until(pred, timeout: float = 3.0, interval: float = 0.01) -> bool:
             return True
         time.sleep(interval)
     return bool(pred())
+
+
+def read_line(p: subprocess.Popen, timeout: float = 30.0, what: str = "the child",
+              stuck=None) -> str:
+    """The next line ``p`` writes to its stdout pipe (``"\n"`` included), within
+    ``timeout`` seconds. It reads the pipe itself and keeps what came after the
+    line for the next call: ``select`` on ``p.stdout`` then ``readline()`` would
+    wait in vain for a second line that arrived with the first (it sits in the
+    file object's buffer, not in the pipe). ``stuck(pid)``: words on the
+    child's tree for a timeout's message."""
+    buf = p.__dict__.setdefault("_procutil_lines", bytearray())
+    fd = p.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not r:
+            tree = f"; its tree:\n{stuck(p.pid)}" if stuck else ""
+            raise RuntimeError(f"{what} did not report in time{tree}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            if buf:
+                break  # a last line without its newline
+            try:
+                status = p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                status = "still running"
+            raise RuntimeError(f"{what} died before reporting (status {status})")
+        buf += chunk
+    end = buf.find(b"\n") + 1 or len(buf)
+    line = bytes(buf[:end])
+    del buf[:end]
+    return line.decode()
 
 
 def marked(born: int, mark: str) -> list[identity.Identity]:

@@ -21,6 +21,7 @@ import time
 import warnings
 from pathlib import Path
 
+import procutil
 import pytest
 from procutil import poll_until as wait_until
 
@@ -112,13 +113,21 @@ def _stuck(pid: int) -> str:
 
 
 def read_line(p: subprocess.Popen, timeout: float = 30) -> str:
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    if not r:
-        raise RuntimeError(f"host child did not report in time; its tree:\n{_stuck(p.pid)}")
-    line = p.stdout.readline()
-    if not line:
-        raise RuntimeError(f"host child died before reporting (status {p.wait()})")
-    return line
+    return procutil.read_line(p, timeout, "host child", stuck=_stuck)
+
+
+def test_read_line_returns_a_second_line_that_came_with_the_first(procs) -> None:
+    """The helper every host test reads its children with: two lines written
+    at once are two lines at once. Control: select on the file object after
+    its readline() finds nothing (the second line waits in its buffer), which
+    is how a CI run waited 30 s for "s2 ok" and failed."""
+    script = "import time; print('a\\nb', flush=True); time.sleep(30)"
+    p = procs.popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert procutil.read_line(p, 10) == "a\n"
+    assert procutil.read_line(p, 2) == "b\n"
+    q = procs.popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert q.stdout.readline() == "a\n"
+    assert select.select([q.stdout], [], [], 0.5)[0] == []
 
 
 

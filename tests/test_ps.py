@@ -73,10 +73,8 @@ MECHS = ["cgroup", "subreaper", "pgroup", "pidns"]
 
 
 
-def readline(f, timeout: float = 20.0) -> str:
-    r, _, _ = select.select([f], [], [], timeout)
-    assert r, "the owner printed nothing"
-    return f.readline()
+def readline(p: subprocess.Popen, timeout: float = 20.0) -> str:
+    return procutil.read_line(p, timeout, "the owner")
 
 
 class Owner:
@@ -115,7 +113,7 @@ def owner_factory(tmp_path):
                                 env=env)
         o = Owner(proc, born)
         owners.append(o)
-        o.info = json.loads(readline(proc.stdout))
+        o.info = json.loads(readline(proc))
         o.job = o.info["job"]
         if not empty:  # sh has started both of its sleeps
             wait_until(lambda: len(identity.children(o.info["q"])) == 2)
@@ -197,7 +195,7 @@ def test_json_lists_the_job_and_its_member_tree(owner_factory, state_dir, mech):
 
     # Control: once the owner closes the job, the same query no longer lists it.
     o.proc.stdin.close()
-    assert readline(o.proc.stdout).strip() == "closed"
+    assert readline(o.proc).strip() == "closed"
     o.proc.wait(timeout=10)
     assert find(ps_json(state_dir), o.job) is None
 

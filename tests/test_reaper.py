@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import procutil
 import pytest
 from procutil import poll_until as wait_until
 
@@ -96,13 +96,7 @@ def do_reap(state: Path, **kw) -> reaper.ReapReport:
 
 
 def read_line(p: subprocess.Popen, timeout: float = 30) -> str:
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    if not r:
-        raise RuntimeError("owner did not report in time")
-    line = p.stdout.readline()
-    if not line:
-        raise RuntimeError(f"owner died before reporting (status {p.wait()})")
-    return line
+    return procutil.read_line(p, timeout, "owner")
 
 
 def ids(info: dict) -> list[Identity]:
