@@ -121,7 +121,7 @@ def test_read_line_returns_a_second_line_that_came_with_the_first(procs) -> None
     at once are two lines at once. Control: select on the file object after
     its readline() finds nothing (the second line waits in its buffer), which
     is how a CI run waited 30 s for "s2 ok" and failed."""
-    script = "import time; print('a\\nb', flush=True); time.sleep(30)"
+    script = "import os, time; os.write(1, b'a\\nb\\n'); time.sleep(30)"  # one write
     p = procs.popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert procutil.read_line(p, 10) == "a\n"
     assert procutil.read_line(p, 2) == "b\n"
