@@ -351,3 +351,21 @@ def test_doctor_says_which_commands_are_native(native_off):
     bindir = os.path.dirname(sys.executable)
     assert got == {n: not native_off and is_native_program(os.path.join(bindir, n))
                    for n in ("tether-shell", "tether")}
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-", "<&- >&-", "<&- >&- 2>&-"])
+def test_run_keeps_a_callers_closed_stdio_closed(procs, tether, tmp_path, closed):
+    """`tether run` started with stdin, stdout or stderr closed: the command
+    finds the same ones closed (not a socket or pidfd of tether's in their
+    place) and its status comes back. Before: the Python CLI handed the
+    command its keeper's socket as stdin, and the native one lost its keeper
+    (123). Control: plain sh, the same way."""
+    probe = ('exec 9>"$0"; for f in 0 1 2; do [ -e /proc/$$/fd/$f ] && '
+             'printf "$f:%s " "$(readlink /proc/$$/fd/$f)" >&9; done; exit 3')
+    want, got = tmp_path / "sh", tmp_path / "run"
+    outer = ["sh", "-c", f'exec "$@" {closed}', "sh"]
+    env = procs.env()
+    assert procs.popen([*outer, "sh", "-c", probe, str(want)], env=env).wait(timeout=30) == 3
+    assert procs.popen([*outer, *tether, "run", "--", "sh", "-c", probe, str(got)],
+                       env=env).wait(timeout=30) == 3
+    assert got.read_text() == want.read_text()

@@ -591,3 +591,32 @@ def test_stale_run_dirs_removed_only_when_empty_and_owner_gone(procs):
                     break
                 except OSError:
                     time.sleep(0.02)  # the killed sleep is still leaving the cgroup
+
+
+CLOSED_STDIN_OWNER = r"""
+import os, subprocess, sys
+os.close(0)
+from tether import Job
+probe = "[ -e /proc/$$/fd/0 ] && readlink /proc/$$/fd/0 || echo closed"
+with Job() as j:
+    taken = os.readlink("/proc/self/fd/0")  # something of the job's took the number
+    a = j.popen(["sh", "-c", probe], stdout=subprocess.PIPE, text=True).communicate()[0]
+    b = subprocess.Popen(["sh", "-c", probe], stdout=subprocess.PIPE, text=True).communicate()[0]
+with open(sys.argv[1], "w") as f:
+    f.write(f"{taken}|{a.strip()}|{b.strip()}")
+"""
+
+
+def test_an_owners_closed_stdin_is_closed_in_the_child(procs, tmp_path):
+    """An owner whose stdin is closed: the job's first fd (its keeper's
+    socket) takes number 0, close-on-exec. A child started with stdin left
+    as it is finds it closed, as subprocess's child does, never that socket
+    (it could talk to the keeper). Before: the owner handed fd 0 over as the
+    child's stdin (both keepers), or the native keeper gave its own
+    /dev/null. Control: subprocess.Popen in the same owner."""
+    out = tmp_path / "out"
+    p = procs.popen([sys.executable, "-c", CLOSED_STDIN_OWNER, str(out)], env=procs.env())
+    assert p.wait(timeout=60) == 0
+    taken, child, plain = out.read_text().split("|")
+    assert taken != "" and plain == "closed"
+    assert child == plain, taken

@@ -1595,3 +1595,31 @@ def test_a_gone_stderr_reader_does_not_kill_the_wrapper(procs, ts, env, tmp_path
     finally:
         os.close(w)
     assert p.wait(timeout=10) == 126
+
+
+# -- a caller's closed stdio stays closed, and costs the wrapper nothing --------------
+
+# Which of the shell's fds 0-2 are open, written on fd 9 (opened last, at 9);
+# exit 3.
+FD_PROBE = 'exec 9>"$0"; for f in 0 1 2; do [ -e /proc/$$/fd/$f ] && printf $f >&9; done; exit 3'
+CLOSED = ["<&-", ">&-", "2>&-", "<&- >&-", "<&- 2>&-", ">&- 2>&-", "<&- >&- 2>&-"]
+
+
+def closed_run(procs, env, closed: str, *argv: str) -> int:
+    """``argv`` started with the caller's fds closed as ``closed`` says."""
+    p = procs.popen(["sh", "-c", f'exec "$@" {closed}', "sh", *argv], env=env)
+    return p.wait(timeout=20)
+
+
+@pytest.mark.parametrize("closed", CLOSED)
+def test_a_callers_closed_stdio_stays_closed(procs, ts, env, tmp_path, closed):
+    """Started with stdin, stdout or stderr closed (any of them), the command
+    finds the same ones closed and its exit status comes back, as under
+    plain sh. Before: the wrapper's log file, the caller's pidfd or a pipe
+    took a closed fd's number, and the keeper's own /dev/null stdio made that
+    pidfd read as the caller's death: the command was SIGKILLed, and so the
+    wrapper (137). Control: plain sh, the same way."""
+    want, got = tmp_path / "sh", tmp_path / "ts"
+    assert closed_run(procs, env, closed, "sh", "-c", FD_PROBE, str(want)) == 3
+    assert closed_run(procs, env, closed, ts, "-c", FD_PROBE, str(got)) == 3
+    assert got.read_text() == want.read_text()

@@ -1,4 +1,5 @@
-"""Attributes of this process that tether sets: its name, and child-subreaper.
+"""Attributes of this process that tether sets: its name, child-subreaper,
+and a hold on a closed stdin, stdout or stderr.
 
 Import-light (``os``; ``_ctypes`` only inside :func:`set_subreaper`):
 the shell wrapper's keeper and ``tether init`` use it.
@@ -43,3 +44,25 @@ def set_subreaper() -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+def hold_std_fds() -> None:
+    """Put /dev/null, close-on-exec, on whichever of fds 0, 1 and 2 is
+    closed. A caller may start a front end (tether-shell, ``tether run``)
+    with one closed; the first pipe, socket or pidfd opened would then take
+    that number and be taken for stdio: handed to the command as its stdin,
+    or overwritten by a keeper's own /dev/null stdio. Close-on-exec, so the
+    command still finds it closed, as the caller left it (shell.c's
+    hold_std_fds is the same)."""
+    if os.name != "posix":
+        return
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        if null != fd:  # (cannot be: fd is the lowest free one)
+            os.dup2(null, fd, inheritable=False)
+            os.close(null)

@@ -64,7 +64,10 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from ._prctl import hold_std_fds
     from .errors import UsageError
+
+    hold_std_fds()  # before anything opens a file that would take a closed one's number
 
     try:
         return _main(argv)

@@ -480,7 +480,9 @@ def cli(argv: list[str]) -> int:
     command ended by Ctrl+C, is -1073741510 here and 3221225786 to the caller).
     """
     from . import _shellargs as sa
+    from ._prctl import hold_std_fds
 
+    hold_std_fds()  # before anything opens a file that would take a closed one's number
     if sa.wants_help(argv):
         os.write(1, sa.USAGE.encode())
         return 0
@@ -504,10 +506,10 @@ def cli(argv: list[str]) -> int:
         with_caller = _bool_env(env, "TETHER_SHELL_WITH_CALLER", True)
         if env.get("TETHER_NATIVE"):
             # a bad value is refused here as by a job and `tether run` (the
-            # native tether-shell hands it over to say so); read only if set
-            from .platform.native import setting
+            # native tether-shell hands it over to say so)
+            from .platform import native_setting
 
-            setting()
+            native_setting()
         if scope == "caller" and not with_caller:
             raise sa.UsageError("TETHER_SHELL_SCOPE=caller needs the caller watched: "
                                 "unset TETHER_SHELL_WITH_CALLER=0")

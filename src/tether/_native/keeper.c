@@ -1323,6 +1323,7 @@ struct spawn_req {
     int into_cgroup_by_hand; /* no clone3: move ourselves in before exec */
     int vforked;             /* set by clone_child: we slept until its exec or exit */
     int only_stdio;          /* close every fd above 2 (but errfd, close-on-exec) */
+    int close_unmapped_std;  /* a stdio fd the map does not name: closed, not ours */
 };
 
 static void close_others(int a, int b);
@@ -1381,6 +1382,16 @@ static void child_main(struct spawn_req *q)
     }
     if (q->only_stdio)
         close_others(q->errfd, -1);
+    /* An owner's stdio fd that was closed or close-on-exec is not in the map:
+     * closed in the child too, as subprocess's child would find it, not our
+     * /dev/null */
+    for (int fd = 0; q->close_unmapped_std && fd < 3; fd++) {
+        int mapped = 0;
+        for (int k = 0; k < q->nmap; k++)
+            mapped |= q->map_dst[k] == fd;
+        if (!mapped)
+            close(fd);
+    }
     if (q->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
         child_fail(q->errfd, 't', errno);
     for (int k = 0; k < q->nlim; k++)
@@ -1988,6 +1999,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
             q->map_dst[q->nmap] = (int)t->i;
             q->nmap++;
         }
+    q->close_unmapped_std = 1;
     q->setsid_ = dict_true(msg, "setsid");
     int64_t pg = dict_int(msg, "pgroup", -1);
     q->pgroup = pg == -1 ? (pid_t)dict_int(msg, "owner_pgid", -1) : (pid_t)pg;

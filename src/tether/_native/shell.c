@@ -2100,8 +2100,29 @@ static int run_main(int argc, char **argv)
     return WEXITSTATUS(o.status);
 }
 
+/* A caller may start us with stdin, stdout or stderr closed. The first file,
+ * pipe or pidfd we open would then take that number, and be taken for the
+ * command's stdio (its stdin a log file) or lost under the keeper's own
+ * /dev/null stdio (a caller's pidfd read as always ready: the caller "dead",
+ * the command SIGKILLed). So a closed one holds /dev/null from the start,
+ * close-on-exec: the command (and a hand-over's Python) still finds it
+ * closed, as the caller left it. */
+static void hold_std_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+            continue;
+        int null = openat(AT_FDCWD, "/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0 && null != fd) { /* (cannot be: fd is the lowest free one) */
+            dup3(null, fd, O_CLOEXEC);
+            close(null);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
+    hold_std_fds();
     find_self(argv);
     if (!strcmp(base_name(argc > 0 && argv[0] ? argv[0] : ""), "tether")) {
         /* the tether CLI: `run` served here, the rest by the Python CLI */

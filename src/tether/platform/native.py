@@ -33,7 +33,7 @@ reader waiting after the owner is gone).
 
 import os
 
-from . import _beacon
+from . import NATIVE_ENV, _beacon, native_setting
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
                       "tether-keeper")
@@ -45,21 +45,8 @@ MECHANISMS = ("cgroup", "subreaper", "pidns")
 #: Test knob, read when a job opens: its keeper answers as if the owner's
 #: /proc could not be read (the owner then sends its state itself).
 NO_OWNER_STATE = "_TETHER_TEST_NO_OWNER_STATE"
-ENV = "TETHER_NATIVE"
-_WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "yes": "on", "true": "on",
-          "0": "off", "off": "off", "no": "off", "false": "off"}
-
-
-def setting() -> str:
-    """``auto``, ``on`` or ``off``, from ``TETHER_NATIVE``; a value that is
-    none of those is a :class:`tether.errors.UsageError`."""
-    raw = os.environ.get(ENV, "")
-    word = _WORDS.get(raw.strip().lower())
-    if word is None:
-        from ..errors import UsageError
-
-        raise UsageError(f"{ENV} must be auto, 1 (on) or 0 (off), not {raw!r}")
-    return word
+ENV = NATIVE_ENV
+setting = native_setting  # ``auto``, ``on`` or ``off``; a bad value is a UsageError
 
 
 def built() -> bool:

@@ -436,7 +436,13 @@ class JobPopen(subprocess.Popen):
         # Which owner fds the child gets, by child fd number.
         wanted: dict[int, int] = {}
         for target, src in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
-            wanted[target] = src if src != -1 else target
+            if src != -1:
+                wanted[target] = src
+            elif _inheritable(target):
+                # Left as it is, as subprocess's child would find it: an fd
+                # that is close-on-exec (say, a socket of ours that took a
+                # closed stdin's number) is closed in the child.
+                wanted[target] = target
         for fd in pass_fds:
             wanted[int(fd)] = int(fd)
         if not close_fds:
@@ -711,6 +717,13 @@ def _rlimits() -> list[tuple[int, int, int]]:
     import resource
 
     return [(r, *resource.getrlimit(r)) for r in identity.rlimit_resources()]
+
+
+def _inheritable(fd: int) -> bool:
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False  # closed
 
 
 def _list_fds() -> list[int]:
