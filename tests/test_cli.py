@@ -369,3 +369,27 @@ def test_run_keeps_a_callers_closed_stdio_closed(procs, tether, tmp_path, closed
     assert procs.popen([*outer, *tether, "run", "--", "sh", "-c", probe, str(got)],
                        env=env).wait(timeout=30) == 3
     assert got.read_text() == want.read_text()
+
+
+@pytest.mark.parametrize("nofile", [8, 9, 10, 11, 12, 14])
+def test_run_under_a_low_open_file_limit_says_so(procs, tether, nofile):
+    """`ulimit -n` so low that the job cannot be set up: exit 125 and one
+    line that names the open-file limit, never a "malformed request", a
+    keeper "gone" or a bare "Bad file descriptor"; or, with room enough, the
+    command runs. Before: the keeper that could not take a request's fds
+    called it malformed, and one spawn failed with EBADF."""
+    import resource
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    p = procs.popen([*tether, "run", "--", "echo", "ran"], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=low,
+                    env=procs.env())
+    out, err = p.communicate(timeout=60)
+    if p.returncode == 0:
+        assert out == b"ran\n"
+        return
+    assert p.returncode == 125 and out == b"" and err.count(b"\n") == 1, (p.returncode, err)
+    assert any(w in err for w in (b"open-file limit", b"Too many open files",
+                                  b"No file descriptors available")), err

@@ -2322,11 +2322,23 @@ static void serve(void)
                 }
             }
             if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                /* fds the kernel could not install are dropped: no room
+                 * here (a low ulimit -n) is not a malformed request (asked
+                 * before the ones that came are closed) */
+                char why[200] = "more file descriptors than a request may carry";
+                int probe = fcntl(K.ctl, F_DUPFD_CLOEXEC, 0);
+                int full = probe < 0 && errno == EMFILE;
+                struct rlimit nofile;
+                if (probe >= 0)
+                    close(probe);
                 for (int k = 0; k < nfds; k++)
                     close(fds[k]);
+                if (full && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
+                    snprintf(why, sizeof why, "the request's file descriptors could not be taken: the "
+                             "keeper is at its open-file limit (RLIMIT_NOFILE %llu)",
+                             (unsigned long long)nofile.rlim_cur);
                 reply_error("ValueError", 0,
-                            (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be"
-                                                       : "more file descriptors than a request may carry",
+                            (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be" : why,
                             NULL);
                 continue;
             }

@@ -9,6 +9,7 @@ far cheaper to import and run than json or pickle.
 from __future__ import annotations
 
 import array
+import errno
 import marshal
 import os
 import socket
@@ -52,6 +53,26 @@ def send(sock: socket.socket, msg: dict, fds: list[int] | tuple[int, ...] = ()) 
             os.close(extra)
 
 
+def _fds_lost(sock: socket.socket) -> str:
+    """Why a message's fds did not all arrive (MSG_CTRUNC): too many for
+    one, or no room for them here (the kernel drops what it cannot install;
+    a low ``ulimit -n`` reads as a malformed request otherwise)."""
+    try:
+        os.close(os.dup(sock.fileno()))
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            limit = ""
+            try:  # (an import that needs a file to open fails here)
+                import resource
+
+                limit = f" (RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
+            except Exception:  # noqa: BLE001 - the number is a courtesy
+                pass
+            return ("the message's file descriptors could not be taken: the receiver is at its "
+                    f"open-file limit{limit}")
+    return "more file descriptors than a request may carry"
+
+
 def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
     """One message, or (None, []) at end of file. Received fds are close-on-exec."""
     fds_size = socket.CMSG_SPACE(MAX_FDS * 4)
@@ -69,7 +90,7 @@ def recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ValueError("request larger than a datagram may be" if flags & socket.MSG_TRUNC
-                             else "more file descriptors than a request may carry")
+                             else _fds_lost(sock))
         msg = marshal.loads(data)
         if isinstance(msg, dict) and "_memfd" in msg and fds:
             mfd = fds.pop()

@@ -31,6 +31,7 @@ helper closes all others itself before it serves, and its stdio is
 reader waiting after the owner is gone).
 """
 
+import errno
 import os
 
 from . import NATIVE_ENV, _beacon, native_setting
@@ -117,7 +118,13 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
     # No setsigdef: exec resets handled signals, and the keeper sets every
     # disposition itself first (ignored ones included); 64 sigactions fewer
     # in the vfork'd child the owner waits for.
-    return os.posix_spawn(HELPER, args, env, file_actions=actions, setpgroup=0, setsigmask=())
+    try:
+        return os.posix_spawn(HELPER, args, env, file_actions=actions, setpgroup=0, setsigmask=())
+    except OSError as exc:
+        if exc.errno == errno.EBADF:  # the dup2 above to a number past RLIMIT_NOFILE
+            raise OSError(errno.EMFILE, f"this process is at its open-file limit (its keeper's "
+                          f"fds would be {hi} and up)") from None
+        raise
 
 
 #: The commands that are native programs on Linux where they could be built
