@@ -213,3 +213,40 @@ def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exi
             assert order == ["parent"], order  # the child lives on: nothing ended it
     finally:
         job.close()
+
+
+OUTLIVED_OWNER = r"""
+import json, os, subprocess, sys, time
+os.environ["TETHER_NATIVE"] = "0"  # the Python keeper (the native one never ran inside)
+from tether import Job
+j = Job(mechanism="cgroup")
+ps = [j.popen(["sleep", "300"], stdin=subprocess.DEVNULL) for _ in range(20)]
+print(json.dumps({"keeper": j.trace()["keeper_pid"], "members": [p.pid for p in ps]}), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(not available("cgroup"), reason="needs a writable cgroup v2")
+def test_python_cgroup_keeper_outlives_its_members_when_the_owner_dies(procs):
+    """The Python cgroup keeper used to end the job from inside (one
+    cgroup.kill, itself included) and could die before its members, which
+    were then re-parented to PID 1 while they died. It now steps out, kills
+    and reaps: every member is gone before it. Control: the members were alive
+    (their pidfds not ready) before the owner's SIGKILL."""
+    import json
+    import select
+
+    owner = procs.popen([sys.executable, "-c", OUTLIVED_OWNER], stdout=subprocess.PIPE,
+                        text=True, env=procs.env())
+    info = json.loads(owner.stdout.readline())
+    keeper = os.pidfd_open(info["keeper"])
+    members = [os.pidfd_open(m) for m in info["members"]]
+    try:
+        assert not any(select.select(members, [], [], 0)[0])
+        owner.kill()
+        assert select.select([keeper], [], [], 10)[0], "the keeper did not end"
+        late = [fd for fd in members if not select.select([fd], [], [], 0)[0]]
+        assert late == [], f"{len(late)} of {len(members)} members outlived their keeper"
+    finally:
+        for fd in [keeper, *members]:
+            os.close(fd)

@@ -5,8 +5,9 @@ unprivileged process cannot move itself out. The keeper lives in the job's
 cgroup while the job is open and starts each child there with vfork, so the
 child is a member before its first instruction. When the owner dies it
 writes ``cgroup.kill`` from inside - one write ends every member, however it
-tried to escape, and the keeper with them; on ``close()`` it steps out first
-and reports. The cgroup files themselves are read and written by
+tried to escape. It steps out first (on ``close()`` and when the owner dies)
+and reaps until the cgroup is empty: a keeper killed with its members could
+die before them, and they would be re-parented to PID 1 while dying. The cgroup files themselves are read and written by
 ``tether.cgroupfs``.
 
 Pitfalls:
@@ -21,7 +22,6 @@ Pitfalls:
 
 import os
 import sys
-import time
 
 from .. import cgroupfs as cg
 from .base import CGROUP, Availability, Guarantee, JobOptions, KeeperMechanism, _NoContext
@@ -167,19 +167,6 @@ class Mechanism(KeeperMechanism):
         except OSError:
             pass  # cannot step out: the kill below ends this keeper too, members first
         cg.kill(self.path, timeout, reap=keeper.reap)
-
-    def end_for_dead_owner(self, keeper) -> None:
-        # Nobody waits for a report: one cgroup.kill from inside ends every
-        # member and this keeper at once, without the slow move out first
-        # (5.7 ms median here). The empty directories it leaves are removed by
-        # the next job opened under the same cgroup, or by `tether reap`.
-        if self.inside and os.path.exists(os.path.join(self.path, "cgroup.kill")):
-            try:
-                cg.write(os.path.join(self.path, "cgroup.kill"), "1")
-                time.sleep(5)  # the SIGKILL is on its way to this process too
-            except OSError:
-                pass
-        super().end_for_dead_owner(keeper)
 
     def cleanup(self, keeper) -> None:
         try:
