@@ -338,3 +338,21 @@ def test_a_job_that_started_nothing_has_no_members(owner_factory, state_dir, mec
     assert len(mine) == 1, mine
     assert mine[0]["member_count"] == 0 and mine[0]["members"] == []
     assert mine[0]["keeper"]["pid"] == o.info["trace"]["keeper_pid"]
+
+
+def test_what_limited_the_view_is_said_in_every_form(tmp_path):
+    # A state directory that is a file: the audit log cannot be read. JSON
+    # carries it in "notes"; plain text and the tree say it on stderr (plain
+    # text used to drop it: an empty list, exit 0, nothing said).
+    bad = tmp_path / "file"
+    bad.write_text("")
+    doc = ps_json(str(bad))
+    assert any("audit log not read" in n and "not a directory" in n for n in doc["notes"]), doc
+    r = ps("--plain", state_dir=str(bad))
+    assert r.returncode == 0
+    assert "note: audit log not read" in r.stderr and "not a directory" in r.stderr, r.stderr
+    # the control: a readable one says nothing of the kind
+    good = tmp_path / "state"
+    good.mkdir(mode=0o700)
+    r = ps("--plain", state_dir=str(good))
+    assert r.returncode == 0 and "audit log not read" not in r.stderr, r.stderr

@@ -1392,6 +1392,17 @@ def test_bad_tether_shell_values_are_exit_2(procs, ts, env, tmp_path, name, valu
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("value", ["state", "./state", "  "])
+def test_a_relative_state_dir_is_exit_2_and_writes_nothing(procs, ts, env, tmp_path, value):
+    # `tether run`, `tether ps` and `tether reap` refuse it (the audit's rule):
+    # the shell used to write its log under each command's working directory
+    marker = tmp_path / "ran"
+    env["TETHER_STATE_DIR"] = value
+    rc, out, err = run(procs, ts, ["-c", f"touch {marker}"], env, cwd=tmp_path)
+    assert rc == 2 and out == b"" and err.count(b"\n") == 1 and b"TETHER_STATE_DIR" in err
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("extra", [{"TETHER_SHELL_WITH_CALLER": "0"},
                                    {"TETHER_SHELL_MECHANISM": "pgroup"}], ids=repr)
 def test_scope_caller_that_cannot_be_served_is_exit_2(procs, ts, env, tmp_path, extra):

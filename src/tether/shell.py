@@ -96,11 +96,19 @@ def _say(msg: str) -> None:
 def log_dir(env: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     """Where the log lives: ``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``,
     else ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``) - the same
-    state directory as tether's spawn-audit log."""
+    state directory as tether's spawn-audit log. A relative or blank
+    ``$TETHER_STATE_DIR`` is a ``UsageError``, as everywhere."""
     env = os.environ if env is None else env
     d = env.get("TETHER_STATE_DIR")
     if d:
-        return os.path.expanduser(d)
+        path = os.path.expanduser(d)
+        if not os.path.isabs(path):
+            # the audit's rule and words (a relative one would follow each
+            # command's working directory): a UsageError
+            from .audit import state_dir_arg
+
+            path = os.fspath(state_dir_arg(d, "TETHER_STATE_DIR"))
+        return path
     if sys.platform == "win32":
         base = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
         return os.path.join(base, "tether")

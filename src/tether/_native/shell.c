@@ -459,8 +459,8 @@ static void log_dir(void)
 {
     const char *v = getenv("TETHER_STATE_DIR");
     if (v && *v) {
-        if (v[0] == '~')
-            hand_over(); /* expanduser's rules */
+        if (v[0] != '/')
+            hand_over(); /* '~': expanduser's rules; relative: the Python one's usage error */
         if ((size_t)snprintf(L.dir, sizeof L.dir, "%s", v) >= sizeof L.dir)
             L.on = 0; /* longer than a path may be: no log, as open() would say */
         return;
