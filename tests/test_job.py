@@ -112,6 +112,67 @@ def test_exec_errors_like_subprocess(job, tmp_path):
         job.popen(["true"], preexec_fn=lambda: None)
 
 
+def _path_case(root, case: str) -> tuple[str, str]:
+    """A PATH of two directories and a program name for one search case."""
+    a, b = root / "a", root / "b"
+    a.mkdir()
+    b.mkdir()
+    good = b / "prog"
+    good.write_text("#!/bin/sh\necho second\n")
+    good.chmod(0o755)
+    first = a / "prog"
+    if case == "dir-first":
+        first.mkdir()
+    elif case == "unexecutable-first":
+        first.write_text("#!/bin/sh\necho first\n")
+    elif case == "no-shebang-first":  # execve: ENOEXEC
+        first.write_text("echo first\n")
+        first.chmod(0o755)
+    elif case == "bad-interpreter-first":  # execve: ENOENT, from the interpreter
+        first.write_text("#!/nonexistent/interp\n")
+        first.chmod(0o755)
+    elif case == "loop-first":  # execve: ELOOP
+        first.symlink_to(first)
+    elif case == "file-in-path":  # ENOTDIR
+        (root / "f").write_text("")
+        a = root / "f"
+    elif case == "unexecutable-only":
+        first.write_text("#!/bin/sh\n")
+        good.unlink()
+    elif case == "no-shebang-only":
+        first.write_text("echo first\n")
+        first.chmod(0o755)
+        good.unlink()
+    elif case == "empty-name":
+        return f"{a}:{b}", ""
+    return f"{a}:{b}", "prog"
+
+
+def _outcome(start, name: str, path: str):
+    try:
+        p = start([name], env={"PATH": path}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError as e:
+        return type(e).__name__, e.errno
+    out = p.communicate(timeout=20)[0]
+    return p.returncode, out
+
+
+@pytest.mark.parametrize("case", ["dir-first", "unexecutable-first", "no-shebang-first",
+                                  "bad-interpreter-first", "loop-first", "file-in-path",
+                                  "unexecutable-only", "no-shebang-only", "empty-name"])
+def test_the_path_search_is_popens(procs, tmp_path, case):
+    # The keeper searches the owner's PATH for the child: every candidate in
+    # order, the first error other than ENOENT/ENOTDIR is the one raised, and
+    # a later candidate that runs wins (CPython's _posixsubprocess). The native
+    # keeper stopped at ENOEXEC or ELOOP; the Python one at a file it judged
+    # runnable, and raised ENOENT for an empty name (Popen: EACCES).
+    path, name = _path_case(tmp_path, case)
+    want = _outcome(subprocess.Popen, name, path)
+    with Job(name="path") as job:
+        got = _outcome(job.popen, name, path)
+    assert got == want, (case, got, want)
+
+
 def test_run_like_subprocess_run(job):
     r = job.run(["sh", "-c", "cat; exit 3"], input=b"abc", capture_output=True)
     assert (r.returncode, r.stdout) == (3, b"abc")

@@ -1416,14 +1416,18 @@ static void child_main(struct spawn_req *q)
         execve(q->exe, q->argv, q->envp);
         child_fail(q->errfd, 'e', errno);
     }
-    /* execvp semantics over the owner's PATH: EACCES is remembered, the
-     * first other error than ENOENT/ENOTDIR stops the search */
-    int denied = 0;
+    /* subprocess's search over the owner's PATH (CPython's
+     * _posixsubprocess, not execvp's): every candidate in order, and the
+     * first error other than ENOENT/ENOTDIR is the one reported - a later
+     * candidate that runs still wins. An empty name makes "dir/": EACCES. */
+    int first = 0, last = ENOENT;
     char full[4200];
     for (char *const *d = q->path; *d; d++) {
         size_t dl = strlen(*d), el = strlen(q->exe);
-        if (dl + el + 2 > sizeof full)
+        if (dl + el + 2 > sizeof full) {
+            first = first ? first : ENAMETOOLONG;
             continue;
+        }
         if (dl) {
             memcpy(full, *d, dl);
             full[dl] = '/';
@@ -1432,12 +1436,11 @@ static void child_main(struct spawn_req *q)
             memcpy(full, q->exe, el + 1);
         }
         execve(full, q->argv, q->envp);
-        if (errno == EACCES)
-            denied = 1;
-        else if (errno != ENOENT && errno != ENOTDIR)
-            child_fail(q->errfd, 'e', errno);
+        last = errno;
+        if (!first && errno != ENOENT && errno != ENOTDIR)
+            first = errno;
     }
-    child_fail(q->errfd, 'e', denied ? EACCES : ENOENT);
+    child_fail(q->errfd, 'e', first ? first : last);
 }
 
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)

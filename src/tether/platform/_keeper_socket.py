@@ -207,24 +207,45 @@ def _fsname(name: object) -> str | None:
 
 # -- spawning a request's child ---------------------------------------------------------
 
-def _resolve(executable: bytes, path: list[bytes]) -> bytes:
-    """execvp semantics: a name with a slash is used as is, else searched in PATH."""
+def _candidates(executable: bytes, path: list[bytes]) -> list[bytes]:
+    """Where subprocess would try to exec ``executable``: as is if it has a
+    slash, else in each PATH entry in order (an empty name gives ``dir/``)."""
     if b"/" in executable:
-        return executable
-    denied = None
-    for d in path:
-        cand = os.path.join(d, executable)  # relative entries: we are in the child's cwd
+        return [executable]
+    # relative entries: we are in the child's cwd
+    return [os.path.join(d, executable) for d in path]
+
+
+def _spawn_first(spawn, candidates: list[bytes]) -> int:
+    """subprocess's search (CPython's ``_posixsubprocess``, not execvp's):
+    each candidate in order; a later one that runs wins, and a failure
+    raises the first error other than ENOENT/ENOTDIR, else the last. A
+    candidate ``stat`` finds missing is not tried (its exec fails the same
+    way): one spawn, not one per PATH entry."""
+    first: OSError | None = None
+    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+    for cand in candidates:
         try:
-            st = os.stat(cand)
-        except OSError:
+            os.stat(cand)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
             continue
-        if (st.st_mode & 0o170000) == 0o100000:
-            if os.access(cand, os.X_OK):
-                return cand
-            denied = cand
-    if denied is not None:
-        return denied
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fsdecode(executable))
+        except OSError:
+            pass  # ELOOP, EACCES, ENAMETOOLONG...: the exec says which
+        else:
+            if cand.endswith(b"/"):
+                # an empty name: "dir/" - a directory, which exec refuses
+                # with EACCES (posix_spawn refuses an empty argv[0] itself)
+                last = PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+                first = first or last
+                continue
+        try:
+            return spawn(cand)
+        except OSError as exc:
+            last = exc
+            if first is None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                first = exc
+    raise first if first is not None else last
 
 
 class OwnerStateUnread(Exception):
@@ -334,7 +355,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                     os.chdir(cwd)
             except OSError as exc:
                 raise type(exc)(exc.errno, exc.strerror, cwd) from None
-            exe = _resolve(executable, [os.fsencode(p) for p in msg["path"]])
+            candidates = _candidates(executable, [os.fsencode(p) for p in msg["path"]])
             if msg.get("umask", -1) >= 0:
                 old_umask = os.umask(msg["umask"])
             limits = _Limits(msg.get("rlimits") or ())
@@ -342,10 +363,10 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
             was = _ignore(ignored)
             try:
                 limits.apply()
-                pid = keeper.spawn(exe, argv, env, keep_ignored=ignored, **kwargs)
+                pid = _spawn_first(lambda exe: keeper.spawn(exe, argv, env, keep_ignored=ignored,
+                                                            **kwargs), candidates)
             except OSError as exc:
-                if exc.filename is None:
-                    exc.filename = os.fsdecode(executable)
+                exc.filename = os.fsdecode(executable)  # subprocess names what it was given
                 raise
             finally:
                 limits.restore()
