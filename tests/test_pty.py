@@ -187,6 +187,22 @@ def test_resize_sends_sigwinch_and_sets_size(sessions, procs):
     assert b"WINCH" in out
 
 
+@pytest.mark.parametrize("rows,cols,error", [(-1, 80, ValueError), (24, 65536, ValueError),
+                                             (True, 80, TypeError), (24, 2.5, TypeError),
+                                             (24, "80", TypeError)])
+def test_a_bad_size_is_a_clear_error_and_changes_nothing(sessions, procs, rows, cols, error):
+    # it used to be struct.error ("ushort format requires ..."), and True was 1 row
+    with pytest.raises(error, match="rows|cols"):
+        sessions([SH, "-c", "sleep 30"], env=procs.env(), rows=rows, cols=cols)
+    s = _sh_session(sessions, procs, "echo READY; read x", rows=24, cols=80)
+    s.read_until(b"READY", 5)
+    with pytest.raises(error, match="rows|cols"):
+        s.resize(rows, cols)
+    assert s.size == (24, 80)
+    s.resize(0, 65535)  # the control: the bounds themselves are taken
+    assert s.size == (0, 65535)
+
+
 def test_initial_size(sessions, procs):
     s = _sh_session(sessions, procs, "stty size; read x", rows=33, cols=77)
     assert b"33 77" in s.read_until(b"33 77", 5)

@@ -281,6 +281,11 @@ def _shim_argv(slave_path: str, argv: list[str]) -> list[str]:
 
 
 def _set_winsize(fd: int, rows: int, cols: int) -> None:
+    for what, n in (("rows", rows), ("cols", cols)):
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"{what} must be a whole number, not {type(n).__name__}")
+        if not 0 <= n <= 0xFFFF:  # the kernel's struct winsize: unsigned short
+            raise ValueError(f"{what} must be from 0 to 65535, not {n}")
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
