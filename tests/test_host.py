@@ -26,7 +26,7 @@ import pytest
 from procutil import poll_until as wait_until
 
 from tether import Host, audit, identity
-from tether.errors import HostClosed, JobClosed, JobExpired, JobRefused
+from tether.errors import HostClosed, JobClosed, JobExpired, JobRefused, SessionHeld
 from tether.host import SafetyNetWarning
 from tether.identity import Identity
 from tether.stops import EndedProcess, EndedTask, EndedWork, format_duration
@@ -252,6 +252,28 @@ def test_host_audit_records_carry_app_session_and_detached(procs, tmp_path: Path
     assert any(r["event"] == "job-open" and r.get("session") == "k1" and r.get("app") == APP
                for r in recs)
     assert any(r["event"] == "run-start" and r.get("app") == APP for r in recs)
+
+
+def test_a_relative_state_dir_is_resolved_once(procs, tmp_path: Path, hosts, monkeypatch) -> None:
+    # A chdir after the host opened used to move the session locks and the
+    # sessions' log to another directory: a second instance of the app,
+    # started where the first began, could not see the key was held.
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.chdir(a)
+    h = open_host(hosts, Path("state"))
+    assert h.state_dir == a / "state"
+    monkeypatch.chdir(b)
+    s = h.session("k1")
+    s.run(["true"], env=procs.env())
+    assert os.listdir(b) == []
+    assert any(r.get("event") == "job-open" and r.get("session") == "k1"
+               for r in audit.iter_records(a / "state"))
+    # and the key is held where the next instance, started in a, looks
+    with Host(APP, state_dir=a / "state", grace=GRACE, reap=False) as h2:
+        with pytest.raises(SessionHeld):
+            h2.session("k1")
 
 
 # ---------------------------------------------------------------------------

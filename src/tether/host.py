@@ -763,7 +763,9 @@ class Host:
 
     ``app``: the application's name (reaping, the resume rule and session
     keys only ever concern the same app). ``state_dir``: where the audit log
-    lives (default: the user's, ``tether.audit.default_state_dir()``).
+    and the session locks live (default: the user's,
+    ``tether.audit.default_state_dir()``); a relative one is resolved once,
+    here.
     ``require="kernel"``: sessions refuse to start unless a kernel-enforced
     mechanism holds them. ``allow_unprotected``: when no job can be had, run
     agents as plain children (one ``SafetyNetWarning``) instead of refusing
@@ -814,7 +816,10 @@ class Host:
         self.announce = announce
         self.allow_unprotected = bool(allow_unprotected)
         self.work_holds = work_holds
-        self.state_dir = Path(state_dir) if state_dir is not None else _audit.default_state_dir()
+        # resolved once, as a Job's: a relative one must not follow a later
+        # chdir (the session locks and the log would split in two places)
+        self.state_dir = (Path(os.path.abspath(os.fspath(state_dir))) if state_dir is not None
+                          else _audit.default_state_dir())
         self.run = _job.run_id()
         self.reap_report: Any = None
         self.reap_error: str | None = None
