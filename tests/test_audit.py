@@ -107,6 +107,20 @@ def test_round_trip(state: Path) -> None:
     assert stat.S_IMODE(os.stat(state / "audit.jsonl").st_mode) == 0o600
 
 
+def test_a_relative_directory_is_resolved_once(tmp_path: Path, monkeypatch) -> None:
+    # a chdir between the writer's creation and its (lazy) first open, or a
+    # reopen, must not move the log
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.chdir(a)
+    with AuditWriter("st") as w:
+        monkeypatch.chdir(b)
+        assert w.write("run-start", run=audit.new_run_id(), app="demo")
+    assert os.listdir(b) == [] and w.state_dir == a / "st"
+    assert [r["event"] for r in audit.iter_records(a / "st")] == ["run-start"]
+
+
 def test_unknown_event_is_a_programming_error(state: Path) -> None:
     with AuditWriter(state) as w, pytest.raises(ValueError):
         w.write("spawned")

@@ -492,7 +492,8 @@ class AuditWriter:
             raise ValueError("max_bytes must be >= 1")
         if not filename or os.sep in filename or (os.altsep and os.altsep in filename):
             raise ValueError(f"bad audit filename {filename!r}")
-        self.state_dir = Path(state_dir)
+        # resolved once: a reopen after a later chdir must find the same place
+        self.state_dir = Path(os.path.abspath(os.fspath(state_dir)))
         self.filename = filename
         self.max_bytes = int(max_bytes)
         self.keep_files = int(keep_files)
