@@ -288,7 +288,8 @@ def test_command_killed_by_signal_kills_wrapper_by_it(procs, ts, env, sig):
 # [] and ["-l"] were bad invocations until tether-shell served interactive
 # shells (issue 14): they are tested in section 10 now; "--" alone is still bad.
 @pytest.mark.parametrize("args", [
-    ["--"], ["-c"], ["-l", "--"], ["-x", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
+    ["--"], ["-c"], ["-l", "--"], ["-k", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
+    ["-e"], ["-x", "script.sh"], ["-c", "-o"], ["+c", "true"], ["-c", "+i", "true"],
     ["--norc", "-c", "true"], ["script.sh"], ["-l", "script.sh"], ["/k", "dir"], ["/c"],
     ["/c", "echo hi"], ["/d", "/s", "/c", "echo hi"], ["/D", "/S", "/C", "echo hi"],
 ], ids=repr)
@@ -321,6 +322,73 @@ def test_tether_shell_valid(procs, ts, env, tmp_path):
     env["TETHER_SHELL"] = fake_shell(tmp_path)
     rc, out, _ = run(procs, ts, ["-lc", "echo hi", "a0"], env)
     assert (rc, out) == (0, b"FAKE [-l] [-c] [echo hi] [a0]\n")
+
+
+@pytest.mark.parametrize("form,shell_gets", [
+    (["-eu", "-o", "pipefail", "-c"], ["-e", "-u", "-o", "pipefail", "-c"]),  # make's .SHELLFLAGS
+    (["-euo", "pipefail", "-c"], ["-e", "-u", "-o", "pipefail", "-c"]),
+    (["-ec"], ["-e", "-c"]), (["-c", "-x"], ["-x", "-c"]), (["+e", "-lc"], ["-l", "+e", "-c"]),
+    (["+o", "errexit", "-c"], ["+o", "errexit", "-c"]), (["-c", "--"], ["-c"]),
+], ids=repr)
+def test_set_options_are_handed_to_the_real_shell(procs, ts, env, tmp_path, form, shell_gets):
+    # POSIX sh's set options, given with -c, reach the real shell in order,
+    # one per word; everything else as before
+    env["TETHER_SHELL"] = fake_shell(tmp_path)
+    rc, out, _ = run(procs, ts, [*form, "echo hi", "a0"], env)
+    assert (rc, out) == (0, b"FAKE " + b" ".join(b"[%s]" % w.encode() for w in shell_gets)
+                         + b" [echo hi] [a0]\n")
+
+
+@pytest.mark.parametrize("name", ["pwsh", "powershell", "cmd"])
+def test_a_powershell_or_cmd_real_shell_gets_its_own_argv_and_no_set_options(procs, ts, env,
+                                                                            tmp_path, name):
+    # the same from both programs (the native one gave `pwsh -c CMD`, the
+    # Python one `pwsh -NoLogo -Command CMD`); `-e` would be PowerShell's
+    # -EncodedCommand: refused
+    env["TETHER_SHELL"] = fake_shell(tmp_path, name)
+    rc, out, _ = run(procs, ts, ["-c", "echo hi"], env)
+    want = {"cmd": b"[/d] [/c]"}.get(name, b"[-NoLogo] [-Command]")
+    assert (rc, out) == (0, b"FAKE " + want + b" [echo hi]\n")
+    marker = tmp_path / "ran"
+    rc, out, err = run(procs, ts, ["-e", "-c", f"touch {marker}"], env)
+    assert rc == 2 and out == b"" and err.count(b"\n") == 1 and name.encode() in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("cmd", ["-q", "+x", "--version"])
+def test_a_command_that_looks_like_an_option_is_not_read_as_one(procs, ts, env, tmp_path, cmd):
+    # `tether-shell -c -- -q` runs the command `-q`: the real shell reads
+    # options after -c too, so it gets `-c -- -q` (it got `-c -q`: "invalid
+    # option", exit 2). Control: bash run the same way as the caller ran us.
+    prog = tmp_path / cmd
+    prog.write_text("#!/bin/sh\necho ran \"$0\"\n")
+    prog.chmod(0o755)
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    want = subprocess.run(["bash", "-c", "--", cmd], env=env, capture_output=True, timeout=20)
+    assert (want.returncode, want.stdout) == (0, f"ran {prog}\n".encode())
+    rc, out, err = run(procs, ts, ["-c", "--", cmd], env)
+    assert (rc, out, err) == (want.returncode, want.stdout, b"")
+    env["TETHER_SHELL"] = fake_shell(tmp_path)
+    assert run(procs, ts, ["-c", "--", cmd, "a0"], env)[1] == f"FAKE [-c] [--] [{cmd}] [a0]\n".encode()
+
+
+def test_make_with_strict_shellflags_runs_every_recipe(procs, ts, env, tmp_path):
+    # SHELL=tether-shell with `.SHELLFLAGS := -eu -o pipefail -c`: refused
+    # before (unrecognised option '-e'), so every recipe failed. pipefail and
+    # errexit hold, as under plain bash.
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    (tmp_path / "Makefile").write_text(
+        ".SHELLFLAGS := -eu -o pipefail -c\nall: ok strict\nok:\n\t@echo \"ok $$-\"\n"
+        "strict:\n\t@false | true; echo not-reached\n")
+    env["TETHER_SHELL"] = shutil.which("bash") or "/bin/bash"
+    outs = []
+    for shell in (env["TETHER_SHELL"], ts):
+        p = subprocess.run(["make", "-s", f"SHELL={shell}"], cwd=tmp_path, env=env,
+                           capture_output=True, timeout=60)
+        outs.append((p.returncode, p.stdout))
+    assert outs[0][0] == 2 and b"ok " in outs[0][1] and b"not-reached" not in outs[0][1]
+    assert outs[1] == outs[0]
 
 
 def test_tether_shell_real_bash(procs, ts, env):
@@ -1559,8 +1627,9 @@ def test_the_command_carries_the_cookie_first_and_the_log_names_it(procs, ts, en
 # -- 12. the native program, and the Python one it hands over to (issue 18) -----------
 
 @pytest.mark.mechanism
+@pytest.mark.parametrize("form", [["-c"], ["-eu", "-o", "pipefail", "-c"]], ids=" ".join)
 @pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-TETHER_NATIVE=0"])
-def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off):
+def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off, form):
     """The command's parent is the job's keeper, forked from the wrapper: both
     run the native program - or, with TETHER_NATIVE=0 (the control: the same
     check sees the interpreter), the Python one the native one handed over to,
@@ -1573,7 +1642,7 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off):
     if native_off:
         e["TETHER_NATIVE"] = "0"
     script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
-    p = procs.popen([native, "-c", script], env=e, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    p = procs.popen([native, *form, script], env=e, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     out, _ = p.communicate(timeout=20)
     keeper_exe, wrapper_exe, wrapper = out.decode().split()
     assert p.returncode == 0 and int(wrapper) == p.pid

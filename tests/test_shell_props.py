@@ -47,7 +47,7 @@ def test_parse_never_raises_anything_but_usage_error(argv):
 def test_valid_shell_forms_parse_to_command_and_dollar_args(opts, dashdash, cmd, rest):
     assume(any("c" in o and not o.startswith("--") for o in opts))
     argv = list(opts)
-    if dashdash or cmd.startswith("-"):
+    if dashdash or cmd[:1] == "-" or (cmd[:1] == "+" and cmd[1:]):  # sh reads - and + options
         argv.append("--")
     argv += [cmd, *rest]
     p = sa.parse(argv)
@@ -56,11 +56,42 @@ def test_valid_shell_forms_parse_to_command_and_dollar_args(opts, dashdash, cmd,
     assert p.login == any(o == "--login" or (not o.startswith("--") and "l" in o) for o in opts)
 
 
-@given(st.lists(OPTS, max_size=3), st.sampled_from("abdefhiknopqrstuvwxyzABCLZ0123456789"),
+@given(st.lists(OPTS, max_size=3), st.sampled_from("dgijkpqrstwyzABDLZ0123456789"),
        st.lists(TEXT, max_size=3))
 def test_unknown_option_letter_is_refused(before, letter, rest):
     with pytest.raises(sa.UsageError, match="unrecognised"):
         sa.parse([*before, f"-{letter}", "-c", "true", *rest])
+
+
+SET_WORDS = st.lists(st.one_of(
+    st.tuples(st.sampled_from("-+"), st.text(st.sampled_from(sorted(sa.SET_LETTERS)), min_size=1,
+                                             max_size=3)).map(lambda t: [t[0] + t[1]]),
+    st.tuples(st.sampled_from(["-o", "+o"]), st.sampled_from(["pipefail", "errexit", "x"]))
+    .map(list)), max_size=4)
+
+
+@given(SET_WORDS, st.lists(OPTS, min_size=1, max_size=3), TEXT, st.lists(TEXT, max_size=3))
+def test_set_options_reach_the_real_shell_in_order(words, opts, cmd, rest):
+    assume(any("c" in o and not o.startswith("--") for o in opts))
+    argv = [w for ws in words for w in ws] + list(opts) + ["--", cmd, *rest]
+    p = sa.parse(argv)
+    assert p.mode == sa.SHELL and p.command == cmd and p.args == tuple(rest)
+    want = []
+    for ws in words:
+        if len(ws) == 2:
+            want += ws
+        else:
+            want += [ws[0][0] + ch for ch in ws[0][1:]]
+    assert list(p.options) == want
+    real = sa.shell_argv("/bin/sh", p)
+    c = real.index("-c")
+    assert real[1:c] == (["-l"] if p.login else []) + want
+    assert real[c + 1:] == (["--"] if cmd[:1] in ("-", "+") else []) + [cmd, *rest]
+    with pytest.raises(sa.UsageError):  # never given to PowerShell, which reads -e otherwise
+        if want:
+            sa.shell_argv("/usr/bin/pwsh", p)
+        else:
+            raise sa.UsageError("nothing to refuse")
 
 
 @given(st.lists(st.sampled_from(["-l", "--login"]), max_size=3), st.lists(TEXT, min_size=1, max_size=3))
@@ -273,11 +304,16 @@ def test_help_prints_usage_and_exits_0(procs, ts, how, flag):
     out, err = p.communicate(timeout=20)
     assert (p.returncode, err) == (0, b"")
     assert out.decode() == sa.USAGE
-    # Not alone, it is an unknown flag: exit 2, and nothing else is skipped for help.
-    p = procs.popen([*argv, "-c", "true"], env=procs.env(), stdout=subprocess.PIPE,
+    # Not alone, it is no help: --help is an unknown flag (exit 2); -h is sh's
+    # set option (hashall), which the real shell gets, as `sh -h -c CMD` does.
+    # Nothing is ever skipped for help.
+    p = procs.popen([*argv, "-c", "echo ran"], env=procs.env(), stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     out, err = p.communicate(timeout=20)
-    assert p.returncode == 2 and out == b"" and b"unrecognised" in err
+    if flag == "--help":
+        assert p.returncode == 2 and out == b"" and b"unrecognised" in err
+    else:
+        assert (p.returncode, out, err) == (0, b"ran\n", b"")
 
 
 # -- the shell search over real files --------------------------------------------------------

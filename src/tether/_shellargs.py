@@ -60,17 +60,20 @@ class Parsed:
     words after ``/c`` are joined into ``command`` instead). ``flags``: the
     COMSPEC flags as given, e.g. ``("/d", "/s", "/c")``; in interactive mode
     the arguments as given, which the real shell gets unchanged.
+    ``options``: the POSIX ``set`` options given with ``-c`` (``-e``, ``+x``,
+    ``-o pipefail`` ...), one per word, in order, for the real shell.
     """
 
-    __slots__ = ("mode", "login", "command", "args", "flags")
+    __slots__ = ("mode", "login", "command", "args", "flags", "options")
 
     def __init__(self, mode: str, command: str, args: "Sequence[str]" = (), login: bool = False,
-                 flags: "Sequence[str]" = ()) -> None:
+                 flags: "Sequence[str]" = (), options: "Sequence[str]" = ()) -> None:
         self.mode = mode
         self.command = command
         self.args = tuple(args)
         self.login = login
         self.flags = tuple(flags)
+        self.options = tuple(options)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Parsed):
@@ -79,7 +82,7 @@ class Parsed:
 
     def __repr__(self) -> str:
         return (f"Parsed(mode={self.mode!r}, command={self.command!r}, args={self.args!r}, "
-                f"login={self.login!r}, flags={self.flags!r})")
+                f"login={self.login!r}, flags={self.flags!r}, options={self.options!r})")
 
 
 def is_comspec_flag(arg: str) -> bool:
@@ -99,6 +102,7 @@ def is_glued_c(arg: str) -> bool:
 USAGE = """\
 usage: tether-shell -c CMD [ARG0 [ARG...]]   run CMD in the real shell, in a job of its own
        tether-shell -lc CMD ...               the same as a login shell (-l -c, --login -c, -c -l)
+       tether-shell -eu -o pipefail -c CMD    sh's set options, given with -c, go to the real shell
        tether-cmd /c CMD | /d /s /c CMD       Windows COMSPEC mode: CMD runs in cmd.exe
        tether shell ARGS                      the same as tether-shell ARGS
 
@@ -132,12 +136,20 @@ def parse(argv: "Sequence[str]") -> "Parsed":
     return _parse_shell(argv)
 
 
-_SUPPORTED = "supported: -c CMD, -l, --login; -i, -l or --login alone for an interactive shell"
+_SUPPORTED = ("supported: -c CMD, -l, --login, and with -c the POSIX set options -abCefhmnuvx, "
+              "-o NAME and their + forms; -i, -l or --login alone for an interactive shell")
+
+#: The option letters of POSIX ``sh`` that ``set`` takes too (errexit,
+#: nounset, xtrace...): given with ``-c`` they are handed to the real shell as
+#: they came (``make``'s ``.SHELLFLAGS = -eu -o pipefail -c``). ``o`` takes
+#: the next word as its name.
+SET_LETTERS = frozenset("abCefhmnuvx")
 
 
 def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     login = False
     saw_c = saw_i = ended = False
+    options: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -149,19 +161,30 @@ def _parse_shell(argv: "Sequence[str]") -> "Parsed":
             login = True
         elif arg.startswith("--"):
             raise UsageError(f"unrecognised option {arg!r} ({_SUPPORTED})")
-        elif arg.startswith("-"):
+        elif arg[:1] in ("-", "+") and arg[1:]:
+            sign = arg[0]
             for ch in arg[1:]:
-                if ch == "c":
+                if sign == "-" and ch == "c":
                     saw_c = True
-                elif ch == "l":
+                elif sign == "-" and ch == "l":
                     login = True
-                elif ch == "i":
+                elif sign == "-" and ch == "i":
                     saw_i = True
+                elif ch in SET_LETTERS:
+                    options.append(sign + ch)
+                elif ch == "o":
+                    i += 1
+                    if i >= len(argv):
+                        raise UsageError(f"{sign}o requires an option name")
+                    options += [sign + "o", argv[i]]
                 else:
-                    raise UsageError(f"unrecognised option '-{ch}' in {arg!r} ({_SUPPORTED})")
+                    raise UsageError(f"unrecognised option '{sign}{ch}' in {arg!r} ({_SUPPORTED})")
         else:
             break
         i += 1
+    if options and not saw_c:
+        raise UsageError(f"{options[0]} needs -c CMD: set options are taken with a command "
+                         "string; an interactive shell takes only -i, -l, --login")
     if saw_c and saw_i:
         raise UsageError("unrecognised option '-i' with -c: tether-shell runs a command "
                          "(-c CMD) or an interactive shell (-i, -l, --login alone)")
@@ -175,7 +198,7 @@ def _parse_shell(argv: "Sequence[str]") -> "Parsed":
         return Parsed(INTERACTIVE, "", (), login=login, flags=argv)
     if i >= len(argv):
         raise UsageError("-c requires a command")
-    return Parsed(SHELL, argv[i], argv[i + 1:], login=login)
+    return Parsed(SHELL, argv[i], argv[i + 1:], login=login, options=options)
 
 
 def _parse_comspec(argv: "Sequence[str]") -> "Parsed":
@@ -595,12 +618,16 @@ def shell_flavour(path: str) -> str:
 def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]:
     """The real shell's argv for a SHELL-mode invocation.
 
-    POSIX shells get ``[shell, -l, -c, CMD, ARG0, ...]`` (``-l`` only when
-    asked): argv[0] is the real shell's path, as when a caller runs it
+    POSIX shells get ``[shell, -l, OPTIONS..., -c, CMD, ARG0, ...]`` (``-l``
+    and the set options only when asked; ``--`` before a CMD that starts
+    with ``-`` or ``+``): argv[0] is the real shell's path, as when a caller runs it
     directly. PowerShell gets ``-Command CMD`` (its ``-Login`` is
     Linux/macOS-only, so dropped on Windows); cmd.exe gets ``/d /c CMD``.
     """
     flavour = shell_flavour(shell)
+    if parsed.options and flavour != "posix":
+        raise UsageError(f"{parsed.options[0]} is a POSIX shell's option, and the real shell "
+                         f"is {flavour} ({shell})")
     if parsed.mode == INTERACTIVE:
         # The same arguments, unchanged (a POSIX shell reads -i, -l, --login
         # as tether-shell did); PowerShell only understands the login part.
@@ -617,7 +644,10 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     argv = [shell]
     if parsed.login:
         argv.append("-l")
-    return argv + ["-c", parsed.command, *parsed.args]
+    # A CMD that looks like an option ("-q", "+x") would be read as one by
+    # the real shell, which reads options after -c too: end them first.
+    end = ["--"] if parsed.command[:1] in ("-", "+") else []
+    return argv + [*parsed.options, "-c", *end, parsed.command, *parsed.args]
 
 
 #: The names ``tether shell --install DIR`` gives tether-shell: run as

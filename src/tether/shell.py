@@ -527,6 +527,8 @@ def cli(argv: list[str]) -> int:
         if windows and parsed.mode == sa.SHELL:
             # A command line in the target's own quoting (cmd.exe knows no \").
             args = sa.windows_command_line(shell, parsed)
+        elif parsed.mode != sa.COMSPEC:
+            args = sa.shell_argv(shell, parsed, windows)  # (set options need a POSIX shell)
     except (sa.UsageError, sa.ShellNotFound) as exc:
         _say(str(exc))
         if log is not None:
@@ -536,8 +538,6 @@ def cli(argv: list[str]) -> int:
         return exc.code
     if parsed.mode == sa.COMSPEC:
         args = _windows_command(parsed, argv, shell)
-    elif args is None:
-        args = sa.shell_argv(shell, parsed, windows)
     code = _run(args, shell, parsed, len(argv), mech, grace, log, scope, with_caller)
     if windows:
         # A DWORD (0xC0000005 = 3221225477 after an access violation), which

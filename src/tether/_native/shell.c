@@ -32,6 +32,7 @@
 
 #include <limits.h>
 #include <pwd.h>
+#include <strings.h>
 #include <sys/auxv.h>
 #include <sys/random.h>
 #include <sys/xattr.h>
@@ -1741,7 +1742,12 @@ static void shell_started(struct outcome *o)
 static int shell_main(int argc, char **argv)
 {
     double t0 = now_s();
-    /* the forms of _shellargs._parse_shell that run a command */
+    /* the forms of _shellargs._parse_shell that run a command, with the
+     * POSIX set options (_shellargs.SET_LETTERS, -o NAME, + forms) kept for
+     * the real shell, one per word; more than fit here: the Python one */
+    static char letter[64][3];
+    char *opts[64];
+    int nopt = 0;
     int login = 0, saw_c = 0, saw_i = 0, i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -1753,15 +1759,24 @@ static int shell_main(int argc, char **argv)
             login = 1;
         else if (a[0] == '-' && a[1] == '-')
             hand_over();
-        else if (a[0] == '-') {
+        else if ((a[0] == '-' || a[0] == '+') && a[1]) {
             for (const char *c = a + 1; *c; c++) {
-                if (*c == 'c')
+                if (a[0] == '-' && *c == 'c')
                     saw_c = 1;
-                else if (*c == 'l')
+                else if (a[0] == '-' && *c == 'l')
                     login = 1;
-                else if (*c == 'i')
+                else if (a[0] == '-' && *c == 'i')
                     saw_i = 1;
-                else
+                else if ((*c && strchr("abCefhmnuvx", *c)) || *c == 'o') {
+                    if (nopt + 2 > 64 || (*c == 'o' && i + 1 >= argc))
+                        hand_over(); /* -o without its name: the usage error */
+                    letter[nopt][0] = a[0];
+                    letter[nopt][1] = *c;
+                    opts[nopt] = letter[nopt];
+                    nopt++;
+                    if (*c == 'o')
+                        opts[nopt++] = argv[++i];
+                } else
                     hand_over();
             }
         } else
@@ -1792,6 +1807,19 @@ static int shell_main(int argc, char **argv)
     L.days = env_count("TETHER_SHELL_LOG_DAYS", 14);
     L.max = env_count("TETHER_SHELL_LOG_MAX_BYTES", 4 << 20);
     resolve_shell(R.shell, sizeof R.shell);
+    {
+        /* PowerShell or cmd.exe as the real shell (_shellargs.shell_flavour):
+         * its own argv, and set options refused - the Python one's */
+        const char *base = strrchr(R.shell, '/');
+        base = base ? base + 1 : R.shell;
+        size_t bl = strlen(base);
+        if (bl > 4 && !strcasecmp(base + bl - 4, ".exe"))
+            bl -= 4;
+        if ((bl == 4 && !strncasecmp(base, "pwsh", 4)) ||
+            (bl == 10 && !strncasecmp(base, "powershell", 10)) ||
+            (bl == 3 && !strncasecmp(base, "cmd", 3)))
+            hand_over();
+    }
     if (R.want_cgroup)
         find_cgroup_base(&R);
     if (L.on) {
@@ -1813,15 +1841,20 @@ static int shell_main(int argc, char **argv)
             *nl = '\0';
     }
 
-    /* the shell's argv: [shell, (-l), -c, CMD, ARG0, ...] */
-    char **sargv = calloc((size_t)(argc - cmd_at) + 4, sizeof *sargv);
+    /* the shell's argv: [shell, (-l), OPTIONS..., -c, (--), CMD, ARG0, ...]:
+     * "--" before a CMD the real shell would read as an option */
+    char **sargv = calloc((size_t)(argc - cmd_at + nopt) + 5, sizeof *sargv);
     if (!sargv)
         hand_over();
     size_t na = 0;
     sargv[na++] = R.shell;
     if (login)
         sargv[na++] = "-l";
+    for (int k = 0; k < nopt; k++)
+        sargv[na++] = opts[k];
     sargv[na++] = "-c";
+    if (argv[cmd_at][0] == '-' || argv[cmd_at][0] == '+')
+        sargv[na++] = "--";
     for (int k = cmd_at; k < argc; k++)
         sargv[na++] = argv[k];
     sargv[na] = NULL;
