@@ -391,6 +391,32 @@ def test_make_with_strict_shellflags_runs_every_recipe(procs, ts, env, tmp_path)
     assert outs[1] == outs[0]
 
 
+@pytest.mark.parametrize("args,shell_gets", [([], ["-l"]), (["-i"], ["-l", "-i"]),
+                                             (["-c", "echo hi"], ["-l", "-c", "echo hi"]),
+                                             (["-lc", "echo hi"], ["-l", "-c", "echo hi"])], ids=repr)
+def test_started_as_a_login_shell_by_name_the_real_shell_is_one(procs, ts, env, tmp_path, args,
+                                                               shell_gets):
+    # login(1), sshd, `su -` and tmux start a login shell with argv[0] "-NAME":
+    # as someone's login shell (chsh -s), tether-shell gave a non-login shell
+    # (no /etc/profile, no ~/.profile: another PATH). The control: the same
+    # start without the "-" gives no -l.
+    if os.path.basename(ts) != "tether-shell":
+        pytest.skip("the Python tether-shell is a script: the kernel drops its argv[0] (docs/shell.md)")
+    env["TETHER_SHELL"] = fake_shell(tmp_path)
+    for argv0, want in (("-tether-shell", shell_gets),
+                        ("tether-shell", [a for a in shell_gets if a != "-l" or "-lc" in args])):
+        p = procs.popen([argv0, *args], executable=ts, env=env, stdout=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
+        out, _ = p.communicate(timeout=20)
+        words = [b"[%s]" % w.encode() for w in want] or [b"[]"]  # (printf with no args: once)
+        assert (p.returncode, out) == (0, b" ".join([b"FAKE", *words]) + b"\n"), argv0
+    if shutil.which("bash"):  # and a real bash says it is one
+        env["TETHER_SHELL"] = shutil.which("bash")
+        p = procs.popen(["-tether-shell", "-c", "shopt -q login_shell && echo login"], executable=ts,
+                        env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert p.communicate(timeout=20)[0] == b"login\n"
+
+
 def test_tether_shell_real_bash(procs, ts, env):
     bash = shutil.which("bash")
     if not bash:

@@ -201,6 +201,17 @@ def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     return Parsed(SHELL, argv[i], argv[i + 1:], login=login, options=options)
 
 
+def as_login(parsed: "Parsed") -> "Parsed":
+    """``parsed`` for a wrapper started as a login shell by name (``argv[0]``
+    starting with ``-``): the real shell gets ``-l`` too (in front of an
+    interactive shell's arguments). COMSPEC mode knows no login."""
+    if parsed.mode == COMSPEC or parsed.login:
+        return parsed
+    flags = ("-l", *parsed.flags) if parsed.mode == INTERACTIVE else parsed.flags
+    return Parsed(parsed.mode, parsed.command, parsed.args, login=True, flags=flags,
+                  options=parsed.options)
+
+
 def _parse_comspec(argv: "Sequence[str]") -> "Parsed":
     flags: list[str] = []
     for i, arg in enumerate(argv):

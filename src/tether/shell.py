@@ -478,8 +478,10 @@ def _windows_command(parsed, argv: list[str], comspec: str) -> str:
     return f'"{comspec}" {tail}'
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], *, login: bool = False) -> int:
     """Run ``tether-shell ARGS``; return the exit status (``tether shell ARGS`` calls this).
+    ``login``: started as a login shell by name (``argv[0]`` ``-tether-shell``,
+    as login(1), sshd, ``su -`` and tmux start one): the real shell is too.
 
     A command killed by signal N makes this process die by N, as a shell's
     caller expects; if that does not end it, 128+N is returned. On Windows
@@ -502,6 +504,8 @@ def cli(argv: list[str]) -> int:
     try:
         log = ShellLog.from_env(env)
         parsed = sa.parse(argv)
+        if login:
+            parsed = sa.as_login(parsed)
         mode = parsed.mode
         if parsed.mode == sa.INTERACTIVE and windows:
             raise sa.UsageError("an interactive shell is not served on Windows; use -c CMD or /c CMD")
@@ -831,6 +835,9 @@ def main() -> int:
     # exec, saying through which path it was started (the installed name and
     # the recursion guard read sys.argv[0]); the command must not see it.
     handed = os.environ.pop(_HANDED_ARGV0, None)
+    login = False
+    if handed and handed[0] == "-":  # "-PATH": its argv[0] started with "-" (a login shell)
+        login, handed = True, handed[1:]
     if handed and sys.argv:
         sys.argv[0] = handed
     argv = sys.argv[1:]
@@ -838,7 +845,7 @@ def main() -> int:
         from ._shellargs import unsplit_program
 
         argv = unsplit_program(argv, sys.argv[0])
-    code = cli(argv)
+    code = cli(argv, login=login)
     # Skip interpreter teardown: nothing is buffered (messages go straight to
     # fd 2) and the job is closed; this saves milliseconds on every command.
     os._exit(code)

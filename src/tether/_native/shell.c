@@ -54,6 +54,7 @@ static char self_exe[PATH_MAX];   /* this program, symlinks resolved */
 static char argv0_path[PATH_MAX]; /* what the Python path calls sys.argv[0] */
 static const char *fallback = FALLBACK_NAME; /* or RUN_FALLBACK_NAME: the tether CLI */
 static int cli_front;                        /* started as `tether` */
+static int dash_login; /* argv[0] began with '-': a login shell by name (login(1), sshd, su -) */
 static const char *prog = "tether-shell";    /* who speaks in messages */
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -100,8 +101,12 @@ static void hand_over(void)
     if (slash)
         snprintf(slash + 1, sizeof py - (size_t)(slash + 1 - py), "%s", fallback);
     /* the shell's installed name and recursion guard read sys.argv[0] (the
-     * CLI reads nothing of it: the variable would reach its commands) */
-    if (cli_front || setenv(ARGV0_VAR, argv0_path, 1) == 0) {
+     * CLI reads nothing of it: the variable would reach its commands); "-"
+     * in front: started as a login shell by name (the Python one's argv[0]
+     * is the script's path, so it cannot see that itself) */
+    char a0[PATH_MAX + 2];
+    snprintf(a0, sizeof a0, "%s%s", dash_login ? "-" : "", argv0_path);
+    if (cli_front || setenv(ARGV0_VAR, a0, 1) == 0) {
         g_argv[0] = py;
         execv(py, g_argv);
     }
@@ -1785,6 +1790,7 @@ static int shell_main(int argc, char **argv)
     if (!saw_c || saw_i || i >= argc)
         hand_over(); /* an interactive shell, or a usage error */
     int cmd_at = i;
+    login |= dash_login;
 
     shell_login = login;
     shell_argc = argc - 1;
@@ -2168,6 +2174,7 @@ int main(int argc, char **argv)
             return run_main(argc, argv);
         hand_over();
     }
+    dash_login = argc > 0 && argv[0] && argv[0][0] == '-';
     find_argv0(); /* before any hand-over: the Python one is told it */
     honour_native_off();
     return shell_main(argc, argv);
