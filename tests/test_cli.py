@@ -95,6 +95,23 @@ def test_signal_to_tether_stops_job_gracefully(tether, procs, sig):
     assert not procs.wait_all_dead(3)
 
 
+@pytest.mark.parametrize("delay_ms", [1, 2, 4, 7, 10, 20])
+def test_an_early_sigint_to_the_python_cli_is_a_stop_not_a_traceback(procs, delay_ms):
+    # SIGINT while the Python `tether run` still imports, opens the job or
+    # starts the command (before it blocks the stop signals to wait): it was
+    # a KeyboardInterrupt traceback and exit 1. Now exit 130, as a SIGINT a
+    # moment later (the test above), and the job ended. The alarm is armed
+    # once tether.cli is imported: the interpreter's own start-up is before.
+    code = ("import os, signal, sys; from tether.cli import main; "
+            "signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT)); "
+            f"signal.setitimer(signal.ITIMER_REAL, {delay_ms / 1000}); "
+            "sys.exit(main(['run', '--grace', '1', '--', 'sh', '-c', 'sleep 300 & wait']))")
+    p = procs.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=30)
+    assert (p.returncode, err) == (128 + signal.SIGINT, b"")
+    assert not procs.wait_all_dead(3)
+
+
 def test_a_stop_signal_tether_was_started_with_ignored_stays_ignored(tether, procs):
     """`nohup tether run ...`: SIGHUP does not stop the job (the control is the
     test above, where SIGHUP to tether stops it with 128+1)."""

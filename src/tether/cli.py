@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # SIGINT before `run` blocks it to wait for the command (or during
+        # another command): no traceback, the status of a death by SIGINT; a
+        # job already open is ended on the way out (run_command's finally)
+        return 128 + 2
     except UsageError as e:  # a bad TETHER_* value met on the way: one line, nothing run
         what = argv[0] if argv and not argv[0].startswith("-") else ""
         print(f"tether{' ' + what if what else ''}: {e}", file=sys.stderr)

@@ -70,8 +70,11 @@ class SocketKeeper(Keeper):
         if not self.owner_alive():
             return self.end_for_dead_owner()
         watch = "pidfd" if self.owner_pidfd is not None else "poll"  # (no beacon: native only)
-        _proto.send(ctl, {"ready": True, "keeper": os.getpid(),
-                          "trace": {**self.mech.trace(), "owner_watch": watch}})
+        try:
+            _proto.send(ctl, {"ready": True, "keeper": os.getpid(),
+                              "trace": {**self.mech.trace(), "owner_watch": watch}})
+        except (BrokenPipeError, ConnectionResetError):
+            return self.end_for_dead_owner()  # gone before it heard we are ready
         period = None if self.owner_pidfd is not None else 200
         while True:
             for fd, _ev in poller.poll(period):
