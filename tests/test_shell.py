@@ -1678,6 +1678,23 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off, for
         assert keeper_exe == wrapper_exe == os.path.realpath(native)
 
 
+@pytest.mark.parametrize("delay_ms", [0.1, 0.3, 0.6, 1, 2, 4, 10])
+def test_an_early_sigint_to_the_python_wrapper_is_no_traceback(procs, env, delay_ms):
+    # SIGINT (kill(), not the terminal) while tether-shell-py still sets up:
+    # a KeyboardInterrupt traceback, exit 1. Now it is ignored from main()'s
+    # first line, as the native program ignores it from its first
+    # instruction: the wrapper waits for the command and returns its status.
+    code = ("import os, signal, sys; sys.argv = ['tether-shell', '-c', 'sleep 0.3 & sleep 0.5']; "
+            "from tether.shell import main; "
+            "signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT)); "
+            f"signal.setitimer(signal.ITIMER_REAL, {delay_ms / 1000}); main()")
+    p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    _, err = p.communicate(timeout=30)
+    assert (p.returncode, err) == (0, b"")
+    assert not procs.wait_all_dead(3)
+
+
 def test_a_caller_that_ignores_sigchld_still_gets_the_status(procs, ts, env):
     # An ignored SIGCHLD is inherited: the wrapper and its keeper must still
     # wait for their children (else the kernel reaps them unseen and nothing

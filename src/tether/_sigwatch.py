@@ -58,10 +58,10 @@ class SignalWatch:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.got.append(signum)
 
-    def first(self, any_kind: bool = False) -> int | None:
-        """The first stop signal received (any signal with ``any_kind``), or None."""
+    def first(self) -> int | None:
+        """The first stop signal received, or None."""
         for s in self.got:
-            if any_kind or s in self.stops:
+            if s in self.stops:
                 return s
         return None
 

@@ -681,9 +681,10 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller=
     leftovers: list = []
     caller = _caller_pidfd() if with_caller else None
     try:
-        early = sigs.first(any_kind=True)
+        early = sigs.first()
         if early is not None:
-            # Interrupted before the command existed: run nothing, die as a shell would.
+            # Stopped before the command existed (not by SIGINT or SIGQUIT,
+            # which are the command's): run nothing, die as a shell would.
             job.close()
             return _die_by(early)
         try:
@@ -829,8 +830,21 @@ _CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", 
                  "SIGXCPU", "SIGXFSZ", "SIGSYS")
 
 
+def _not_yet(_signum: int, _frame: object) -> None:
+    """SIGINT/SIGQUIT before the wrapper waits for its command: ignored, as by
+    the native program from its first instruction (the command gets them
+    from the terminal itself). A handler, not SIG_IGN: exec resets it, so
+    the command does not inherit it."""
+
+
 def main() -> int:
     """Console script ``tether-shell`` (``tether-cmd`` on Windows)."""
+    import _signal
+
+    # first: a SIGINT now was a KeyboardInterrupt traceback and exit 1
+    for sig in _signal_numbers(_DEFER_SIGNALS):
+        if _signal.getsignal(sig) != _signal.SIG_IGN:  # the caller's ignored stay so
+            _signal.signal(sig, _not_yet)
     # The native tether-shell hands what it does not serve to this one by
     # exec, saying through which path it was started (the installed name and
     # the recursion guard read sys.argv[0]); the command must not see it.

@@ -239,9 +239,11 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
     res.cookie = f"{res.run}:{res.job}:{os.urandom(8).hex()}"
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
-    early = sigs.first(any_kind=True)
+    early = sigs.first()
     if early is not None:
-        # Interrupted before the command existed: run nothing.
+        # Stopped (SIGTERM, SIGHUP) before the command existed: run nothing.
+        # SIGINT and SIGQUIT are the command's, even before it exists, as
+        # for the native program: not a stop.
         for fd in (owner_fd, rep_r, rep_w, ctl_r, ctl_w):
             os.close(fd)
         res.stopped_by = early
