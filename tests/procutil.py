@@ -79,6 +79,24 @@ def read_line(p: subprocess.Popen, timeout: float = 30.0, what: str = "the child
     return line.decode()
 
 
+def sigint_inside(func: str, delay_s: float) -> str:
+    """Python source for a child process: ``delay_s`` after it runs, a SIGINT
+    to itself, sent once ``func`` (an expression naming a function) is on the
+    stack - until then the alarm comes again every 0.2 ms, so that on a busy
+    machine the interrupt never lands in the child's own set-up code."""
+    return ("import os, signal\n"
+            f"_target = ({func}).__code__\n"
+            "def _alarm(_s, f):\n"
+            "    while f is not None:\n"
+            "        if f.f_code is _target:\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "            return\n"
+            "        f = f.f_back\n"
+            "    signal.setitimer(signal.ITIMER_REAL, 0.0002)\n"
+            "signal.signal(signal.SIGALRM, _alarm)\n"
+            f"signal.setitimer(signal.ITIMER_REAL, {delay_s})\n")
+
+
 def marked(born: int, mark: str) -> list[identity.Identity]:
     """Live processes born after ``born`` whose environment carries ``mark``."""
     needle = f"TETHER_TEST_MARK={mark}".encode()

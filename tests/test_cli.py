@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from procutil import SHELL_KINDS, available, native_cli
+from procutil import SHELL_KINDS, available, native_cli, sigint_inside
 
 TETHER = [sys.executable, "-m", "tether"]
 
@@ -100,12 +100,10 @@ def test_an_early_sigint_to_the_python_cli_is_a_stop_not_a_traceback(procs, dela
     # SIGINT while the Python `tether run` still imports, opens the job or
     # starts the command (before it blocks the stop signals to wait): it was
     # a KeyboardInterrupt traceback and exit 1. Now exit 130, as a SIGINT a
-    # moment later (the test above), and the job ended. The alarm is armed
-    # once tether.cli is imported: the interpreter's own start-up is before.
-    code = ("import os, signal, sys; from tether.cli import main; "
-            "signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT)); "
-            f"signal.setitimer(signal.ITIMER_REAL, {delay_ms / 1000}); "
-            "sys.exit(main(['run', '--grace', '1', '--', 'sh', '-c', 'sleep 300 & wait']))")
+    # moment later (the test above), and the job ended. The SIGINT lands in
+    # main() (procutil.sigint_inside): the interpreter's start-up is before.
+    code = ("import sys\nfrom tether.cli import main\n" + sigint_inside("main", delay_ms / 1000)
+            + "sys.exit(main(['run', '--grace', '1', '--', 'sh', '-c', 'sleep 300 & wait']))\n")
     p = procs.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = p.communicate(timeout=30)
     assert (p.returncode, err) == (128 + signal.SIGINT, b"")

@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from procutil import SHELL_KINDS, native_shell, tether_shell, wait_until
+from procutil import SHELL_KINDS, native_shell, sigint_inside, tether_shell, wait_until
 
 from tether import _shellargs as sa
 from tether import identity
@@ -1684,10 +1684,8 @@ def test_an_early_sigint_to_the_python_wrapper_is_no_traceback(procs, env, delay
     # a KeyboardInterrupt traceback, exit 1. Now it is ignored from main()'s
     # first line, as the native program ignores it from its first
     # instruction: the wrapper waits for the command and returns its status.
-    code = ("import os, signal, sys; sys.argv = ['tether-shell', '-c', 'sleep 0.3 & sleep 0.5']; "
-            "from tether.shell import main; "
-            "signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT)); "
-            f"signal.setitimer(signal.ITIMER_REAL, {delay_ms / 1000}); main()")
+    code = ("import sys\nsys.argv = ['tether-shell', '-c', 'sleep 0.3 & sleep 0.5']\n"
+            "from tether.shell import main\n" + sigint_inside("main", delay_ms / 1000) + "main()\n")
     p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     _, err = p.communicate(timeout=30)

@@ -63,23 +63,23 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    from ._prctl import hold_std_fds
-    from .errors import UsageError
-
-    hold_std_fds()  # before anything opens a file that would take a closed one's number
-
     try:
-        return _main(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        from ._prctl import hold_std_fds
+        from .errors import UsageError
+
+        hold_std_fds()  # before anything opens a file that would take a closed one's number
+        try:
+            return _main(argv)
+        except UsageError as e:  # a bad TETHER_* value met on the way: one line, nothing run
+            what = argv[0] if argv and not argv[0].startswith("-") else ""
+            print(f"tether{' ' + what if what else ''}: {e}", file=sys.stderr)
+            return EXIT_TETHER_FAILURE if what == "run" else e.code
     except KeyboardInterrupt:
         # SIGINT before `run` blocks it to wait for the command (or during
         # another command): no traceback, the status of a death by SIGINT; a
         # job already open is ended on the way out (run_command's finally)
         return 128 + 2
-    except UsageError as e:  # a bad TETHER_* value met on the way: one line, nothing run
-        what = argv[0] if argv and not argv[0].startswith("-") else ""
-        print(f"tether{' ' + what if what else ''}: {e}", file=sys.stderr)
-        return EXIT_TETHER_FAILURE if what == "run" else e.code
 
 
 def _main(argv: list[str]) -> int:
