@@ -1685,7 +1685,9 @@ def test_an_early_sigint_to_the_python_wrapper_is_no_traceback(procs, env, delay
     # first line, as the native program ignores it from its first
     # instruction: the wrapper waits for the command and returns its status.
     code = ("import sys\nsys.argv = ['tether-shell', '-c', 'sleep 0.3 & sleep 0.5']\n"
-            "from tether.shell import main\n" + sigint_inside("main", delay_ms / 1000) + "main()\n")
+            # cli: what main() calls once its first line has set the handler
+            "from tether.shell import main, cli\n" + sigint_inside("cli", delay_ms / 1000)
+            + "main()\n")
     p = procs.popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     _, err = p.communicate(timeout=30)
