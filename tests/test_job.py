@@ -173,6 +173,43 @@ def test_the_path_search_is_popens(procs, tmp_path, case):
     assert got == want, (case, got, want)
 
 
+def _closed_fd() -> int:
+    """A number no fd has here (high: opening the job takes the low free ones)."""
+    import resource
+
+    for fd in range(min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 4096) - 1, 2, -1):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return fd
+    raise AssertionError("no closed fd number")
+
+
+@pytest.mark.parametrize("case", ["cwd-with-nul", "stdin-closed-fd", "stdout-negative-fd",
+                                  "pass-closed-fd", "pass-negative-fd", "negative-process-group"])
+def test_bad_arguments_are_refused_as_subprocess_refuses_them(procs, case):
+    # The job used to run the child anyway: in the keeper's directory for a
+    # cwd with a NUL (the native keeper), without the named fd for a closed
+    # one; and the Python keeper refused a negative process_group that
+    # subprocess ignores.
+    kw = {"cwd-with-nul": {"cwd": "/tmp/\0x"}, "stdin-closed-fd": {"stdin": _closed_fd()},
+          "stdout-negative-fd": {"stdout": -5}, "pass-closed-fd": {"pass_fds": (_closed_fd(),)},
+          "pass-negative-fd": {"pass_fds": (-1,)},
+          "negative-process-group": {"process_group": -5}}[case]
+
+    def outcome(start):
+        try:
+            p = start(["true"], env=procs.env(), **kw)
+        except (OSError, ValueError) as e:
+            return type(e).__name__, getattr(e, "errno", None)
+        return "ran", p.wait(timeout=20)
+
+    want = outcome(subprocess.Popen)
+    with Job(name="bad-args") as job:
+        got = outcome(job.popen)
+    assert got == want, (case, got, want)
+
+
 def test_run_like_subprocess_run(job):
     r = job.run(["sh", "-c", "cat; exit 3"], input=b"abc", capture_output=True)
     assert (r.returncode, r.stdout) == (3, b"abc")

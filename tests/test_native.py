@@ -147,6 +147,8 @@ BAD = {
     "argv with a NUL": marshal.dumps({**SPAWN, "argv": [b"tr\0ue"]}),
     "env with a NUL": marshal.dumps({**SPAWN, "env": {b"A": b"x\0y"}}),
     "env name with =": marshal.dumps({**SPAWN, "env": {b"A=B": b"1"}}),
+    # (it ran the child in the keeper's own directory instead)
+    "cwd with a NUL": marshal.dumps({**SPAWN, "cwd": "/tmp/\0x"}),
     "no executable": marshal.dumps({k: v for k, v in SPAWN.items() if k != "executable"}),
     "fd index out of range": marshal.dumps({**SPAWN, "fdmap": {0: 5}}),
     "memfd without its fd": marshal.dumps({"_memfd": 100}),

@@ -1958,6 +1958,11 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     q->path = pv;
     const value *cwd = dict_get(msg, "cwd");
     q->cwd = cwd && cwd->t != V_NONE ? dup_cstr(r, cwd) : NULL;
+    if (cwd && cwd->t != V_NONE && !q->cwd) {
+        /* (not the owner's cwd instead, which no cwd at all would mean) */
+        reply_error("ValueError", 0, "embedded null byte", NULL);
+        return;
+    }
     q->cwd_fd = -1;
     if (!q->cwd) {
         int64_t k = dict_int(msg, "cwd_fd", -1);

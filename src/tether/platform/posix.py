@@ -10,6 +10,7 @@ comes from the keeper; the owner holds a pidfd for it, which makes
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -433,8 +434,17 @@ class JobPopen(subprocess.Popen):
         sys.audit("subprocess.Popen", executable, args, cwd, env)
         if gid is not None or gids is not None or uid is not None:
             raise ValueError("user=, group= and extra_groups= are not supported in a tether job yet")
-        # Which owner fds the child gets, by child fd number.
+        if cwd is not None and "\0" in os.fsdecode(cwd):
+            raise ValueError("embedded null byte")  # as subprocess: never another directory
+        # Which owner fds the child gets, by child fd number. One the caller
+        # named (stdin=FD, pass_fds) must be open, as subprocess's child
+        # needs it: EBADF, not a child that silently goes without.
         wanted: dict[int, int] = {}
+        if any(not isinstance(fd, int) or fd < 0 for fd in pass_fds):
+            raise ValueError("bad value(s) in fds_to_keep")
+        for src in (p2cread, c2pwrite, errwrite, *pass_fds):
+            if src != -1 and not _is_open(src):
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         for target, src in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
             if src != -1:
                 wanted[target] = src
@@ -487,7 +497,8 @@ class JobPopen(subprocess.Popen):
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
             "path": _exec_path(env, env_b),
             "fdmap": fdmap,
-            "pgroup": process_group if process_group is not None else -1,
+            # (subprocess sets a process group only for one >= 0)
+            "pgroup": process_group if process_group is not None and process_group >= 0 else -1,
             "setsid": bool(start_new_session),
             "owner_pgid": os.getpgrp(),
             "umask": umask if umask >= 0 else -1,
@@ -717,6 +728,14 @@ def _rlimits() -> list[tuple[int, int, int]]:
     import resource
 
     return [(r, *resource.getrlimit(r)) for r in identity.rlimit_resources()]
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _inheritable(fd: int) -> bool:
