@@ -440,14 +440,13 @@ class JobPopen(subprocess.Popen):
         # named (stdin=FD, pass_fds) must be open, as subprocess's child
         # needs it: EBADF, not a child that silently goes without.
         wanted: dict[int, int] = {}
+        named: set[int] = set()  # the targets the caller named
         if any(not isinstance(fd, int) or fd < 0 for fd in pass_fds):
             raise ValueError("bad value(s) in fds_to_keep")
-        for src in (p2cread, c2pwrite, errwrite, *pass_fds):
-            if src != -1 and not _is_open(src):
-                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         for target, src in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
             if src != -1:
                 wanted[target] = src
+                named.add(target)
             elif _inheritable(target):
                 # Left as it is, as subprocess's child would find it: an fd
                 # that is close-on-exec (say, a socket of ours that took a
@@ -455,6 +454,7 @@ class JobPopen(subprocess.Popen):
                 wanted[target] = target
         for fd in pass_fds:
             wanted[int(fd)] = int(fd)
+            named.add(int(fd))
         if not close_fds:
             for name in _list_fds():
                 if name > 2 and name not in wanted:
@@ -469,6 +469,8 @@ class JobPopen(subprocess.Popen):
             try:
                 os.fstat(src)
             except OSError:
+                if target in named:
+                    raise OSError(errno.EBADF, os.strerror(errno.EBADF)) from None
                 continue  # closed in the owner: closed in the child too
             if src not in sources:
                 sources.append(src)
@@ -728,14 +730,6 @@ def _rlimits() -> list[tuple[int, int, int]]:
     import resource
 
     return [(r, *resource.getrlimit(r)) for r in identity.rlimit_resources()]
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def _inheritable(fd: int) -> bool:
