@@ -106,7 +106,7 @@ class Keeper:
         self.owner_pidfd = owner_pidfd
         self.ctl = None  # the socket driver's control socket (a pidns keeper reports on it)
         self.children: set[int] = set()  # direct children we spawned, not yet reaped
-        self.spawned: set[int] = set()  # every child ever spawned (pgroup needs their groups)
+        self.spawned: set[int] = set()  # every child ever spawned, if mech.keeps_spawned
         self.status: dict[int, int] = {}  # raw wait statuses, until collected
         self.wake_r = self.wake_w = -1
         # What this keeper ignores, where its driver knows without a look at
@@ -178,7 +178,8 @@ class Keeper:
         finally:
             ctx.__exit__(None, None, None)
         self.children.add(pid)
-        self.spawned.add(pid)
+        if self.mech.keeps_spawned:
+            self.spawned.add(pid)
         return pid
 
     def end_for_dead_owner(self) -> int:

@@ -301,6 +301,10 @@ class KeeperMechanism:
     exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
     kernel_enforced = False
     transparent = True
+    # the keeper keeps every child it ever spawned (Keeper.spawned): only a
+    # mechanism that ends the job by their process groups needs that list,
+    # which grows with every spawn for the job's whole life
+    keeps_spawned = False
 
     def __init__(self, options: "JobOptions", owner_pid: int, owner_start: int, **params: "Any"):
         self.options = options
