@@ -98,6 +98,25 @@ def test_sample_stream_maps_to_ledger_calls() -> None:
     assert "zzz" not in by_id
 
 
+def test_a_failing_on_change_callback_is_logged_and_the_ledger_goes_on(caplog) -> None:
+    # It was swallowed without a word: an app never learnt its callback broke.
+    def broken(task):
+        raise RuntimeError("app bug")
+
+    led = Ledger(on_change=broken)
+    with caplog.at_level("ERROR", logger="tether.ledger"):
+        led.started("t1", "npm test")
+        led.finished("t1")
+    assert [t.task_id for t in led.tasks()] == ["t1"]
+    failed = [r for r in caplog.records if r.name == "tether.ledger"]
+    assert len(failed) == 2 and "t1" in failed[0].getMessage() and failed[0].exc_info
+    # the control: a callback that works logs nothing
+    caplog.clear()
+    seen = []
+    Ledger(on_change=seen.append).started("t2")
+    assert seen and not [r for r in caplog.records if r.name == "tether.ledger"]
+
+
 def test_tasks_are_live_until_the_stream_says_otherwise() -> None:
     led = Ledger()
     ad = StreamAdapter(led)

@@ -96,6 +96,7 @@ task id the ledger never saw is ignored: there is nothing to hold a stop for.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -199,8 +200,10 @@ class Ledger:
 
     ``members``: a callable giving the identities of the session job's live
     members (``session.members``); without it the ledger trusts the event
-    stream alone. Thread-safe: a stream adapter may feed it from a reader
-    thread while the app asks ``live()``.
+    stream alone. ``on_change(task)`` is called after each change to a task;
+    if it raises, the ledger goes on and the ``tether.ledger`` logger says so.
+    Thread-safe: a stream adapter may feed it from a reader thread while the
+    app asks ``live()``.
     """
 
     def __init__(
@@ -459,7 +462,9 @@ class Ledger:
             try:
                 self._on_change(task)
             except Exception:  # noqa: BLE001 - an app callback must not break the ledger
-                pass
+                # but its failure is said, as a Host's announce callback's is
+                logging.getLogger("tether.ledger").exception(
+                    "tether ledger: on_change callback failed for task %r", task.task_id)
 
     def _settle(self, task: Task) -> None:
         if task.finished is not None or task.said_finished is None:
