@@ -878,13 +878,17 @@ class AuditWriter:
             return
         self._reported = True
         msg = f"tether: audit log disabled: {reason}"
-        try:
-            if self.on_loss is not None:
+        if self.on_loss is not None:
+            try:
                 self.on_loss(msg)
-            else:
-                sys.stderr.write(msg + "\n")
-                sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - an app's on_loss callback must not break a write
+                return
+            except Exception as exc:  # noqa: BLE001 - an app's on_loss callback must not break a write
+                # the loss is still said, where it is said without a callback
+                msg += f" (and the on_loss callback failed: {type(exc).__name__}: {exc})"
+        try:
+            sys.stderr.write(msg + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):  # no stderr to say it on
             pass  # reporting must not break the caller either
 
     def close(self) -> None:
