@@ -48,3 +48,23 @@ def procs():
     p = Procs()
     yield p
     p.cleanup()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests that SIGKILL an owner and then its keeper (finalizers do, to
+    leave nothing running) leave that job's emptied cgroup directories behind,
+    which the next job opened under the same cgroup removes: after the last
+    test, remove them the same way (empty, and proven stale: only ever
+    directories of owners that are gone)."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        from tether import cgroupfs
+
+        base, _why = cgroupfs.base_dir()
+        if base is not None:
+            cgroupfs.remove_stale_run_dirs(base)
+    except Exception:  # noqa: BLE001 - tidying must never fail a run
+        pass
