@@ -1094,6 +1094,31 @@ def test_control_caller_sigkilled_with_the_watch_off_leaves_the_tree(procs, ts, 
         assert identity.read(wrapper.pid).ppid == os.getpid()  # adopted here
 
 
+def test_a_leftover_is_never_re_parented_to_pid_1(procs, ts, env, tmp_path):
+    # `sh -c 'sleep 60 & exit'` inside the command: the sleep's parent exits
+    # while the command goes on. Under a cgroup job it went to PID 1 (the
+    # keeper is no subreaper): an orphan of ours, if only until the job ended.
+    # Now the wrapper adopts it, as `tether run` does. Control: plain sh.
+    out = tmp_path / "ppid"
+
+    def parent_of_leftover(argv) -> int:
+        p = procs.popen([*argv, f'sh -c \'sleep 60 & echo $! > {out}.pid\'; sleep 0.5; '
+                         f'cut -d" " -f4 /proc/$(cat {out}.pid)/stat > {out}'], env=env,
+                        stdin=subprocess.DEVNULL)
+        assert p.wait(timeout=20) == 0
+        return int(out.read_text())
+
+    assert parent_of_leftover(["sh", "-c"]) == 1  # the control (no subreaper above it)
+    p = procs.popen([ts, "-c", f'sh -c \'sleep 60 & echo $! > {out}.pid\'; sleep 0.5; '
+                     f'cut -d" " -f4 /proc/$(cat {out}.pid)/stat > {out}; echo $PPID'],
+                    env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    keeper, _ = p.communicate(timeout=20)  # the real shell's parent
+    assert p.returncode == 0
+    # the wrapper (cgroup), or the keeper where it is the subreaper: never PID 1
+    assert int(out.read_text()) in (p.pid, int(keeper))
+    assert living(read_pids(f"{out}.pid", 1, gone_ok=True)) == []
+
+
 def test_caller_alive_nothing_changes(procs, ts, env):
     # A live caller gets the status and output as before; leftovers still end
     # with the command; the record names the caller.

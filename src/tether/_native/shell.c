@@ -1836,6 +1836,10 @@ static int shell_main(int argc, char **argv)
     R.callerfd = -1;
     if (with_caller)
         watch_caller(&R);
+    /* what the command leaves behind (`sleep 60 & exit`) is re-parented to
+     * us, not to PID 1, until the job ends it: a cgroup job's keeper is no
+     * subreaper (as `tether run` does; our waits name their pids) */
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     static const int watched[] = {SIGTERM, SIGHUP, SIGINT, SIGQUIT};
     int sigfd = watch_signals(&R, watched, 4);
     if (sigfd < 0)

@@ -249,6 +249,15 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
         res.stopped_by = early
         return res
     born = identity.now_ticks()  # nothing of the job is older
+    # What the command leaves behind is re-parented to this wrapper, not to
+    # PID 1, until the job ends it (a cgroup job's keeper is no subreaper),
+    # as under the native wrapper and `tether run`; every wait here names its pid.
+    from .._prctl import set_subreaper
+
+    try:
+        set_subreaper()
+    except OSError:
+        pass  # (the job still ends them; only their parent for those ms differs)
     try:
         keeper = os.fork()
     except OSError as exc:
