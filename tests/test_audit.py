@@ -934,29 +934,28 @@ def test_vanished_dir_is_a_loss_then_recreated(state: Path) -> None:
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
 
 
+def _lose_a_record(state: Path, on_loss) -> None:
+    """One record written, the directory removed, the next record lost."""
+    w = AuditWriter(state, on_loss=on_loss, retry_interval=3600)
+    try:
+        assert w.write("run-start", run="r")
+        shutil.rmtree(state)
+        assert not w.write("spawn", seq=1)
+    finally:
+        w.close()
+
+
 def test_a_failing_on_loss_callback_still_gets_the_loss_said(state: Path, capsys) -> None:
     # The callback raised and the loss was said nowhere (neither by it nor on stderr).
     def broken(msg: str) -> None:
         raise RuntimeError("app bug")
 
-    w = AuditWriter(state, on_loss=broken, retry_interval=3600)
-    try:
-        assert w.write("run-start", run="r")
-        shutil.rmtree(state)
-        assert not w.write("spawn", seq=1)
-    finally:
-        w.close()
+    _lose_a_record(state, broken)
     err = capsys.readouterr().err
     assert "tether: audit log disabled" in err and str(state) in err and "app bug" in err
     # the control: a working callback gets it, and stderr stays quiet
     msgs: list[str] = []
-    w = AuditWriter(state, on_loss=msgs.append, retry_interval=3600)
-    try:
-        assert w.write("run-start", run="r")
-        shutil.rmtree(state)
-        assert not w.write("spawn", seq=1)
-    finally:
-        w.close()
+    _lose_a_record(state, msgs.append)
     assert len(msgs) == 1 and capsys.readouterr().err == ""
 
 

@@ -604,17 +604,16 @@ def cli(argv: list[str]) -> int:
         import json
 
         out.write(json.dumps(to_json(jobs, state_dir, notes), indent=2) + "\n")
+    elif args.plain or not out.isatty():
+        out.write(render_plain(jobs))
     else:
-        if args.plain or not out.isatty():
-            out.write(render_plain(jobs))
-        else:
-            import shutil
+        import shutil
 
-            out.write(render_tree(jobs, shutil.get_terminal_size((100, 24)).columns))
-        out.flush()
-        for n in notes:  # what limited the view is said in every form (JSON: "notes")
-            print(f"note: {n}", file=sys.stderr)
+        out.write(render_tree(jobs, shutil.get_terminal_size((100, 24)).columns))
     out.flush()
+    if not args.json:  # what limited the view is said in every form (JSON: "notes")
+        for n in notes:
+            print(f"note: {n}", file=sys.stderr)
     return 0
 
 
