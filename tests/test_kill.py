@@ -215,6 +215,52 @@ def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exi
         job.close()
 
 
+THREAD_PARENT = ("import subprocess, threading, time\n"
+                 "def spawn():\n"
+                 "    print(subprocess.Popen(['sleep', '300']).pid, flush=True)\n"
+                 "    time.sleep(300)\n"
+                 "threading.Thread(target=spawn, daemon=True).start()\n"
+                 "time.sleep(300)\n")
+
+
+@pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
+@pytest.mark.parametrize("how", ["close", "tether"])
+def test_the_kill_loop_ends_a_child_forked_by_a_members_other_thread(procs, how):
+    """A child started by a thread other than its process's main one is in
+    that thread's children list only (/proc/P/task/TID/children). The
+    subreaper's kill loop reads the main thread's lists on its first rounds
+    (keeper.c's kill_descendants) and takes such a child from its own list
+    once P's death hands it down. (With how="tether" only P is killed, by
+    hand: the control, in which the thread's child outlives P.)"""
+    from tether import Job, identity
+
+    job = Job(mechanism="subreaper")
+    try:
+        p = job.popen([sys.executable, "-c", THREAD_PARENT], stdout=subprocess.PIPE,
+                      env=procs.env())
+        child = int(p.stdout.readline())
+        tids = [t for t in os.listdir(f"/proc/{p.pid}/task") if t != str(p.pid)]
+        lists = {t: open(f"/proc/{p.pid}/task/{t}/children").read().split()
+                 for t in [str(p.pid), *tids]}
+        assert str(child) not in lists[str(p.pid)], lists
+        assert any(str(child) in lists[t] for t in tids), lists
+        ident = procs.track(identity.read(child))
+        if how == "close":
+            job.close()
+        else:
+            p.kill()
+            p.wait(5)
+            time.sleep(0.5)
+            assert identity.is_alive(ident), "control: nothing but P was killed"
+            return
+        deadline = time.monotonic() + 3
+        while identity.is_alive(ident) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not identity.is_alive(ident), "the thread's child outlived the job"
+    finally:
+        job.close()
+
+
 OUTLIVED_OWNER = r"""
 import json, os, subprocess, sys, time
 os.environ["TETHER_NATIVE"] = "0"  # the Python keeper (the native one never ran inside)

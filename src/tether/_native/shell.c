@@ -800,9 +800,9 @@ static pid_t members_buf[MAX_CHILDREN];
 /* Every descendant of root, breadth first, by the kernel's children lists. */
 static size_t descendants(pid_t root, pid_t *out, size_t cap)
 {
-    size_t n = children_of(root, out, cap);
+    size_t n = children_of(root, out, cap, 1);
     for (size_t k = 0; k < n; k++)
-        n += children_of(out[k], out + n, cap - n);
+        n += children_of(out[k], out + n, cap - n, 1);
     return n;
 }
 static unsigned long long members_start[MAX_CHILDREN]; /* their start ticks, as read */
