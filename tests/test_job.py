@@ -591,6 +591,68 @@ def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, monkey
         job.close()
 
 
+# A member whose child backgrounds a short sleep and exits: the sleep is
+# orphaned. It prints the sleep's pid and its own.
+ORPHANING = "sh -c 'sleep 1 & echo $! $$'; exec sleep 300"
+
+
+def _orphan_of(p: subprocess.Popen) -> tuple[identity.Identity, int]:
+    orphan, parent = map(int, p.stdout.readline().split())
+    ident = identity.read(orphan)
+    assert ident is not None
+    return ident, parent
+
+
+def _parent_once_orphaned(orphan: identity.Identity, parent: int) -> int:
+    from procutil import wait_until
+
+    def now() -> identity.Identity:
+        cur = identity.read(orphan.pid)
+        assert cur is not None and cur.start == orphan.start, "the orphan ended too soon"
+        return cur
+
+    return wait_until(lambda: now().ppid != parent and now(), 3.0).ppid
+
+
+@pytest.mark.parametrize("keeper", ["native", "python"])
+@pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper") if available(m)])
+def test_a_members_orphan_goes_to_the_keeper_never_to_pid_1(procs, monkeypatch, mech, keeper):
+    """Every keeper is its job's child subreaper (a cgroup job's too: its
+    orphans went to PID 1, which may reap late or never): the orphan's
+    parent is the keeper, which reaps it when it exits. Control: the same
+    tree under plain Popen, whose orphan goes to PID 1."""
+    from procutil import wait_until
+
+    if keeper == "native" and not native.built():
+        pytest.skip("the native keeper is not built")
+    monkeypatch.setenv("TETHER_NATIVE", "1" if keeper == "native" else "0")
+    plain = procs.popen(["sh", "-c", ORPHANING], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    orphan, parent = _orphan_of(plain)
+    # the control: PID 1, or this process where it is a subreaper itself
+    # (pytest --tether-leaks makes it one)
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    above = os.getpid() if flag.value else 1
+    assert _parent_once_orphaned(procs.track(orphan), parent) == above
+    job = Job(mechanism=mech)
+    try:
+        p = job.popen(["sh", "-c", ORPHANING], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                      env=procs.env())
+        orphan, parent = _orphan_of(p)
+        assert _parent_once_orphaned(procs.track(orphan), parent) == job.trace()["keeper_pid"]
+
+        def reaped() -> bool:  # not a zombie: gone (or its pid another's)
+            cur = identity.read(orphan.pid)
+            return cur is None or cur.start != orphan.start
+
+        wait_until(reaped, 5.0)  # the keeper reaps it when it exits
+        assert p.poll() is None  # the member itself runs on
+    finally:
+        job.close()
+
+
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 @pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
 def test_a_native_cgroup_keeper_holds_the_procs_files_its_clones_are_checked_against(monkeypatch):

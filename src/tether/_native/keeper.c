@@ -2757,6 +2757,10 @@ int main(int argc, char **argv)
             refuse("cgroup: cannot open %s: %s", K.cgroup, strerror(errno));
         if (!K.legacy) /* (the legacy path moves children by writing cgroup.procs) */
             hold_procs_files();
+        /* A member's orphan comes to us, not to PID 1 (which may reap late,
+         * or never, as an app that is a container's PID 1): still a member,
+         * reaped at once. Only its parent changes, so a refusal is no matter. */
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         break;
     case M_SUBREAPER:
         if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)

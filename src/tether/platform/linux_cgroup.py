@@ -7,8 +7,10 @@ child is a member before its first instruction. When the owner dies it
 writes ``cgroup.kill`` from inside - one write ends every member, however it
 tried to escape. It steps out first (on ``close()`` and when the owner dies)
 and reaps until the cgroup is empty: a keeper killed with its members could
-die before them, and they would be re-parented to PID 1 while dying. The cgroup files themselves are read and written by
-``tether.cgroupfs``.
+die before them, and they would be re-parented to PID 1 while dying. The
+keeper is a child subreaper too, so a member's orphan is re-parented to it
+(and reaped at once) rather than to PID 1. The cgroup files themselves are
+read and written by ``tether.cgroupfs``.
 
 Pitfalls:
 * ``cgroup.kill`` does not exist in the root cgroup (we never use the root)
@@ -24,6 +26,7 @@ import os
 import sys
 
 from .. import cgroupfs as cg
+from .._prctl import set_subreaper
 from .base import CGROUP, Availability, Guarantee, JobOptions, KeeperMechanism, _NoContext
 
 MECHANISM = CGROUP
@@ -133,6 +136,13 @@ class Mechanism(KeeperMechanism):
 
     def keeper_setup(self, keeper) -> None:
         self._enter()
+        # A member's orphan comes to the keeper, not to PID 1 (which may reap
+        # late, or never: an app that is a container's PID 1); it stays a
+        # member either way, so a refusal only leaves its parent as it was.
+        try:
+            set_subreaper()
+        except OSError:
+            pass
 
     def _enter(self) -> None:
         try:
