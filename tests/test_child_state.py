@@ -189,6 +189,48 @@ def test_owner_that_changed_user_gets_no_child_as_the_old_user(procs):
                                "runs as uid/euid/gid/egid 65534/65534/65534/65534"), lines
 
 
+NPROC = r'''
+import os, resource, subprocess, sys
+from tether import Job
+if os.geteuid() == 0:  # root's forks are never held to RLIMIT_NPROC: be nobody
+    # every module a job needs, read while we can (this Python may be under /root)
+    import ctypes, traceback  # noqa: E401, F401 - the Python keeper's prctl, its last words
+    with Job(mechanism="subreaper") as warm:
+        warm.run(["true"])
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+def attempt(spawn):
+    try:
+        p = spawn(["true"])
+    except OSError as exc:
+        return type(exc).__name__
+    p.wait()
+    return "ran"
+
+with Job(mechanism="subreaper") as job:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))  # this user has a process: no fork
+    print(attempt(subprocess.Popen), attempt(job.popen))
+    resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    print(attempt(subprocess.Popen), attempt(job.popen))
+'''
+
+
+@pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
+@pytest.mark.parametrize("keeper", KEEPERS)
+def test_the_owners_process_limit_holds_for_a_jobs_spawn(procs, keeper):
+    # RLIMIT_NPROC is checked at the fork, against the forking process's
+    # limit: the keeper's, unless it takes the owner's for the spawn (the
+    # native keeper set it on the child only, after its clone: it spawned).
+    r = subprocess.run([sys.executable, "-c", NPROC], capture_output=True, text=True, timeout=60,
+                       env=procs.env(**_keeper_env(keeper)), cwd="/")
+    lines = r.stdout.splitlines()
+    # the control (subprocess) first; then, with the limit given back, both run
+    assert lines == ["BlockingIOError BlockingIOError", "ran ran"], r.stdout + r.stderr
+
+
 SMALL_AS = r'''
 import resource, sys, time
 from tether import Job, identity

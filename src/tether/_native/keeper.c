@@ -1726,6 +1726,23 @@ static void want_limit(struct spawn_req *q, int res, rlim_t cur, rlim_t max)
     q->nlim++;
 }
 
+/* RLIMIT_NPROC is checked at the fork, against the forking process's soft
+ * limit: ours, not the one the child sets after its clone. For the clone we
+ * take the owner's (within our hard one), so the spawn fails with EAGAIN
+ * where the owner's own fork would (as the Python keeper, which takes every
+ * limit around its spawn); the caller gives ours back. 1 if it was taken. */
+static int take_nproc(const struct spawn_req *q)
+{
+    for (int k = 0; k < q->nlim; k++) {
+        if (q->lim_res[k] != RLIMIT_NPROC || q->lim[k].rlim_cur == K.lim[RLIMIT_NPROC].rlim_cur)
+            continue;
+        struct rlimit r = K.lim[RLIMIT_NPROC];
+        r.rlim_cur = q->lim[k].rlim_cur < r.rlim_max ? q->lim[k].rlim_cur : r.rlim_max;
+        return setrlimit(RLIMIT_NPROC, &r) == 0;
+    }
+    return 0;
+}
+
 /* owner_state: the owner's ignored signals, umask (want_umask) and resource
  * limits, read by us from its /proc entries while it waits for our reply -
  * its state as of its popen(), as when it sent them, for one request
@@ -2093,8 +2110,11 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     int pidfd = -1;
     unsigned char b[6];
     ssize_t n = 0;
+    int nproc = take_nproc(q);
     pid_t pid = spawn_followed(q, &pidfd, b, &n);
     int err = errno;
+    if (nproc)
+        setrlimit(RLIMIT_NPROC, &K.lim[RLIMIT_NPROC]);
     drop_lifted(lifted, fds, nlifted);
     if (own_cwd >= 0)
         close(own_cwd);
