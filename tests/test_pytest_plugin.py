@@ -417,6 +417,67 @@ def test_portable_scan_catches_a_still_parented_leak(pytester, leaklog, monkeypa
     assert leaklog.probe()["subreaper"] == 0
 
 
+# A multi-threaded owner's Python keepers come from its warden, a helper
+# that lives as long as the pytest process: not a leak. A job left open is one.
+WARDEN = r"""
+import json, os, threading
+os.environ["TETHER_NATIVE"] = "0"
+from tether import Job, identity
+from tether.platform import own_helpers
+
+LOG = os.environ["LEAKLOG"]
+OPEN = []
+
+def record(tag, pid):
+    with open(LOG, "a") as f:
+        f.write(json.dumps({"tag": tag, **identity.read(pid).to_dict()}) + "\n")
+
+def threaded_job(tag, close):
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        job = Job(mechanism="auto")
+        record(tag, job.popen(["sleep", "300"]).pid)
+        (warden,) = own_helpers()
+        record("warden", warden)
+        if close:
+            job.close()
+        else:
+            OPEN.append(job)
+    finally:
+        stop.set()
+        t.join()
+
+def test_closes_its_job():
+    threaded_job("closed", close=True)
+
+def test_leaves_its_job_open():
+    threaded_job("open", close=False)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fail", "off"])
+def test_the_owners_warden_is_no_leak_and_an_open_job_still_is(pytester, leaklog, mode):
+    pytester.makepyfile(test_inner=WARDEN)
+    clean = run_inner(pytester, f"--tether-leaks={mode}", "-k", "closes")
+    clean.assert_outcomes(passed=1)
+    assert "tether:" not in clean.stdout.str(), clean.stdout.str()  # nor the hint when off
+    # The control: a job left open is reported (fail) or named by the hint (off).
+    leaky = run_inner(pytester, f"--tether-leaks={mode}")
+    out = leaky.stdout.str()
+    member = leaklog.leaked()["open"]
+    if mode == "fail":
+        leaky.assert_outcomes(passed=2, errors=1)
+        assert "test_leaves_its_job_open" in out and f"pid {member.pid} " in out, out
+        assert not identity.is_alive(member)
+    else:
+        leaky.assert_outcomes(passed=2)
+        assert "still running" in out, out
+    warden = leaklog.leaked()["warden"]
+    assert f"pid {warden.pid} " not in out and f"{warden.pid} tether-warden" not in out, out
+
+
 # -- option values, one report per leak, the hint when off --------------------------------
 
 LEAK_ONE = r"""

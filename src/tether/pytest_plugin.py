@@ -229,7 +229,11 @@ def outliving_processes(settle: float = 0.25) -> list[Identity]:
             top, seen = cap.procs[top.ppid], seen + 1
         if top.ppid == 1 or (top.ppid in ancestors and top.ppid not in (me, os.getppid())):
             found[ident.pid] = ident
-    left = [i for i in found.values() if i.state not in ("Z", "X", "x") and i.pid != me]
+    from tether.platform import own_helpers
+
+    helpers = own_helpers()
+    left = [i for i in found.values()
+            if i.state not in ("Z", "X", "x") and i.pid != me and i.pid not in helpers]
     if left:
         time.sleep(settle)  # an xdist worker or a killed child may be on its way out
         left = [i for i in left if identity.is_alive(i)]
@@ -350,10 +354,15 @@ class LeakDetector:
         owned = set()
         for o in self._owners.values():
             owned |= o.keys
+        from tether.platform import own_helpers
+
         out = []
+        helpers = own_helpers()  # (not their children: a job's keeper left open is a leak)
         # Parents come first, so a parent's verdict is known for its children.
         for p in procs:
             ident = p.ident
+            if ident.pid in helpers:
+                continue
             k = _key(ident)
             if k in owned or p.parent in held or ident.sid in live_groups \
                     or ident.pgid in live_groups:

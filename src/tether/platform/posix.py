@@ -782,6 +782,15 @@ _warden_lock = threading.Lock()
 _the_warden: _Warden | None = None
 
 
+def helper_pids() -> frozenset[int]:
+    """This process's warden, while it runs: a helper of this process's that
+    ends with it (it watches us by pidfd), neither a job's member nor a leak."""
+    w = _the_warden
+    if w is None or w.pid != os.getpid() or w.proc.poll() is not None:
+        return frozenset()
+    return frozenset({w.proc.pid})
+
+
 def _warden() -> _Warden:
     global _the_warden
     with _warden_lock:
