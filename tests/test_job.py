@@ -563,6 +563,49 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
     assert not os.path.exists(path)
 
 
+SETSID_CHILD = r"""
+import os, subprocess, sys
+from tether import Job, JobRefused
+job = Job(mechanism=sys.argv[1])
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a forked child of the owner leaves for a session of its own
+    os.setsid()
+    out = [subprocess.run(["true"]).returncode]  # the control: subprocess's child joins it
+    try:
+        out.append(job.run(["true"]).returncode)
+    except JobRefused as exc:
+        out.append(str(exc))
+    out.append(job.run(["true"], start_new_session=True).returncode)
+    os.write(w, repr(out).encode())
+    os._exit(0)
+os.close(w)
+print(os.read(r, 4096).decode())
+os.waitpid(pid, 0)
+job.close()
+"""
+
+
+@pytest.mark.parametrize("mech", MECHS)
+def test_an_owner_that_left_the_jobs_session_is_told_why(procs, mech):
+    """A child joins its owner's process group; after setsid() the owner's
+    group is in another session than the keeper's, which no setpgid can
+    reach: a clear refusal, not a bare EPERM. A child that leads its own
+    group (pgroup, pidns) or session still starts."""
+    r = subprocess.run([sys.executable, "-c", SETSID_CHILD, mech], capture_output=True,
+                       text=True, timeout=60, env=procs.env())
+    import ast
+
+    out = ast.literal_eval(r.stdout.strip() or "None")
+    assert out is not None, r.stderr
+    assert out[0] == 0 and out[2] == 0, out
+    if mech in ("pgroup", "pidns"):
+        assert out[1] == 0, out
+    else:
+        assert out[1].startswith("spawn refused: this process is now in session "), out
+        assert "start_new_session=True" in out[1], out
+
+
 @pytest.mark.parametrize("keeper", ["native", "python"])
 @pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper") if available(m)])
 def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, monkeypatch, mech, keeper):

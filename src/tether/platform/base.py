@@ -305,6 +305,9 @@ class KeeperMechanism:
     # mechanism that ends the job by their process groups needs that list,
     # which grows with every spawn for the job's whole life
     keeps_spawned = False
+    # a spawn that asks for no group of its own joins the owner's process
+    # group (False: it leads its own)
+    joins_owner_group = True
 
     def __init__(self, options: "JobOptions", owner_pid: int, owner_start: int, **params: "Any"):
         self.options = options

@@ -158,6 +158,7 @@ class Mechanism(KeeperMechanism):
     exit_ends_job = True
     kernel_enforced = True
     transparent = False
+    joins_owner_group = False  # (the owner's group is not visible inside the namespace)
 
     def keeper_setup(self, keeper) -> None:
         from . import _proto

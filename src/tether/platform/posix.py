@@ -51,6 +51,8 @@ class KeeperJob(JobBackend):
         self.options = options
         me = identity.read(os.getpid())
         self.owner = me
+        # the keeper's session: the only one its children can join a group in
+        self.session = os.getsid(0)
         cls = keeper_mechanism(mechanism)
         self.born_after = identity.now_ticks()
         self.mech = cls(options, os.getpid(), me.start if me else 0, born_after=self.born_after)
@@ -488,6 +490,16 @@ class JobPopen(subprocess.Popen):
                     raise ValueError("illegal environment variable name")
                 env_b[k] = os.fsencode(v)
         env_b = with_cookie(env_b, self._tether_backend.options)
+        joins = (process_group is None or process_group < 0) and not start_new_session
+        if joins and self._tether_backend.mech.joins_owner_group \
+                and os.getsid(0) != self._tether_backend.session:
+            # (the keeper's setpgid would fail with a bare EPERM)
+            why = (f"this process is now in session {os.getsid(0)}, not in the job's "
+                   f"({self._tether_backend.session}, since the job opened): its child cannot "
+                   "join this process's group from there; pass start_new_session=True, or "
+                   "open the job after setsid()")
+            raise JobRefused(f"spawn refused: {why}", reason=why,
+                             mechanism=self._tether_backend.mechanism)
         # The child gets this process's state as of now, as subprocess's child
         # would, not the keeper's copy from when the job opened: the keeper
         # reads our ignored signals, umask and limits while we wait for its

@@ -56,6 +56,7 @@ def guarantee(options: JobOptions | None = None) -> Guarantee:
 class Mechanism(KeeperMechanism):
     name = PGROUP
     keeps_spawned = True  # each child leads a group that may outlive it
+    joins_owner_group = False
 
     def note_spawn(self, pid: int) -> None:
         self.params.setdefault("groups", []).append(pid)
