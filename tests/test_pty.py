@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -223,9 +224,25 @@ def test_env_cwd_and_cookie(sessions, procs, tmp_path):
     assert f"[{tmp_path}] [bar] [{s.token}]" in out
 
 
-def test_missing_program_raises_before_spawning(sessions, procs):
-    with pytest.raises(FileNotFoundError):
-        PtySession(["no-such-program-tether"], env=procs.env())
+@pytest.mark.parametrize("argv", [["no-such-program-tether"], ["/etc/passwd"], ["./plain"],
+                                  ["/tmp"], ["./no-shebang"], [""], ["/no/such/dir/prog"]])
+def test_a_program_that_cannot_start_raises_what_popen_raises(procs, tmp_path, argv):
+    # the same exception and errno as subprocess (a non-executable file and
+    # "" were FileNotFoundError), and nothing is left open
+    (tmp_path / "plain").write_text("x")
+    (tmp_path / "no-shebang").write_text("echo hi\n")
+    (tmp_path / "no-shebang").chmod(0o755)
+
+    def error(start) -> tuple[type, int]:
+        with pytest.raises(OSError) as exc:
+            start()
+        return type(exc.value), exc.value.errno
+
+    want = error(lambda: subprocess.Popen(argv, cwd=tmp_path, env=procs.env()))
+    assert error(lambda: PtySession(argv, env=procs.env(), cwd=str(tmp_path))) == want
+    fds = len(os.listdir("/proc/self/fd"))  # (after a first job: what tether keeps for all)
+    assert error(lambda: PtySession(argv, env=procs.env(), cwd=str(tmp_path))) == want
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 # ------------------------------------------------------------------ readers

@@ -298,6 +298,22 @@ def _get_winsize(fd: int) -> tuple[int, int]:
 # The session
 
 
+def _check_runnable(exe: str, cwd: str | os.PathLike[str] | None, env: dict[str, str]) -> None:
+    """Raise, before a shim runs it, the error subprocess would for ``exe``
+    it cannot start: ENOENT for a name not found or a missing path, EACCES
+    for a directory or a file that is not executable."""
+    if "/" not in exe:
+        if exe and shutil.which(exe, path=env.get("PATH", os.defpath)) is not None:
+            return
+        err = errno.EACCES if not exe else errno.ENOENT  # ("": each PATH entry is a directory)
+    else:
+        path = os.path.join(os.fspath(cwd or "."), exe)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return
+        err = errno.EACCES if os.path.exists(path) else errno.ENOENT
+    raise OSError(err, os.strerror(err), exe)
+
+
 class PtySession:
     """A program on a real pseudo-terminal, inside its own tether ``Job``.
 
@@ -339,13 +355,10 @@ class PtySession:
         base_env.pop(COOKIE_VAR, None)
         # The cookie first, so it sits at the start of the child's environ.
         self.env = {COOKIE_VAR: self.token, **base_env}
-        exe = argv[0]
-        if "/" not in exe:
-            found = shutil.which(exe, path=self.env.get("PATH", os.defpath))
-            if found is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), exe)
-        elif not os.access(os.path.join(os.fspath(cwd or "."), exe), os.X_OK):
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), exe)
+        if not getattr(Job, "supports_ctty", False):
+            # The shim's failed exec would be an exit status only; a job's
+            # own spawn raises what subprocess raises.
+            _check_runnable(argv[0], cwd, self.env)
         self.argv = argv
 
         self._lock = threading.Lock()  # state, readers, the close operation
