@@ -280,6 +280,20 @@ def test_a_relative_state_dir_is_resolved_once(procs, tmp_path: Path, hosts, mon
 # sessions and stops
 
 
+@pytest.mark.parametrize("bad", ["", None, 42, b"chat-1"])
+def test_a_session_key_or_background_name_that_is_no_string_is_refused(tmp_path: Path, hosts,
+                                                                       bad) -> None:
+    # str(key) made None one key "None" for every caller that lost its id,
+    # and "" one key for all that had none; as app= already is, refused.
+    h = open_host(hosts, tmp_path / "state")
+    with pytest.raises(ValueError, match="must be a non-empty string"):
+        h.session(bad)
+    with pytest.raises(ValueError, match="must be a non-empty string"):
+        h.background_job(bad)
+    assert h.sessions == {} and h.background_jobs == []  # nothing was held or opened
+    assert h.session("chat-1").run(["true"]).returncode == 0  # the control
+
+
 def test_stopping_one_session_leaves_the_others(procs, tmp_path: Path, hosts) -> None:
     announced: list[tuple[str, list[Identity]]] = []
 

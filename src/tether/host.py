@@ -1054,7 +1054,8 @@ class Host:
         established: ...``) when the host has no safety net and
         ``require="kernel"`` was asked for.
         """
-        key = str(key)
+        if not key or not isinstance(key, str):  # (None or "" would be one key for every caller)
+            raise ValueError(f"session key must be a non-empty string, not {key!r}")
         with self._lock:
             if self._closed:
                 raise HostClosed(f"host {self.app!r} is closed")
@@ -1245,6 +1246,8 @@ class Host:
         """A job that is NOT ended with the host: CPU-capped, low priority,
         bounded by ``timeout`` seconds, recorded ``background`` (never reaped).
         Never refused for want of a safety net: it is meant to outlive the app."""
+        if not name or not isinstance(name, str):
+            raise ValueError(f"background job name must be a non-empty string, not {name!r}")
         if cpu_percent is not None and not 1 <= int(cpu_percent) <= 100:
             raise ValueError("cpu_percent must be between 1 and 100")
         if timeout is not None and timeout <= 0:
