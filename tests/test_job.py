@@ -359,6 +359,30 @@ def test_bad_options_are_clear():
         Job(grace=-1)
 
 
+def test_a_bad_state_dir_or_parent_is_refused_clearly(tmp_path, monkeypatch):
+    # "" was the current directory, silently (the log landed in whatever
+    # directory the app ran in); parent=5 an AttributeError; a closed parent
+    # "cannot create the job: No such file or directory".
+    from tether import Host
+    from tether.audit import AuditWriter
+
+    monkeypatch.chdir(tmp_path)
+    for make in (lambda: Job(state_dir=""), lambda: Host("app", state_dir=""),
+                 lambda: AuditWriter(""), lambda: AuditWriter(b"")):
+        with pytest.raises(ValueError, match="state_dir must not be empty"):
+            make()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(TypeError, match="parent must be a tether.Job, not int"):
+        Job(parent=5)
+    parent = Job()
+    parent.close()
+    with pytest.raises(JobClosed, match="parent job .* is closed"):
+        Job(parent=parent)
+    with Job(state_dir=str(tmp_path / "st")) as ok:  # the control
+        assert ok.run(["true"]).returncode == 0
+    assert (tmp_path / "st" / "audit.jsonl").exists()
+
+
 def test_multithreaded_owner_uses_warden(procs, monkeypatch):
     """A multi-threaded owner must not fork: Python keepers come from the warden."""
     monkeypatch.setenv("TETHER_NATIVE", "0")

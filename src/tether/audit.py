@@ -201,6 +201,19 @@ def state_dir_arg(value: str | os.PathLike[str], what: str = "--state-dir") -> P
     return p
 
 
+def resolve_state_dir(value: str | os.PathLike[str]) -> Path:
+    """A state directory given through the API: a relative one resolved once,
+    against the current directory (a later ``chdir`` must not move the log
+    or a host's locks). An empty one is a ``ValueError``: it would be the
+    current directory, silently (say, a setting left unset)."""
+    text = os.fspath(value)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text:
+        raise ValueError("state_dir must not be empty (None: the default)")
+    return Path(os.path.abspath(text))
+
+
 def default_state_dir() -> Path:
     """``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``, else
     ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``).
@@ -493,7 +506,7 @@ class AuditWriter:
         if not filename or os.sep in filename or (os.altsep and os.altsep in filename):
             raise ValueError(f"bad audit filename {filename!r}")
         # resolved once: a reopen after a later chdir must find the same place
-        self.state_dir = Path(os.path.abspath(os.fspath(state_dir)))
+        self.state_dir = resolve_state_dir(state_dir)
         self.filename = filename
         self.max_bytes = int(max_bytes)
         self.keep_files = int(keep_files)

@@ -818,7 +818,7 @@ class Host:
         self.work_holds = work_holds
         # resolved once, as a Job's: a relative one must not follow a later
         # chdir (the session locks and the log would split in two places)
-        self.state_dir = (Path(os.path.abspath(os.fspath(state_dir))) if state_dir is not None
+        self.state_dir = (_audit.resolve_state_dir(state_dir) if state_dir is not None
                           else _audit.default_state_dir())
         self.run = _job.run_id()
         self.reap_report: Any = None

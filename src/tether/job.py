@@ -81,6 +81,10 @@ class Job:
         cookie_var: str = identity.COOKIE_VAR,
     ) -> None:
         grace = check_grace(grace)
+        if parent is not None and not isinstance(parent, Job):
+            raise TypeError(f"parent must be a tether.Job, not {type(parent).__name__}")
+        if parent is not None and parent.closed:
+            raise JobClosed(f"parent job {parent.name!r} is closed")
         if not cookie_var or "=" in cookie_var or "\0" in cookie_var:
             raise ValueError(f"cookie_var must be an environment variable name, not {cookie_var!r}")
         n = next(_counter)
@@ -485,7 +489,7 @@ def _open_audit(state_dir: Any):
     """The job's audit writer, or None. A state directory tether refuses to use
     (a symlink, another user's, writable by others) never stops the job: it
     runs with the log off, and one line on stderr says so."""
-    from .audit import AuditDirError, AuditWriter, state_dir_arg
+    from .audit import AuditDirError, AuditWriter, resolve_state_dir, state_dir_arg
 
     if state_dir is None:
         env = os.environ.get("TETHER_STATE_DIR")
@@ -493,7 +497,7 @@ def _open_audit(state_dir: Any):
             return None
         state_dir = state_dir_arg(env, "TETHER_STATE_DIR")  # relative: a UsageError
     else:
-        state_dir = os.path.abspath(os.fspath(state_dir))  # resolved once, here
+        state_dir = resolve_state_dir(state_dir)  # resolved once, here
 
     try:
         return AuditWriter(state_dir)
