@@ -56,6 +56,7 @@ SHELL_SCOPE_DIR = "shell-scope"
 PIN_DIR = "tether-pin"
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
+_PIN_BATCH = 256  # pidfds held at once by a kill round (well below a 1024-fd limit)
 
 
 # -- where -------------------------------------------------------------------------
@@ -266,26 +267,67 @@ def kill(path: str, timeout: float, reap=None) -> bool:
         time.sleep(0.0005)
 
 
+def kill_all_but(path: str, keep: int, timeout: float, reap=None) -> bool:
+    """End every process in ``path`` and below but ``keep`` - a keeper that
+    lives in its job's cgroup, which ``cgroup.kill`` would end with the rest
+    (and stepping out first is a cgroup move: milliseconds, see
+    ``tether.platform.linux_cgroup``). Rounds of SIGKILL by pidfd, each
+    process checked to be a member still once pinned, until ``keep`` is the
+    only one left: True, or False at ``timeout`` or where there are no
+    pidfds. A round finds all: a process SIGKILLed forks no more, so what is
+    new was forked by one not yet killed. ``reap()`` between rounds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in procs(path) if p != keep]
+        if not left:
+            return True
+        if not _kill_each(left, path) or time.monotonic() > deadline:
+            return False
+        if reap is not None:
+            reap()
+        time.sleep(0.0005)
+
+
+def _kill_each(pids: list[int], path: str) -> bool:
+    """SIGKILL each of ``pids`` that is in ``path`` or below once pinned by a
+    pidfd; False where there are no pidfds (nothing sent). Pinned in batches,
+    then checked against one read of the cgroup: a pid listed there now is
+    its pinned process (a live or zombie one keeps its pid), else that one is
+    gone and the signal reaches nobody - one read, not one per process."""
+    import _signal
+
+    for at in range(0, len(pids), _PIN_BATCH):
+        fds: dict[int, int] = {}
+        try:
+            for pid in pids[at:at + _PIN_BATCH]:
+                try:
+                    fds[pid] = os.pidfd_open(pid)
+                except AttributeError:
+                    return False
+                except OSError as e:
+                    if e.errno == 38:  # ENOSYS: a kernel before 5.3
+                        return False
+                    # gone (or out of fds: the next round tries again)
+            still = set(procs(path))
+            for pid, fd in fds.items():
+                if pid in still:
+                    try:
+                        _signal.pidfd_send_signal(fd, _SIGKILL)
+                    except OSError:
+                        pass
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    return True
+
+
 def _kill_frozen(path: str) -> None:
     freeze = os.path.join(path, "cgroup.freeze")
     try:
         write(freeze, "1")
     except OSError:
         pass
-    import _signal
-
-    for pid in procs(path):
-        try:
-            fd = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            continue
-        try:
-            if is_member(pid, path):  # pinned by the pidfd: still the member read a moment ago
-                _signal.pidfd_send_signal(fd, _SIGKILL)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    _kill_each(procs(path), path)
     try:
         write(freeze, "0")
     except OSError:
