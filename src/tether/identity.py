@@ -467,10 +467,12 @@ def is_alive(ident: "Identity") -> bool:
     return cur is not None and cur[1] == ident[1] and cur[7] not in ("Z", "X", "x")
 
 
-def children(pid: int) -> list[int]:
+def children(pid: int, *, every_thread: bool = True) -> list[int]:
     """Direct children of ``pid`` (of all its threads: a child belongs to the
     thread that forked it); [] if ``pid`` is gone. Not atomic: a loop that
-    kills must rescan."""
+    kills must rescan. ``every_thread=False``: its main thread's only (one
+    file, not a directory and a file per thread), for a kill loop, to which
+    a dead process's other children come anyway (Linux; elsewhere all)."""
     if type(pid) is not int or pid <= 0:
         return []
     if not _LINUX:
@@ -480,11 +482,14 @@ def children(pid: int) -> list[int]:
         except ps.Error:
             return []
     base = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError as e:
-        _missing(e)
-        return []
+    if every_thread:
+        try:
+            tids = os.listdir(base)
+        except OSError as e:
+            _missing(e)
+            return []
+    else:
+        tids = [str(pid)]
     out: list[int] = []
     seen: set[int] = set()
     for tid in tids:

@@ -79,8 +79,10 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
     round a round reads this process's own children and the subtrees of those
     not killed yet. Rounds are a millisecond apart: the CPU belongs to the
     dying, whose exits are the cost (walking them again and again slowed them
-    down). A process stuck dying hides what it forked until it exits, so the
-    whole tree is read again once 20 ms pass without a reap. The native
+    down); for the same reason a round reads only each process's main
+    thread's children. A process stuck dying hides what it forked until it
+    exits, so the whole tree, every thread, is read again once 20 ms pass
+    without a reap. The native
     keeper's kill_descendants is the same loop. ``on_reap(pid, status)`` is
     called for every child reaped.
     """
@@ -98,13 +100,14 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
     while time.monotonic() < deadline:
         if not identity.reap_exited(reaped):
             return True
-        whole = progress is None or time.monotonic() - progress >= 0.02
-        found = kill_found(identity.children(me), killed, me)
+        stuck = progress is not None and time.monotonic() - progress >= 0.02
+        whole = progress is None or stuck
+        found = kill_found(identity.children(me, every_thread=stuck), killed, me)
         k = 0
         while k < len(found):
             pid, fresh = found[k]
             if fresh or (whole and pid in killed):
-                found.extend(kill_found(identity.children(pid), killed, pid))
+                found.extend(kill_found(identity.children(pid, every_thread=stuck), killed, pid))
             k += 1
         if whole:
             progress = time.monotonic()
