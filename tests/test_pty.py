@@ -286,6 +286,21 @@ def test_slow_reader_drops_oldest_and_never_stalls(sessions, procs):
     assert data.rstrip().endswith(b"DONE")
 
 
+def test_a_write_that_times_out_says_how_much_the_terminal_took(sessions, procs):
+    # TimeoutError said only that it timed out: the caller could not know
+    # what of its input the program would still get
+    data = b"x" * (16 << 20)  # more than the terminal and the kernel's buffers hold
+    s = _sh_session(sessions, procs, "sleep 30")  # reads nothing
+    with pytest.raises(TimeoutError) as exc:
+        s.write(data, timeout=0.3)
+    assert 0 < exc.value.written < len(data), exc.value.written
+    assert f"({exc.value.written} of {len(data)} bytes taken)" in str(exc.value)
+    # the control: a program that reads takes it all
+    r = _sh_session(sessions, procs, "stty raw -echo; cat >/dev/null")
+    time.sleep(0.3)  # (stty before the write)
+    assert r.write(data, timeout=20) == len(data)
+
+
 def test_read_times_out(sessions, procs):
     s = _sh_session(sessions, procs, "read x")
     with pytest.raises(TimeoutError):

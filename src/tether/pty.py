@@ -545,7 +545,8 @@ class PtySession:
 
         ``SessionClosing`` while a close is pending. ``TimeoutError`` when the
         terminal's input buffer stays full (the program is not reading) for
-        ``timeout`` seconds.
+        ``timeout`` seconds; its ``written`` is how many bytes the terminal
+        took before that (the rest was not sent).
         """
         if isinstance(data, str):
             data = data.encode()
@@ -562,7 +563,11 @@ class PtySession:
                     pass
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"the terminal did not take input within {timeout} s")
+                    taken = len(data) - len(view)
+                    exc = TimeoutError(f"the terminal did not take input within {timeout} s "
+                                       f"({taken} of {len(data)} bytes taken)")
+                    exc.written = taken  # type: ignore[attr-defined]
+                    raise exc
                 select.select([], [self._master], [], 0.05 if left is None else min(left, 0.05))
                 self._check_open()
         return len(data)
