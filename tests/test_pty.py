@@ -301,6 +301,26 @@ def test_a_write_that_times_out_says_how_much_the_terminal_took(sessions, procs)
     assert r.write(data, timeout=20) == len(data)
 
 
+def test_read_until_errors_read_as_their_message_and_carry_the_output(sessions, procs):
+    # TimeoutError(message, data) printed "[Errno <message>] <data>", and
+    # EOFError(message, data) a tuple
+    from tether.pty import OutputEnded, OutputTimeout
+
+    s = _sh_session(sessions, procs, "echo hi; sleep 1")
+    with pytest.raises(TimeoutError) as t:
+        s.read_until(b"nope", 0.3)
+    assert isinstance(t.value, OutputTimeout)
+    assert str(t.value) == "b'nope' not seen within 0.3 s"
+    assert t.value.data == t.value.args[1] and t.value.data.startswith(b"hi")
+    with pytest.raises(EOFError) as e:
+        s.read_until(b"nope", 10)
+    assert isinstance(e.value, OutputEnded) and str(e.value) == "output ended before b'nope'"
+    assert e.value.data.startswith(b"hi")
+    # the control: a needle that comes is read through
+    r = _sh_session(sessions, procs, "echo there; sleep 1")
+    assert r.read_until(b"there", 5).endswith(b"there")
+
+
 def test_read_times_out(sessions, procs):
     s = _sh_session(sessions, procs, "read x")
     with pytest.raises(TimeoutError):

@@ -61,6 +61,8 @@ __all__ = [
     "CloseOperation",
     "SessionClosing",
     "SessionClosed",
+    "OutputTimeout",
+    "OutputEnded",
     "COOKIE_VAR",
 ]
 
@@ -153,9 +155,10 @@ class Reader:
 
     def read_until(self, needle: bytes, timeout: float) -> bytes:
         """Read until ``needle`` has appeared; return everything read (the
-        bytes after the needle stay buffered). ``TimeoutError`` (carrying what
-        was read so far in ``.args[1]``) if it does not appear in time;
-        ``EOFError`` if the output ends first."""
+        bytes after the needle stay buffered). :class:`OutputTimeout` (a
+        ``TimeoutError``) if it does not appear in time, :class:`OutputEnded`
+        (an ``EOFError``) if the output ends first; either carries what was
+        read so far (``.data``, also ``.args[1]``)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -168,10 +171,10 @@ class Reader:
                 if self._eof or self._detached:
                     data = bytes(self._buf)
                     self._buf.clear()
-                    raise EOFError(f"output ended before {needle!r}", data)
+                    raise OutputEnded(f"output ended before {needle!r}", data)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{needle!r} not seen within {timeout} s", bytes(self._buf))
+                    raise OutputTimeout(f"{needle!r} not seen within {timeout} s", bytes(self._buf))
                 self._cond.wait(left)
 
     def detach(self) -> None:
@@ -312,6 +315,28 @@ def _check_runnable(exe: str, cwd: str | os.PathLike[str] | None, env: dict[str,
             return
         err = errno.EACCES if os.path.exists(path) else errno.ENOENT
     raise OSError(err, os.strerror(err), exe)
+
+
+class _CarriesData:
+    """Reads as its message, and carries what was read (``.data``, also
+    ``.args[1]``): given both as arguments, an OSError such as TimeoutError
+    printed ``[Errno <message>] <data>``, an EOFError a tuple."""
+
+    def __init__(self, message: str, data: bytes) -> None:
+        super().__init__(message)
+        self.args = (message, data)
+        self.data = data
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class OutputTimeout(_CarriesData, TimeoutError):
+    """``Reader.read_until``: the needle did not appear in time."""
+
+
+class OutputEnded(_CarriesData, EOFError):
+    """``Reader.read_until``: the output ended before the needle."""
 
 
 class PtySession:
