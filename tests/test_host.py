@@ -280,6 +280,33 @@ def test_a_relative_state_dir_is_resolved_once(procs, tmp_path: Path, hosts, mon
 # sessions and stops
 
 
+FORKED_HOST = r"""
+import os, subprocess, sys
+from tether import Host
+state = sys.argv[1]
+SECOND = ("import sys; from tether import Host, SessionHeld; h = Host('fork-app', state_dir=sys.argv[1])\n"
+          "try:\n    h.session('k1'); print('got')\nexcept SessionHeld:\n    print('held')\nh.close()")
+with Host("fork-app", state_dir=state) as host:
+    p = host.session("k1").popen(["sleep", "30"])
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # unwinds through the host's with block, in the child
+    os.waitpid(pid, 0)
+    second = subprocess.run([sys.executable, "-c", SECOND, state], capture_output=True, text=True)
+    print(p.poll() is None, second.stdout.strip(), flush=True)
+second = subprocess.run([sys.executable, "-c", SECOND, state], capture_output=True, text=True)
+print(p.poll() is not None, second.stdout.strip())  # the control: the host's own close
+"""
+
+
+def test_a_forked_childs_exit_leaves_the_hosts_sessions_and_keys(procs, tmp_path: Path) -> None:
+    # It stopped every session (their processes killed) and released their
+    # keys, so a second instance took a key the host still used.
+    r = subprocess.run([sys.executable, "-c", FORKED_HOST, str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=60, env=procs.env())
+    assert r.stdout.split() == ["True", "held", "True", "got"], r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("bad", ["", None, 42, b"chat-1"])
 def test_a_session_key_or_background_name_that_is_no_string_is_refused(tmp_path: Path, hosts,
                                                                        bad) -> None:

@@ -587,6 +587,33 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
     assert not os.path.exists(path)
 
 
+FORKED_EXIT = r"""
+import os, sys
+from tether import Job
+how = sys.argv[1]
+with Job() as job:
+    p = job.popen(["sleep", "30"])
+    pid = os.fork()
+    if pid == 0:  # a forked child that leaves: its close() or the with block it inherited
+        if how == "close":
+            job.close()
+            os._exit(0)
+        sys.exit(0)  # unwinds through the parent's with block
+    os.waitpid(pid, 0)
+    print(p.poll() is None, job.run(["true"]).returncode, flush=True)
+print(p.poll() is not None)  # the control: the owner's own with block ends it
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "sys.exit"])
+def test_a_forked_childs_close_lets_go_and_ends_nothing(procs, how):
+    # It ended the owner's whole job: its processes were killed and the job
+    # unusable ("the job's keeper is gone"), from a child that only exited.
+    r = subprocess.run([sys.executable, "-c", FORKED_EXIT, how], capture_output=True, text=True,
+                       timeout=60, env=procs.env())
+    assert r.stdout.split() == ["True", "0", "True"], r.stdout + r.stderr
+
+
 SETSID_CHILD = r"""
 import os, subprocess, sys
 from tether import Job, JobRefused

@@ -486,7 +486,13 @@ class Session:
             return report
 
     def close(self) -> EndedWork:
-        """Stop with reason ``session closed`` (announced like any stop)."""
+        """Stop with reason ``session closed`` (announced like any stop). In a
+        forked child of the host's process it ends nothing: it lets go of the
+        child's copy (the session, its key and its processes stay the host's),
+        as does the end of a ``with`` block the child inherited."""
+        if os.getpid() != self.host._opener:
+            self.job.close()  # (a forked child's: lets go)
+            return EndedWork(SESSION_CLOSED, self.key)
         return self.stop(SESSION_CLOSED)
 
     def __enter__(self) -> Session:
@@ -821,6 +827,7 @@ class Host:
         self.state_dir = (_audit.resolve_state_dir(state_dir) if state_dir is not None
                           else _audit.default_state_dir())
         self.run = _job.run_id()
+        self._opener = os.getpid()  # a forked child's close() ends nothing (see close)
         self.reap_report: Any = None
         self.reap_error: str | None = None
         self.audit_error: str | None = None
@@ -1293,12 +1300,20 @@ class Host:
     # -- ending ----------------------------------------------------------------------
     def close(self, reason: str = APP_EXIT) -> list[EndedWork]:
         """Stop every open session (announced), close the host job. Background
-        jobs and detached launches are left running, on purpose. Idempotent."""
+        jobs and detached launches are left running, on purpose. Idempotent.
+        In a forked child of the host's process it ends nothing and releases
+        no key: it lets go of the child's copies (see ``Session.close``)."""
+        forked = os.getpid() != self._opener
         with self._lock:
             if self._closed:
                 return []
             self._closed = True
             sessions = list(self._sessions.values())
+        if forked:
+            for s in sessions:
+                s.job.close()  # (lets go)
+            self.job.close()
+            return []
         reports = []
         try:
             for s in sessions:

@@ -98,6 +98,7 @@ class Job:
         self._lock = threading.Lock()
         self._closed = False
         self.started = time.time()
+        self._opener = os.getpid()  # a forked child's close() ends nothing (see close)
         self.born = identity.now_ticks()  # no member is older: the bound of every walk
         import secrets
 
@@ -428,7 +429,13 @@ class Job:
         return ending.identities()
 
     def close(self) -> list[Identity]:
-        """End every member now (no grace) and release the job. Idempotent."""
+        """End every member now (no grace) and release the job. Idempotent.
+
+        In a forked child of the process that opened the job it ends nothing:
+        it lets go of the child's copy (the job stays its owner's), as does
+        the end of a ``with`` block the child inherited (say, on ``sys.exit``)."""
+        if self._forked():
+            return self._let_go()
         with self._lock:
             if self._closed:
                 return []
@@ -448,11 +455,26 @@ class Job:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._forked():
+            self._let_go()
+            return
         try:
             if not self._closed:
                 self.terminate(self.grace)
         finally:
             self.close()
+
+    def _forked(self) -> bool:
+        return os.getpid() != self._opener
+
+    def _let_go(self) -> list[Identity]:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for child in list(self._children):
+                    child._let_go()
+                self._backend.let_go()
+        return []
 
     def __del__(self) -> None:
         # A job dropped without close(): its keeper sees the socket close and

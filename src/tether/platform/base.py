@@ -257,6 +257,11 @@ class JobBackend(abc.ABC):
     def close(self) -> None:
         """End every member and release the job. Idempotent."""
 
+    def let_go(self) -> None:  # noqa: B027 - a backend with nothing per process has nothing to drop
+        """In a forked child of the owner: drop this process's copy of the job
+        (its end of the keeper's socket), ending nothing - the job is its
+        owner's, which may still use it."""
+
     def helper_pids(self) -> list[int]:
         """Processes of tether's own that live inside this job's kernel object
         (a cgroup job's keeper): not members, and a job this one is nested in

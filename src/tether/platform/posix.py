@@ -322,6 +322,15 @@ class KeeperJob(JobBackend):
         for fd in fds:
             os.close(fd)
 
+    def let_go(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._sock.close()  # this process's copy: the keeper still has its owner's
+                if self._keeper_fd is not None:
+                    os.close(self._keeper_fd)
+                    self._keeper_fd = None
+
     def close(self, timeout: float = KILL_BOUND) -> None:
         if self.mechanism == PIDNS and not self._closed:
             self._kill_members_from_outside(timeout)
