@@ -153,6 +153,7 @@ BAD = {
     "fd index out of range": marshal.dumps({**SPAWN, "fdmap": {0: 5}}),
     "memfd without its fd": marshal.dumps({"_memfd": 100}),
     "unknown type code": b"{u\x02\x00\x00\x00op?0",
+    "a channel that is no socket": marshal.dumps({"op": "channel"}),  # (the fd: a pipe)
 }
 
 

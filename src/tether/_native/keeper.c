@@ -658,6 +658,7 @@ static void w_end(writer *w) { w_byte(w, '0'); }
 /* the keeper's state                                                       */
 
 enum mech { M_CGROUP, M_SUBREAPER, M_PIDNS };
+#define MAX_CHANS 64
 
 static struct {
     enum mech mech;
@@ -682,7 +683,10 @@ static struct {
     char boot[64];
     /* direct children not yet reaped, and statuses not yet collected */
     pid_t kids[MAX_CHILDREN];
+    int kid_chan[MAX_CHILDREN]; /* the channel each was spawned from: its exit is pushed there (-1: none) */
     size_t nkids;
+    int chans[MAX_CHANS];       /* more owner channels: a forked child's own (see op "channel") */
+    size_t nchans;
     pid_t done_pid[MAX_CHILDREN];
     int done_st[MAX_CHILDREN];
     size_t ndone;
@@ -701,6 +705,7 @@ static void drop_kid(pid_t pid)
     for (size_t k = 0; k < K.nkids; k++)
         if (K.kids[k] == pid) {
             K.kids[k] = K.kids[--K.nkids];
+            K.kid_chan[k] = K.kid_chan[K.nkids];
             return;
         }
 }
@@ -821,10 +826,17 @@ static void reaped(pid_t pid, int st, int push)
     }
     if (!is_kid(pid))
         return; /* an adopted orphan (subreaper, init): nobody asks for it */
+    int chan = K.ctl;
+    for (size_t k = 0; k < K.nkids; k++)
+        if (K.kids[k] == pid)
+            chan = K.kid_chan[k];
     drop_kid(pid);
-    if (push)
+    if (push && chan >= 0) {
+        int ctl = K.ctl; /* pushed to the channel that spawned it */
+        K.ctl = chan;
         report_exit(pid, st);
-    else
+        K.ctl = ctl;
+    } else
         keep_status(pid, st);
 }
 
@@ -2160,8 +2172,10 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         }
         return;
     }
-    if (K.nkids < MAX_CHILDREN)
+    if (K.nkids < MAX_CHILDREN) {
+        K.kid_chan[K.nkids] = K.ctl;
         K.kids[K.nkids++] = pid;
+    }
     writer *w = wbegin();
     w_dict(w);
     w_key(w, "ok");
@@ -2304,6 +2318,26 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         w_int(w, getpid());
         w_end(w);
         send_msg(w, NULL, 0, 0);
+    } else if (IS("channel")) {
+        /* A forked child of the owner asks for a channel of its own (the
+         * socket it sends): its requests, replies and its children's exits
+         * go there, never crossing its parent's. The answer goes there too. */
+        int type = 0;
+        socklen_t tl = sizeof type;
+        if (nfds < 1 || getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+            type != SOCK_SEQPACKET) {
+            reply_error("ValueError", 0, "channel: no seqpacket socket", NULL);
+        } else if (K.nchans >= MAX_CHANS) {
+            reply_error("ValueError", 0, "channel: too many", NULL);
+        } else {
+            K.chans[K.nchans++] = fds[0];
+            fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+            int ctl = K.ctl;
+            K.ctl = fds[0];
+            fds[0] = -1; /* kept */
+            reply_ok();
+            K.ctl = ctl;
+        }
     } else {
         reply_error("ValueError", 0, "unknown request", NULL);
     }
@@ -2314,14 +2348,89 @@ out:
     return done;
 }
 
+/* One message from owner channel fd (K.ctl is that channel meanwhile); 1
+ * when that channel has closed (its process is gone). */
+static int serve_one(int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {msgbuf, sizeof msgbuf};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = u.buf;
+    mh.msg_controllen = sizeof u.buf;
+    ssize_t got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    if (got < 0 && errno == EINTR)
+        return 0;
+    int fds[MAX_FDS];
+    int nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int k = 0; k < cnt && nfds < MAX_FDS; k++)
+                memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        }
+    }
+    if (got <= 0) {
+        /* EOF (that end closed: its process is gone), or an empty
+         * datagram, which only POLLHUP tells apart */
+        struct pollfd h = {fd, POLLIN, 0};
+        if (got < 0 || (poll(&h, 1, 0) == 1 && (h.revents & (POLLHUP | POLLERR)))) {
+            for (int k = 0; k < nfds; k++)
+                close(fds[k]);
+            return 1;
+        }
+    }
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        /* fds the kernel could not install are dropped: no room
+         * here (a low ulimit -n) is not a malformed request (asked
+         * before the ones that came are closed) */
+        char why[200] = "more file descriptors than a request may carry";
+        int probe = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        int full = probe < 0 && errno == EMFILE;
+        struct rlimit nofile;
+        if (probe >= 0)
+            close(probe);
+        for (int k = 0; k < nfds; k++)
+            close(fds[k]);
+        if (full && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
+            snprintf(why, sizeof why, "the request's file descriptors could not be taken: the "
+                     "keeper is at its open-file limit (RLIMIT_NOFILE %llu)",
+                     (unsigned long long)nofile.rlim_cur);
+        reply_error("ValueError", 0,
+                    (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be" : why, NULL);
+        return 0;
+    }
+    if (handle((unsigned char *)msgbuf, (size_t)got, fds, nfds))
+        _exit(0);
+    return 0;
+}
+
+/* A forked child's channel closed: drop it; its children's exits are kept. */
+static void drop_chan(size_t i)
+{
+    int fd = K.chans[i];
+    close(fd);
+    K.chans[i] = K.chans[--K.nchans];
+    for (size_t k = 0; k < K.nkids; k++)
+        if (K.kid_chan[k] == fd)
+            K.kid_chan[k] = -1;
+}
+
 static void serve(void) __attribute__((noreturn));
 static void serve(void)
 {
     /* (poll skips an entry whose fd is -1) */
-    struct pollfd p[4] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0}, {K.ownerfd, POLLIN, 0},
-                          {K.beacon_event, POLLIN, 0}};
+    struct pollfd p[4 + MAX_CHANS] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0},
+                                      {K.ownerfd, POLLIN, 0}, {K.beacon_event, POLLIN, 0}};
     for (;;) {
-        int n = poll(p, 4, K.ownerfd >= 0 ? -1 : 200);
+        size_t nch = K.nchans;
+        for (size_t i = 0; i < nch; i++)
+            p[4 + i] = (struct pollfd){K.chans[i], POLLIN, 0};
+        int n = poll(p, 4 + nch, K.ownerfd >= 0 ? -1 : 200);
         if (n < 0 && errno != EINTR)
             end_for_dead_owner();
         if (K.ownerfd >= 0 && (p[2].revents & (POLLIN | POLLHUP | POLLERR)))
@@ -2334,63 +2443,18 @@ static void serve(void)
             drain_sigfd();
             reap_all(1);
         }
-        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-            union {
-                char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
-                struct cmsghdr align;
-            } u;
-            struct iovec iov = {msgbuf, sizeof msgbuf};
-            struct msghdr mh = {0};
-            mh.msg_iov = &iov;
-            mh.msg_iovlen = 1;
-            mh.msg_control = u.buf;
-            mh.msg_controllen = sizeof u.buf;
-            ssize_t got = recvmsg(K.ctl, &mh, MSG_CMSG_CLOEXEC);
-            if (got < 0 && errno == EINTR)
+        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl))
+            end_for_dead_owner(); /* the owner's end closed: it is gone */
+        for (size_t i = nch; i-- > 0;) {
+            if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= K.nchans ||
+                K.chans[i] != p[4 + i].fd)
                 continue;
-            int fds[MAX_FDS];
-            int nfds = 0;
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                    int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                    for (int k = 0; k < cnt && nfds < MAX_FDS; k++)
-                        memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-                }
-            }
-            if (got <= 0) {
-                /* EOF (the owner's end closed: it is gone), or an empty
-                 * datagram, which only POLLHUP tells apart */
-                struct pollfd h = {K.ctl, POLLIN, 0};
-                if (got < 0 || (poll(&h, 1, 0) == 1 && (h.revents & (POLLHUP | POLLERR)))) {
-                    for (int k = 0; k < nfds; k++)
-                        close(fds[k]);
-                    end_for_dead_owner();
-                }
-            }
-            if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-                /* fds the kernel could not install are dropped: no room
-                 * here (a low ulimit -n) is not a malformed request (asked
-                 * before the ones that came are closed) */
-                char why[200] = "more file descriptors than a request may carry";
-                int probe = fcntl(K.ctl, F_DUPFD_CLOEXEC, 0);
-                int full = probe < 0 && errno == EMFILE;
-                struct rlimit nofile;
-                if (probe >= 0)
-                    close(probe);
-                for (int k = 0; k < nfds; k++)
-                    close(fds[k]);
-                if (full && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
-                    snprintf(why, sizeof why, "the request's file descriptors could not be taken: the "
-                             "keeper is at its open-file limit (RLIMIT_NOFILE %llu)",
-                             (unsigned long long)nofile.rlim_cur);
-                reply_error("ValueError", 0,
-                            (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be" : why,
-                            NULL);
-                continue;
-            }
-            if (handle((unsigned char *)msgbuf, (size_t)got, fds, nfds)) {
-                _exit(0);
-            }
+            int ctl = K.ctl;
+            K.ctl = K.chans[i];
+            int gone = serve_one(K.ctl);
+            K.ctl = ctl;
+            if (gone)
+                drop_chan(i);
         }
     }
 }

@@ -59,9 +59,11 @@ class SocketKeeper(Keeper):
         from . import _proto
 
         self.ctl = ctl
+        self.chans: dict[int, socket.socket] = {}  # forked children's own channels, by fd
+        self.kid_chan: dict[int, socket.socket | None] = {}  # a child spawned from one: its exit goes there
         os.chdir("/")  # never pin a mount point; spawns chdir to the owner's cwd
         self.setup()
-        poller = select.poll()
+        poller = self.poller = select.poll()
         poller.register(ctl.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         if self.owner_pidfd is not None:
@@ -100,16 +102,52 @@ class SocketKeeper(Keeper):
                             return self.end_for_dead_owner()
                     except OSError:
                         return self.end_for_dead_owner()
+                elif fd in self.chans:
+                    if self._serve_chan(self.chans[fd]):
+                        return 0
             if period is not None and not self.owner_alive():
                 return self.end_for_dead_owner()
 
-    def on_exit(self, pid: int, status: int) -> None:
-        # Pushed to the owner at once, so its wait() needs no round trip; kept
-        # here instead if the owner is not reading (never block the keeper).
+    def _serve_chan(self, chan: socket.socket) -> bool:
+        """One request on a forked child's channel (replies go back on it);
+        True when it closed the job. A closed channel is dropped: its
+        process is gone, and its children's exits are kept here."""
         from . import _proto
 
+        main, self.ctl = self.ctl, chan
         try:
-            self.ctl.send(_proto.encode({"exit": pid, "status": status}), socket.MSG_DONTWAIT)
+            msg, fds = _proto.recv(chan)
+            if msg is None:
+                raise ConnectionResetError
+            return self.handle(msg, fds)
+        except _proto.Malformed as exc:
+            try:
+                _proto.send(chan, {"ok": False, "kind": "ValueError",
+                                   "strerror": f"malformed request: {exc}"})
+            except OSError:
+                pass
+            return False
+        except OSError:
+            self.poller.unregister(chan.fileno())
+            del self.chans[chan.fileno()]
+            for pid in [p for p, c in self.kid_chan.items() if c is chan]:
+                self.kid_chan[pid] = None  # (their exits kept, not pushed)
+            chan.close()
+            return False
+        finally:
+            self.ctl = main
+
+    def on_exit(self, pid: int, status: int) -> None:
+        # Pushed at once to the channel that spawned it, so its wait() needs
+        # no round trip; kept here instead if nobody there is reading (never
+        # block the keeper).
+        from . import _proto
+
+        chan = self.kid_chan.pop(pid, self.ctl)
+        try:
+            if chan is None:
+                raise OSError
+            chan.send(_proto.encode({"exit": pid, "status": status}), socket.MSG_DONTWAIT)
         except OSError:
             self.status[pid] = status
 
@@ -154,6 +192,24 @@ class SocketKeeper(Keeper):
                 _proto.send(self.ctl, {"ok": True})
             elif op == "ping":
                 _proto.send(self.ctl, {"ok": True, "keeper": os.getpid()})
+            elif op == "channel":
+                # A forked child of the owner asks for a channel of its own
+                # (the socket it sends): its requests, replies and its
+                # children's exits never cross its parent's. Answered there.
+                try:
+                    if not fds:
+                        raise OSError
+                    chan = socket.socket(fileno=fds[0])
+                except OSError:
+                    raise ValueError("channel: no seqpacket socket") from None
+                if chan.type != socket.SOCK_SEQPACKET:
+                    chan.detach()
+                    raise ValueError("channel: no seqpacket socket")
+                fds.pop(0)
+                chan.setblocking(True)
+                self.chans[chan.fileno()] = chan
+                self.poller.register(chan.fileno(), select.POLLIN)
+                _proto.send(chan, {"ok": True})
             else:
                 _proto.send(self.ctl, {"ok": False, "kind": "ValueError",
                                        "strerror": f"unknown request {op!r}"})
@@ -187,6 +243,8 @@ class SocketKeeper(Keeper):
         except OwnerStateUnread as exc:  # the owner sends its state itself
             _proto.send(self.ctl, {"ok": False, "kind": "owner_state", "strerror": str(exc)})
             return
+        if self.ctl in self.chans.values():
+            self.kid_chan[pid] = self.ctl
         pidfd = identity.open_pidfd(pid)
         reply: dict = {"ok": True, "pid": pid}
         if msg.get("ident"):

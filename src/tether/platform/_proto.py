@@ -4,6 +4,11 @@ One message is one SOCK_SEQPACKET datagram: a ``marshal``-encoded dict plus
 optional file descriptors in SCM_RIGHTS. Both ends are the same Python (a
 forked copy, or ``sys.executable`` for the warden), so ``marshal`` is safe and
 far cheaper to import and run than json or pickle.
+
+A keeper serves its owner's socket and, after a fork, more: a forked child
+of the owner sends ``{"op": "channel"}`` with one end of a new socketpair,
+and from then on talks on that one (replies, and the exits of the children
+it spawned); the keeper's answer comes there.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ class KeeperJob(JobBackend):
         self.owner_state = sys.platform.startswith("linux")
         self._reap: list[int] = []
         self._sock, child = _proto.socketpair()
+        self._sock_pid = os.getpid()  # the process this socket's conversation is with
         if os.environ.get(native.NO_OWNER_STATE) == "1":  # tests: see native.NO_OWNER_STATE
             self.mech.params["no_owner_state"] = True
         self.native = native.wanted(mechanism)
@@ -150,6 +151,34 @@ class KeeperJob(JobBackend):
             raise JobClosed("the job's keeper is gone")
         return msg
 
+    def _own_channel(self) -> None:
+        """In a forked child of the owner (caller holds the lock): a channel
+        of its own to the keeper, so that its requests, replies and its
+        children's exits never cross its parent's on the socket they share.
+        Asked for in one datagram on that socket, which the keeper answers on
+        the new one; the child then drops its copy of the shared one."""
+        if self._sock_pid == os.getpid():
+            return
+        mine, theirs = _proto.socketpair()
+        try:
+            _proto.send(self._sock, {"op": "channel"}, [theirs.fileno()])
+            reply, rfds = _proto.recv(mine)
+        except OSError as exc:
+            mine.close()
+            raise JobClosed(f"the job's keeper is gone: {exc}") from exc
+        finally:
+            theirs.close()
+        for fd in rfds:
+            os.close(fd)
+        if not reply or not reply.get("ok"):
+            mine.close()
+            raise JobClosed(f"the job's keeper gave no channel: {reply!r}")
+        self._sock.close()  # this process's copy of the parent's
+        self._sock = mine
+        self._sock_pid = os.getpid()
+        self._exits = {}  # the parent's children's, as of the fork
+        self._env_sent = None
+
     def request(self, msg: dict, fds: list[int] = (), env: dict | None = None
                 ) -> tuple[dict, list[int]]:
         """One request and its reply. ``env``, for a spawn: sent only when it is
@@ -158,11 +187,12 @@ class KeeperJob(JobBackend):
         with self._lock:
             if self._closed:
                 raise JobClosed(f"job {self.options.name!r} is closed")
+            self._own_channel()
             if env is not None:
                 msg.pop("env", None)
                 msg.pop("env_same", None)
-                if env == self._env_sent and os.getpid() == self.mech.owner_pid:
-                    msg["env_same"] = True  # (a forked child cannot know what the keeper holds)
+                if env == self._env_sent:
+                    msg["env_same"] = True
                 else:
                     msg["env"] = env
                 self._env_sent = None  # until the keeper took it (a reply says so)
@@ -369,6 +399,10 @@ class KeeperJob(JobBackend):
             return True
         if not self._closed:
             with self._lock:
+                try:
+                    self._own_channel()
+                except JobClosed:
+                    return False
                 self._drain_exits()
         return inner_pid in self._exits
 
@@ -378,6 +412,10 @@ class KeeperJob(JobBackend):
             return self._final_status.pop(inner_pid)
         if not self._closed:
             with self._lock:
+                try:
+                    self._own_channel()
+                except JobClosed:
+                    return self._final_status.pop(inner_pid, signal.SIGKILL)
                 open_ = inner_pid in self._exits or self._drain_exits()
                 # block: the child's pidfd said it exited, so its status is on
                 # its way (the keeper pushes it as it reaps): wait for that
