@@ -683,14 +683,23 @@ static struct {
     char boot[64];
     /* direct children not yet reaped, and statuses not yet collected */
     pid_t kids[MAX_CHILDREN];
-    int kid_chan[MAX_CHILDREN]; /* the channel each was spawned from: its exit is pushed there (-1: none) */
     size_t nkids;
-    int chans[MAX_CHANS];       /* more owner channels: a forked child's own (see op "channel") */
-    size_t nchans;
     pid_t done_pid[MAX_CHILDREN];
     int done_st[MAX_CHILDREN];
     size_t ndone;
 } K;
+
+/* More owner channels: a forked child's own (see op "channel"), and the
+ * children spawned from one, whose exits are pushed there (chan -1: kept
+ * here). Apart from K: pages a job that never forks never touches. */
+static int chans[MAX_CHANS];
+static size_t nchans;
+static int serving_chan = -1; /* the channel of the request being served, or -1: the owner's */
+static struct ckid {
+    pid_t pid;
+    int chan;
+} *ckids;
+static size_t nckids, ckids_cap;
 
 static int is_kid(pid_t pid)
 {
@@ -705,7 +714,6 @@ static void drop_kid(pid_t pid)
     for (size_t k = 0; k < K.nkids; k++)
         if (K.kids[k] == pid) {
             K.kids[k] = K.kids[--K.nkids];
-            K.kid_chan[k] = K.kid_chan[K.nkids];
             return;
         }
 }
@@ -827,9 +835,12 @@ static void reaped(pid_t pid, int st, int push)
     if (!is_kid(pid))
         return; /* an adopted orphan (subreaper, init): nobody asks for it */
     int chan = K.ctl;
-    for (size_t k = 0; k < K.nkids; k++)
-        if (K.kids[k] == pid)
-            chan = K.kid_chan[k];
+    for (size_t k = 0; k < nckids; k++)
+        if (ckids[k].pid == pid) {
+            chan = ckids[k].chan;
+            ckids[k] = ckids[--nckids];
+            break;
+        }
     drop_kid(pid);
     if (push && chan >= 0) {
         int ctl = K.ctl; /* pushed to the channel that spawned it */
@@ -2172,9 +2183,19 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         }
         return;
     }
-    if (K.nkids < MAX_CHILDREN) {
-        K.kid_chan[K.nkids] = K.ctl;
+    if (K.nkids < MAX_CHILDREN)
         K.kids[K.nkids++] = pid;
+    if (serving_chan >= 0) { /* its exit goes to that channel (if there is no room: kept here) */
+        if (nckids == ckids_cap) {
+            size_t cap = ckids_cap ? ckids_cap * 2 : 64;
+            struct ckid *more = realloc(ckids, cap * sizeof *ckids);
+            if (more) {
+                ckids = more;
+                ckids_cap = cap;
+            }
+        }
+        if (nckids < ckids_cap)
+            ckids[nckids++] = (struct ckid){pid, serving_chan};
     }
     writer *w = wbegin();
     w_dict(w);
@@ -2327,10 +2348,10 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         if (nfds < 1 || getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
             type != SOCK_SEQPACKET) {
             reply_error("ValueError", 0, "channel: no seqpacket socket", NULL);
-        } else if (K.nchans >= MAX_CHANS) {
+        } else if (nchans >= MAX_CHANS) {
             reply_error("ValueError", 0, "channel: too many", NULL);
         } else {
-            K.chans[K.nchans++] = fds[0];
+            chans[nchans++] = fds[0];
             fcntl(fds[0], F_SETFD, FD_CLOEXEC);
             int ctl = K.ctl;
             K.ctl = fds[0];
@@ -2412,12 +2433,12 @@ static int serve_one(int fd)
 /* A forked child's channel closed: drop it; its children's exits are kept. */
 static void drop_chan(size_t i)
 {
-    int fd = K.chans[i];
+    int fd = chans[i];
     close(fd);
-    K.chans[i] = K.chans[--K.nchans];
-    for (size_t k = 0; k < K.nkids; k++)
-        if (K.kid_chan[k] == fd)
-            K.kid_chan[k] = -1;
+    chans[i] = chans[--nchans];
+    for (size_t k = 0; k < nckids; k++)
+        if (ckids[k].chan == fd)
+            ckids[k].chan = -1;
 }
 
 static void serve(void) __attribute__((noreturn));
@@ -2427,9 +2448,9 @@ static void serve(void)
     struct pollfd p[4 + MAX_CHANS] = {{K.ctl, POLLIN, 0}, {K.sigfd, POLLIN, 0},
                                       {K.ownerfd, POLLIN, 0}, {K.beacon_event, POLLIN, 0}};
     for (;;) {
-        size_t nch = K.nchans;
+        size_t nch = nchans;
         for (size_t i = 0; i < nch; i++)
-            p[4 + i] = (struct pollfd){K.chans[i], POLLIN, 0};
+            p[4 + i] = (struct pollfd){chans[i], POLLIN, 0};
         int n = poll(p, 4 + nch, K.ownerfd >= 0 ? -1 : 200);
         if (n < 0 && errno != EINTR)
             end_for_dead_owner();
@@ -2446,13 +2467,14 @@ static void serve(void)
         if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl))
             end_for_dead_owner(); /* the owner's end closed: it is gone */
         for (size_t i = nch; i-- > 0;) {
-            if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= K.nchans ||
-                K.chans[i] != p[4 + i].fd)
+            if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= nchans ||
+                chans[i] != p[4 + i].fd)
                 continue;
             int ctl = K.ctl;
-            K.ctl = K.chans[i];
+            K.ctl = serving_chan = chans[i];
             int gone = serve_one(K.ctl);
             K.ctl = ctl;
+            serving_chan = -1;
             if (gone)
                 drop_chan(i);
         }

@@ -992,10 +992,8 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
         *err = n == 0 ? EBUSY : (int)b[2] | ((int)b[3] << 8) | ((int)b[4] << 16) | ((int)b[5] << 24);
         return -1;
     }
-    if (K.nkids < MAX_CHILDREN) {
-        K.kid_chan[K.nkids] = -1; /* (no channel: statuses are kept) */
+    if (K.nkids < MAX_CHILDREN)
         K.kids[K.nkids++] = pid;
-    }
     return pid;
 }
 
