@@ -630,6 +630,36 @@ job.close()
 """
 
 
+FORKED_ENV = r"""
+import os, sys
+from tether import Job
+job = Job(mechanism=sys.argv[1])
+os.environ["WHO"] = "parent"
+SAY = ["sh", "-c", "echo $WHO"]
+first = job.run(SAY, capture_output=True, text=True).stdout.strip()  # the keeper keeps this env
+pid = os.fork()
+if pid == 0:
+    os.environ["WHO"] = "child"
+    ok = job.run(SAY, capture_output=True, text=True).stdout.strip() == "child"
+    os._exit(0 if ok else 1)
+_, st = os.waitpid(pid, 0)
+# the same environment as the keeper keeps: sent as "the same as last time"
+again = job.run(SAY, capture_output=True, text=True).stdout.strip()
+print(first, os.waitstatus_to_exitcode(st), again)
+job.close()
+"""
+
+
+@pytest.mark.parametrize("mech", MECHS)
+def test_a_forked_childs_environment_never_becomes_its_parents(procs, mech):
+    # The keeper keeps the last environment sent, and the owner then sends
+    # only "the same": a forked child's spawn with its own replaced it, and
+    # the parent's next child ran with the child's environment.
+    r = subprocess.run([sys.executable, "-c", FORKED_ENV, mech], capture_output=True, text=True,
+                       timeout=60, env=procs.env())
+    assert r.stdout.split() == ["parent", "0", "parent"], r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("mech", MECHS)
 def test_a_forked_child_and_its_parent_use_the_job_at_once(procs, mech):
     # They shared the keeper's socket: each read the other's replies and

@@ -2004,7 +2004,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
         ev[k] = e;
     }
     ev[nenv] = NULL;
-    if (!env_same && save_env(ev, nenv) < 0) {
+    /* (the owner's own, only: a forked child's channel always sends its own) */
+    if (!env_same && serving_chan < 0 && save_env(ev, nenv) < 0) {
         reply_error("os", ENOMEM, NULL, NULL);
         return;
     }

@@ -115,6 +115,7 @@ class SocketKeeper(Keeper):
         from . import _proto
 
         main, self.ctl = self.ctl, chan
+        self.serving_chan = True
         try:
             msg, fds = _proto.recv(chan)
             if msg is None:
@@ -136,6 +137,7 @@ class SocketKeeper(Keeper):
             return False
         finally:
             self.ctl = main
+            self.serving_chan = False
 
     def on_exit(self, pid: int, status: int) -> None:
         # Pushed at once to the channel that spawned it, so its wait() needs
@@ -376,7 +378,8 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
         env = msg["env"]
         if not isinstance(env, dict):
             raise ValueError("malformed spawn request")
-        keeper.saved_env = env
+        if not getattr(keeper, "serving_chan", False):  # (a forked child's always sends its own)
+            keeper.saved_env = env
     cwd = msg["cwd"]
     # Lift the received fds above every target so dup2 never clobbers a source.
     targets = msg["fdmap"]

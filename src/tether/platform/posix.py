@@ -191,7 +191,9 @@ class KeeperJob(JobBackend):
             if env is not None:
                 msg.pop("env", None)
                 msg.pop("env_same", None)
-                if env == self._env_sent:
+                if env == self._env_sent and os.getpid() == self.mech.owner_pid:
+                    # (the keeper keeps the owner's last one only: a forked
+                    # child's channel sends its own every time)
                     msg["env_same"] = True
                 else:
                     msg["env"] = env
