@@ -490,7 +490,7 @@ class Session:
         forked child of the host's process it ends nothing: it lets go of the
         child's copy (the session, its key and its processes stay the host's),
         as does the end of a ``with`` block the child inherited."""
-        if os.getpid() != self.host._opener:
+        if self.job._forked():
             self.job.close()  # (a forked child's: lets go)
             return EndedWork(SESSION_CLOSED, self.key)
         return self.stop(SESSION_CLOSED)
@@ -827,7 +827,6 @@ class Host:
         self.state_dir = (_audit.resolve_state_dir(state_dir) if state_dir is not None
                           else _audit.default_state_dir())
         self.run = _job.run_id()
-        self._opener = os.getpid()  # a forked child's close() ends nothing (see close)
         self.reap_report: Any = None
         self.reap_error: str | None = None
         self.audit_error: str | None = None
@@ -1303,7 +1302,7 @@ class Host:
         jobs and detached launches are left running, on purpose. Idempotent.
         In a forked child of the host's process it ends nothing and releases
         no key: it lets go of the child's copies (see ``Session.close``)."""
-        forked = os.getpid() != self._opener
+        forked = self.job._forked()
         with self._lock:
             if self._closed:
                 return []

@@ -1837,8 +1837,9 @@ static int shell_main(int argc, char **argv)
     if (with_caller)
         watch_caller(&R);
     /* what the command leaves behind (`sleep 60 & exit`) is re-parented to
-     * us, not to PID 1, until the job ends it: a cgroup job's keeper is no
-     * subreaper (as `tether run` does; our waits name their pids) */
+     * us, not to PID 1, until the job ends it, whatever the mechanism (only
+     * open_subreaper sets it otherwise; as `tether run` does; our waits name
+     * their pids) */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     static const int watched[] = {SIGTERM, SIGHUP, SIGINT, SIGQUIT};
     int sigfd = watch_signals(&R, watched, 4);

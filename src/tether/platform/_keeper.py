@@ -100,6 +100,9 @@ class Unplaced(Exception):
 class Keeper:
     """The keeper's state: its mechanism, its children, the owner it watches."""
 
+    # serving a request from a forked child's channel (SocketKeeper), not the owner's
+    serving_chan = False
+
     def __init__(self, mech, owner_pid: int, owner_pidfd: int | None) -> None:
         self.mech = mech
         self.owner_pid = owner_pid

@@ -85,59 +85,55 @@ class SocketKeeper(Keeper):
                     self.reap()
                 elif fd == self.owner_pidfd:
                     return self.end_for_dead_owner()
-                elif fd == ctl.fileno():
-                    # A failed send or receive means the owner is gone (it
-                    # closed its end): end the job, never leave it unkept.
-                    try:
-                        msg, fds = _proto.recv(ctl)
-                        if msg is None:
-                            return self.end_for_dead_owner()
-                        if self.handle(msg, fds):
-                            return 0
-                    except _proto.Malformed as exc:  # say so, and go on (as the native keeper)
-                        try:
-                            _proto.send(ctl, {"ok": False, "kind": "ValueError",
-                                              "strerror": f"malformed request: {exc}"})
-                        except OSError:
-                            return self.end_for_dead_owner()
-                    except OSError:
+                elif fd == ctl.fileno() or fd in self.chans:
+                    sock = ctl if fd == ctl.fileno() else self.chans[fd]
+                    done = self._serve_one(sock)
+                    if done is None and sock is ctl:
+                        # The owner closed its end (or a send to it failed):
+                        # it is gone. End the job, never leave it unkept.
                         return self.end_for_dead_owner()
-                elif fd in self.chans:
-                    if self._serve_chan(self.chans[fd]):
+                    if done is None:
+                        self._drop_chan(sock)
+                    elif done:
                         return 0
             if period is not None and not self.owner_alive():
                 return self.end_for_dead_owner()
 
-    def _serve_chan(self, chan: socket.socket) -> bool:
-        """One request on a forked child's channel (replies go back on it);
-        True when it closed the job. A closed channel is dropped: its
-        process is gone, and its children's exits are kept here."""
+    def _serve_one(self, sock: socket.socket) -> bool | None:
+        """One request from ``sock``, the owner's socket or a forked child's
+        channel; the replies go back on it. True when the request closed the
+        job, None when ``sock`` is closed (its process is gone) or a send on
+        it failed; a malformed request is answered, and the keeper goes on
+        (as the native one)."""
         from . import _proto
 
-        main, self.ctl = self.ctl, chan
-        self.serving_chan = True
+        main, self.ctl = self.ctl, sock
+        self.serving_chan = sock is not main
         try:
-            msg, fds = _proto.recv(chan)
+            msg, fds = _proto.recv(sock)
             if msg is None:
-                raise ConnectionResetError
+                return None
             return self.handle(msg, fds)
         except _proto.Malformed as exc:
             try:
-                _proto.send(chan, {"ok": False, "kind": "ValueError",
+                _proto.send(sock, {"ok": False, "kind": "ValueError",
                                    "strerror": f"malformed request: {exc}"})
             except OSError:
-                pass
+                return None
             return False
         except OSError:
-            self.poller.unregister(chan.fileno())
-            del self.chans[chan.fileno()]
-            for pid in [p for p, c in self.kid_chan.items() if c is chan]:
-                self.kid_chan[pid] = None  # (their exits kept, not pushed)
-            chan.close()
-            return False
+            return None
         finally:
             self.ctl = main
             self.serving_chan = False
+
+    def _drop_chan(self, chan: socket.socket) -> None:
+        """A forked child's channel closed: its children's exits are kept here."""
+        self.poller.unregister(chan.fileno())
+        del self.chans[chan.fileno()]
+        for pid in [p for p, c in self.kid_chan.items() if c is chan]:
+            self.kid_chan[pid] = None
+        chan.close()
 
     def on_exit(self, pid: int, status: int) -> None:
         # Pushed at once to the channel that spawned it, so its wait() needs
@@ -245,7 +241,7 @@ class SocketKeeper(Keeper):
         except OwnerStateUnread as exc:  # the owner sends its state itself
             _proto.send(self.ctl, {"ok": False, "kind": "owner_state", "strerror": str(exc)})
             return
-        if self.ctl in self.chans.values():
+        if self.serving_chan:
             self.kid_chan[pid] = self.ctl
         pidfd = identity.open_pidfd(pid)
         reply: dict = {"ok": True, "pid": pid}
@@ -378,7 +374,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
         env = msg["env"]
         if not isinstance(env, dict):
             raise ValueError("malformed spawn request")
-        if not getattr(keeper, "serving_chan", False):  # (a forked child's always sends its own)
+        if not keeper.serving_chan:  # (a forked child's channel always sends its own)
             keeper.saved_env = env
     cwd = msg["cwd"]
     # Lift the received fds above every target so dup2 never clobbers a source.

@@ -249,9 +249,11 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
         res.stopped_by = early
         return res
     born = identity.now_ticks()  # nothing of the job is older
-    # What the command leaves behind is re-parented to this wrapper, not to
-    # PID 1, until the job ends it (a cgroup job's keeper is no subreaper),
-    # as under the native wrapper and `tether run`; every wait here names its pid.
+    # What the command leaves behind is never re-parented to PID 1 before the
+    # job ends it: the keeper is its subreaper (cgroup, subreaper) or init
+    # (pidns), and this wrapper is where the keeper is not (pgroup) or has
+    # died, as under the native wrapper and `tether run`. Every wait here
+    # names its pid.
     from .._prctl import set_subreaper
 
     try:

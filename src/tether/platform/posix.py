@@ -539,16 +539,6 @@ class JobPopen(subprocess.Popen):
                     raise ValueError("illegal environment variable name")
                 env_b[k] = os.fsencode(v)
         env_b = with_cookie(env_b, self._tether_backend.options)
-        joins = (process_group is None or process_group < 0) and not start_new_session
-        if joins and self._tether_backend.mech.joins_owner_group \
-                and os.getsid(0) != self._tether_backend.session:
-            # (the keeper's setpgid would fail with a bare EPERM)
-            why = (f"this process is now in session {os.getsid(0)}, not in the job's "
-                   f"({self._tether_backend.session}, since the job opened): its child cannot "
-                   "join this process's group from there; pass start_new_session=True, or "
-                   "open the job after setsid()")
-            raise JobRefused(f"spawn refused: {why}", reason=why,
-                             mechanism=self._tether_backend.mechanism)
         # The child gets this process's state as of now, as subprocess's child
         # would, not the keeper's copy from when the job opened: the keeper
         # reads our ignored signals, umask and limits while we wait for its
@@ -610,6 +600,15 @@ class JobPopen(subprocess.Popen):
                 # No words from the native keeper for a bare errno: this
                 # interpreter's (its libc, musl say, may word it otherwise).
                 err = reply["errno"]
+                joins = (process_group is None or process_group < 0) and not start_new_session
+                if err == errno.EPERM and joins and backend.mech.joins_owner_group \
+                        and os.getsid(0) != backend.session:
+                    # the keeper's setpgid: this process left the job's session
+                    why = (f"this process is now in session {os.getsid(0)}, not in the job's "
+                           f"({backend.session}, since the job opened): its child cannot join "
+                           "this process's group from there; pass start_new_session=True, or "
+                           "open the job after setsid()")
+                    raise JobRefused(f"spawn refused: {why}", reason=why, mechanism=backend.mechanism)
                 raise OSError(err, reply.get("strerror") or os.strerror(err), reply.get("filename"))
             if kind in ("ValueError", "TypeError"):  # a bad argument, as subprocess raises it
                 raise (ValueError if kind == "ValueError" else TypeError)(reply.get("strerror"))
