@@ -3,7 +3,10 @@
 PID-namespace teardown (`unshare --pid --fork --kill-child`) in the same run.
 
 Trees of 1/10/100/1000 processes, escapees included (a double-forked setsid
-daemon, `nohup setsid`, a SIGTERM-ignorer). The observer opens a pidfd on
+daemon, `nohup setsid`, a SIGTERM-ignorer): a shell with the rest beside
+each other below it. ``--shape chain``: instead, a chain N deep, each a
+shell waiting for the next (the kernel kills a namespace at any depth at
+once; a kill loop has to find each level). The observer opens a pidfd on
 every member *before* the kill and polls them afterwards: exact, and cheap
 even for 1000 processes; a zombie counts as dead (pidfds fire at exit).
 Members are found only among processes born after the trial began that carry
@@ -37,7 +40,7 @@ before the owner's pidfd fires.
 
 usage: python3 bench/kill_latency.py [--trials 20] [--sizes 1,10,100,1000] [--quick]
                                     [--kinds subreaper/native,...] [--keeper-baseline PATH]
-                                    [--beacon-baseline] [--owner-mb N]
+                                    [--beacon-baseline] [--owner-mb N] [--shape tree|chain]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import os
 import platform
 import resource
 import select
+import shlex
 import shutil
 import signal
 import statistics
@@ -67,6 +71,19 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "k
 TREE = ("n=$((N-3)); i=0; while [ $i -lt $n ]; do sleep 300 & i=$((i+1)); done; "
         "(setsid sh -c 'exec sleep 300' &); nohup setsid sleep 300 >/dev/null 2>&1 & "
         "trap '' TERM HUP; exec sleep 300")
+
+
+
+# One level of --shape chain: "$1" more to go; the last one a sleep.
+LEVEL = 'if [ "$1" -gt 1 ]; then sh -c "$0" "$0" $(($1 - 1)) & wait; else exec sleep 300; fi'
+
+
+def chain(n: int) -> str:
+    """--shape chain: n processes, each a shell waiting for the next, the last a sleep."""
+    return f"L={shlex.quote(LEVEL)}; sh -c \"$L\" \"$L\" {n - 1} & wait"
+
+
+SHAPE = "tree"  # --shape
 
 # (TETHER_BENCH_OWNER_MB: --owner-mb)
 FILL = ("import os; _mb = int(os.environ.get('TETHER_BENCH_OWNER_MB') or 0); "
@@ -126,7 +143,7 @@ def takes_beacon(keeper: str) -> bool:
 
 
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
-    tree = TREE if n > 1 else "trap '' TERM HUP; exec sleep 300"
+    tree = (chain(n) if SHAPE == "chain" else TREE) if n > 1 else "trap '' TERM HUP; exec sleep 300"
     kind, _, keeper = kind.partition("/")
     if keeper:
         env = dict(env, TETHER_NATIVE="0" if keeper == "python" else "1")
@@ -225,7 +242,11 @@ def main() -> int:
                     help="also run each native kind without the owner's beacon (kind */nobeacon)")
     ap.add_argument("--owner-mb", type=int, default=0, metavar="N",
                     help="every Python owner first fills N MB of memory")
+    ap.add_argument("--shape", choices=("tree", "chain"), default="tree",
+                    help="a wide tree with escapees (default), or a chain N deep")
     a = ap.parse_args()
+    global SHAPE
+    SHAPE = a.shape
     if a.owner_mb:
         os.environ["TETHER_BENCH_OWNER_MB"] = str(a.owner_mb)
     global BASELINE_KEEPER, BASELINE_TAKES_BEACON
@@ -259,8 +280,9 @@ def main() -> int:
     out: dict = {"bench": "kill_latency", "trials": trials, "sizes": sizes, "uid": os.geteuid(),
                  "kernel": platform.release(), "load_avg_start": os.getloadavg(), "results": {},
                  "baseline": "unshare --pid --fork --kill-child" if baseline_ok else "unavailable",
-                 "keeper_baseline": BASELINE_KEEPER or None, "owner_mb": a.owner_mb}
-    print("owner SIGKILL -> last member dead (ms); tree includes setsid/nohup escapees and a TERM-ignorer")
+                 "keeper_baseline": BASELINE_KEEPER or None, "owner_mb": a.owner_mb, "shape": SHAPE}
+    print("owner SIGKILL -> last member dead (ms); " + ("a chain N deep" if SHAPE == "chain" else
+          "tree includes setsid/nohup escapees and a TERM-ignorer"))
     print("(rounds interleave the kinds, so drift in the machine's speed hits them alike)")
     print(f"  {'mechanism':<18} {'size':>5} {'p50':>8} {'p99':>8} {'max':>8} {'survivors':>9} "
           f"{'vs unshare':>10} {'vs unshare+python':>17}")
@@ -296,6 +318,8 @@ def main() -> int:
                else RESULTS.replace(".json", "-kinds.json") if a.kinds else RESULTS)
     if a.owner_mb:
         results = results.replace(".json", f"-owner{a.owner_mb}mb.json")
+    if SHAPE != "tree":
+        results = results.replace(".json", f"-{SHAPE}.json")
     os.makedirs(os.path.dirname(results), exist_ok=True)
     with open(results, "w") as f:
         json.dump(out, f, indent=2)

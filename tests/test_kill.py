@@ -165,7 +165,7 @@ BIG_PARENT = ("import subprocess, sys, time; held = bytearray(1024 * 2**20); "
 def test_the_kill_loop_ends_a_dying_parents_children_without_waiting_for_its_exit(
         procs, how, monkeypatch):
     """A member P holding 1 GiB takes tens of ms to exit once SIGKILLed; the
-    subreaper's kill loop reads P's children right after killing it and ends
+    subreaper's kill loop reads P's children just before killing it and ends
     them then (each checked to be P's child still: keeper.c's kill_pid, by
     PIDFD_GET_INFO, or with legacy=1 by /proc), not once P's exit has handed
     them down to the keeper. (With how="tether" nothing but P is killed, by
@@ -257,6 +257,45 @@ def test_the_kill_loop_ends_a_child_forked_by_a_members_other_thread(procs, how)
         while identity.is_alive(ident) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not identity.is_alive(ident), "the thread's child outlived the job"
+    finally:
+        job.close()
+
+
+WIDE = 20  # more than the kill loop's WIDE_FANOUT (16)
+FAN = f"i=0; while [ $i -lt {WIDE} ]; do sh -c 'sleep 300 & wait' & i=$((i+1)); done; wait"
+
+
+@pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
+@pytest.mark.parametrize("how", ["close", "tether"])
+def test_the_kill_loop_ends_what_a_wide_fan_outs_members_forked(procs, how):
+    """In a fan-out wider than WIDE_FANOUT, the kill loop kills each member
+    without reading its children (keeper.c's kill_round): they come to the
+    keeper as each member exits and end in a later round. Here 20 shells
+    under one, each with a sleep of its own: all 41 end. (With how="tether"
+    the top shell and its 20 are killed by hand: the control, in which the
+    sleeps outlive their parents.)"""
+    from tether import Job, identity
+
+    job = Job(mechanism="subreaper")
+    try:
+        p = job.popen(["/bin/sh", "-c", FAN], env=procs.env())
+        up = procs.wait_count(1 + 2 * WIDE)
+        assert len(up) >= 1 + 2 * WIDE, up
+        if how == "close":
+            job.close()
+            assert procs.wait_all_dead(3.0) == []
+            return
+        shells = [i for i in up if i.comm == "sh" and i.pid != p.pid]
+        assert len(shells) == WIDE, up
+        p.kill()
+        p.wait(5)
+        for ident in shells:
+            identity.send_signal(ident, signal.SIGKILL)
+        deadline = time.monotonic() + 3
+        while any(identity.is_alive(i) for i in shells) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        left = procs.seen_alive()
+        assert len([i for i in left if i.comm == "sleep"]) == WIDE, "control: the sleeps live on"
     finally:
         job.close()
 

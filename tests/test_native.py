@@ -297,11 +297,11 @@ def test_the_keeper_holds_nothing_of_the_owner_but_its_socket_and_pidfd(procs):
         assert mine not in fds.values(), fds  # the pipe the owner holds did not leak
         kinds = sorted(v.split(":")[0] for n, v in fds.items() if n > 2)
         # its socket, the owner's pidfd, and its own signalfd; with the
-        # owner's beacon (_beacon) also its own eventfd and the owner's /proc
-        # directory - and the beacon's page mapped, its memfd closed
+        # owner's beacon (_beacon) also its own pipe (both ends) and the
+        # owner's /proc directory - and the beacon's page mapped, its memfd closed
         if k.trace.get("owner_watch") == "pidfd+beacon":
             assert kinds == ["/proc/" + str(os.getpid()), "anon_inode", "anon_inode",
-                             "anon_inode", "socket"], fds
+                             "pipe", "pipe", "socket"], fds
             with open(f"/proc/{k.pid}/maps") as f:
                 assert "/memfd:tether-beacon" in f.read()
         else:

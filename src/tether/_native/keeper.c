@@ -65,7 +65,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -679,7 +678,7 @@ static struct {
     unsigned char ign[65];        /* the signals this keeper ignores */
     struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
-    int beacon_event;   /* eventfd the owner's beacon is told on (see beacon_wait), or -1 */
+    int beacon_event;   /* pipe the owner's beacon is told on (see beacon_wait), or -1 */
     char boot[64];
     /* direct children not yet reaped, and statuses not yet collected */
     pid_t kids[MAX_CHILDREN];
@@ -982,7 +981,7 @@ static enum kill_result kill_pid(pid_t pid, pid_t parent, pid_t me)
 static pid_t scratch[MAX_CHILDREN];
 
 /* The pids a kill loop has signalled and not yet reaped (open addressing:
- * 0 empty, -1 removed). Their subtrees were read when they were signalled.
+ * 0 empty, -1 removed), whose subtrees a round does not read again.
  * Allocated for one kill loop (a table that was never made, or could not
  * grow, only means reading the tree again: the old, slower way). */
 struct pidset {
@@ -1033,19 +1032,54 @@ static void ps_add(struct pidset *s, pid_t p)
     }
 }
 
-/* SIGKILL the processes of scratch[from..n), the children of parent (0:
- * this keeper's own), not killed yet, and remember those killed. In
- * scratch, one killed before is negated (its subtree was read when it was
- * killed), and one not killed now is 0 (its subtree is not to be read). */
-static void kill_found(struct pidset *killed, size_t from, size_t n, pid_t parent, pid_t me)
+/* A kill round reads a process's children before it kills it, except in
+ * a fan-out wider than this: a worker pool, a `cmd &` loop, whose members
+ * are nearly all leaves. There, reading each empty children file (and the
+ * /proc entries the read creates, torn down again at the reap) cost several
+ * times the kill (bench/kill_latency.py, 97 sleeps under one shell: 1.10x
+ * the PID-namespace teardown read, 0.98x not), and what one of them forked
+ * comes to this subreaper when it exits, for the next round. */
+#define WIDE_FANOUT 16
+
+/* Beside scratch[k]: the process it was read as a child of (0: this
+ * keeper), and whether it was one of more than WIDE_FANOUT. */
+static pid_t scratch_parent[MAX_CHILDREN];
+static unsigned char scratch_wide[MAX_CHILDREN];
+
+/* One round of the kill loop over scratch[0..n), this keeper's children
+ * just read, and the subtrees found on the way, appended behind them. A
+ * process not killed yet has its children read first (unless wide), then is
+ * killed: read after the kill, the list raced its exit, whose re-parenting
+ * emptied it, and they waited a round. Its subtree is walked only if the
+ * kill was ours (kill_pid: otherwise it is gone, or not the job's). One
+ * killed before is read again only in a whole round: what it forked since
+ * comes to us when it exits. stuck: every thread's children, and every
+ * process's, wide or not. */
+static void kill_round(struct pidset *killed, size_t n, pid_t me, int whole, int stuck)
 {
-    for (size_t k = from; k < n; k++) {
-        if (ps_has(killed, scratch[k]))
-            scratch[k] = -scratch[k];
-        else if (kill_pid(scratch[k], parent, me) == KILLED)
-            ps_add(killed, scratch[k]);
-        else
-            scratch[k] = 0;
+    size_t fresh = 0;
+    for (size_t k = 0; k < n; k++)
+        fresh += !ps_has(killed, scratch[k]);
+    for (size_t k = 0; k < n; k++) {
+        scratch_parent[k] = 0;
+        scratch_wide[k] = fresh > WIDE_FANOUT;
+    }
+    for (size_t k = 0; k < n; k++) {
+        pid_t pid = scratch[k];
+        int before = ps_has(killed, pid);
+        if (before && !whole)
+            continue;
+        size_t got = scratch_wide[k] && !stuck ? 0 : children_of(pid, scratch + n, MAX_CHILDREN - n, stuck);
+        if (!before) {
+            if (kill_pid(pid, scratch_parent[k], me) != KILLED)
+                continue; /* what was read is not walked */
+            ps_add(killed, pid);
+        }
+        for (size_t j = n; j < n + got; j++) {
+            scratch_parent[j] = pid;
+            scratch_wide[j] = got > WIDE_FANOUT;
+        }
+        n += got;
     }
 }
 
@@ -1090,16 +1124,7 @@ static int kill_descendants(double timeout)
             break;
         int stuck = killed.slot && now_s() - progress >= 0.02;
         int whole = !killed.slot || stuck;
-        size_t n = children_of(me, scratch, MAX_CHILDREN, stuck);
-        kill_found(&killed, 0, n, 0, me);
-        for (size_t k = 0; k < n; k++) {
-            pid_t pid = scratch[k] < 0 ? -scratch[k] : scratch[k];
-            if (pid == 0 || (scratch[k] < 0 && !whole))
-                continue;
-            size_t got = children_of(pid, scratch + n, MAX_CHILDREN - n, stuck);
-            kill_found(&killed, n, n + got, pid, me);
-            n += got;
-        }
+        kill_round(&killed, children_of(me, scratch, MAX_CHILDREN, stuck), me, whole, stuck);
         if (whole)
             progress = now_s();
         nap_us(1000);
@@ -2640,6 +2665,12 @@ static int usage(void)
 
 static uint32_t *beacon_word; /* in the owner's memfd page, mapped here */
 static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive */
+/* The waiter tells serve() through a pipe, not an eventfd: a pipe's write
+ * wakes the reader as a sync wakeup, which puts it on the writer's CPU, free
+ * a moment later when the waiter ends. An eventfd's wakeup could put it
+ * behind the owner's own exit on the other CPU (which the kernel does not
+ * preempt: 0.6-0.8 ms after the kill instead of 0.2-0.3, 2 trials in 12). */
+static int beacon_tell = -1;
 
 /* beacon=FD:OFFSET: map the page, keep nothing of the fd. A page that
  * cannot be mapped leaves the pidfd alone (the trace says which). */
@@ -2712,8 +2743,7 @@ static void *beacon_wait(void *unused)
     /* the kernel woke one waiter: wake every other keeper of this owner */
     syscall(SYS_futex, beacon_word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
     if (owner_exiting()) {
-        uint64_t one = 1;
-        ssize_t n = write(K.beacon_event, &one, sizeof one);
+        ssize_t n = write(beacon_tell, "", 1);
         (void)n;
     }
     return NULL;
@@ -2725,9 +2755,11 @@ static void beacon_start(void)
 {
     if (!beacon_word || beacon_proc < 0)
         return;
-    K.beacon_event = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (K.beacon_event < 0)
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC | O_NONBLOCK) < 0)
         return;
+    K.beacon_event = ends[0];
+    beacon_tell = ends[1];
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 64 * 1024);
@@ -2740,6 +2772,7 @@ static void beacon_start(void)
     pthread_attr_destroy(&attr);
     if (rc != 0) {
         close(K.beacon_event);
+        close(beacon_tell);
         K.beacon_event = -1;
         return;
     }

@@ -51,21 +51,40 @@ def guarantee(options: "JobOptions | None" = None) -> "Guarantee":
     )
 
 
-def kill_found(pids: "list[int]", killed: "set[int]", parent: int) -> "list[tuple[int, bool]]":
-    """SIGKILL those of ``pids``, children of ``parent``, not in ``killed``
-    (and add those killed); each pid with whether its subtree is to be read
-    now (it was killed just now). One not killed (``identity.signal_child``:
-    gone, no longer a child of ``parent`` or of us, not pinned) is not
-    remembered, and its subtree is not read: re-parented to a subreaper of
-    the job's below us, it turns up again in that one's list; reused, its
-    subtree is not the job's."""
-    out = []
-    for pid in pids:
-        fresh = pid not in killed and identity.signal_child(pid, _SIGKILL, parent)
-        if fresh:
+# A round reads a process's children before it kills it, except in a fan-out
+# wider than this (a worker pool, a `cmd &` loop: nearly all leaves), whose
+# members are killed unread; what one of them forked comes here when it
+# exits. keeper.c's WIDE_FANOUT says why (the same rule, measured).
+WIDE_FANOUT = 16
+
+
+def kill_round(found: "list[int]", killed: "set[int]", me: int, whole: bool, stuck: bool) -> None:
+    """One round over ``found`` (this process's children, just read) and the
+    subtrees found on the way. A process not killed yet has its children read
+    first (unless it is one of a wide fan-out), then is SIGKILLed
+    (``identity.signal_child``: pinned, and still a child of its parent or of
+    us); read after the kill, the list raced its exit, whose re-parenting
+    emptied it. Its subtree is walked only if the kill was ours: one gone, no
+    longer a child of either, or not pinned is not remembered (re-parented to
+    a subreaper of the job's below us, it turns up again in that one's list;
+    reused, its subtree is not the job's). One killed before is read again
+    only in a ``whole`` round. ``stuck``: every thread's children, and every
+    process's, wide or not. keeper.c's kill_round is the same walk."""
+    fresh = sum(pid not in killed for pid in found)
+    todo = [(pid, me, fresh > WIDE_FANOUT) for pid in found]
+    k = 0
+    while k < len(todo):
+        pid, parent, wide = todo[k]
+        k += 1
+        before = pid in killed
+        if before and not whole:
+            continue
+        kids = [] if wide and not stuck else identity.children(pid, every_thread=stuck)
+        if not before:
+            if not identity.signal_child(pid, _SIGKILL, parent):
+                continue  # what was read is not walked
             killed.add(pid)
-        out.append((pid, fresh))
-    return out
+        todo.extend((kid, pid, len(kids) > WIDE_FANOUT) for kid in kids)
 
 
 def reap_loop(timeout: float, on_reap=None) -> bool:
@@ -74,21 +93,20 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
 
     Works only in a subreaper (or a PID namespace's init): an orphan anywhere
     below is re-parented here. Each process is killed as soon as it is found,
-    parents first. The dying are not read again: what one of them forked
-    before the kill is re-parented here when it exits, so after the first
-    round a round reads this process's own children and the subtrees of those
-    not killed yet. Rounds are a millisecond apart: the CPU belongs to the
-    dying, whose exits are the cost (walking them again and again slowed them
-    down); for the same reason a round reads only each process's main
-    thread's children. A process stuck dying hides what it forked until it
-    exits, so the whole tree, every thread, is read again once 20 ms pass
-    without a reap. The native
-    keeper's kill_descendants is the same loop. ``on_reap(pid, status)`` is
-    called for every child reaped.
+    parents first (:func:`kill_round`). The dying are not read again: what one
+    of them forked before the kill is re-parented here when it exits, so after
+    the first round a round reads this process's own children and the
+    subtrees of those not killed yet. Rounds are a millisecond apart: the CPU
+    belongs to the dying, whose exits are the cost (walking them again and
+    again slowed them down); for the same reason a round reads only each
+    process's main thread's children. A process stuck dying hides what it
+    forked until it exits, so the whole tree, every thread, is read again once
+    20 ms pass without a reap. The native keeper's kill_descendants is the
+    same loop. ``on_reap(pid, status)`` is called for every child reaped.
     """
     me = os.getpid()
     deadline = time.monotonic() + timeout
-    killed: set[int] = set()  # signalled, not yet reaped: their subtrees were read
+    killed: set[int] = set()  # signalled, not yet reaped
     progress: float | None = None  # the last reap, or the last whole-tree read
     def reaped(pid: int, status: int) -> None:
         nonlocal progress
@@ -102,13 +120,7 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
             return True
         stuck = progress is not None and time.monotonic() - progress >= 0.02
         whole = progress is None or stuck
-        found = kill_found(identity.children(me, every_thread=stuck), killed, me)
-        k = 0
-        while k < len(found):
-            pid, fresh = found[k]
-            if fresh or (whole and pid in killed):
-                found.extend(kill_found(identity.children(pid, every_thread=stuck), killed, pid))
-            k += 1
+        kill_round(identity.children(me, every_thread=stuck), killed, me, whole, stuck)
         if whole:
             progress = time.monotonic()
         time.sleep(0.001)
