@@ -1035,10 +1035,11 @@ static void ps_add(struct pidset *s, pid_t p)
 /* A kill round reads a process's children before it kills it, except in
  * a fan-out wider than this: a worker pool, a `cmd &` loop, whose members
  * are nearly all leaves. There, reading each empty children file (and the
- * /proc entries the read creates, torn down again at the reap) cost several
- * times the kill (bench/kill_latency.py, 97 sleeps under one shell: 1.10x
- * the PID-namespace teardown read, 0.98x not), and what one of them forked
- * comes to this subreaper when it exits, for the next round. */
+ * /proc entries the read creates, torn down again at the reap) costs a few
+ * times the kill, and on two CPUs the keeper's time is the dying's
+ * (bench/kill_latency.py, 97 sleeps under one shell, read each: 1.10x the
+ * PID-namespace teardown; not: 0.99x). What a member forked comes to this
+ * subreaper when it exits, for the next round. */
 #define WIDE_FANOUT 16
 
 /* Beside scratch[k]: the process it was read as a child of (0: this
