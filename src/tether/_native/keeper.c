@@ -1037,8 +1037,9 @@ static void ps_add(struct pidset *s, pid_t p)
  * are nearly all leaves. There, reading each empty children file (and the
  * /proc entries the read creates, torn down again at the reap) costs a few
  * times the kill, and on two CPUs the keeper's time is the dying's
- * (bench/kill_latency.py, 97 sleeps under one shell, read each: 1.10x the
- * PID-namespace teardown; not: 0.99x). What a member forked comes to this
+ * (bench/kill_latency.py --keeper-baseline, 97 sleeps under one shell,
+ * each read: 1.05x the PID-namespace teardown; not: 1.00x, the same run).
+ * What a member forked comes to this
  * subreaper when it exits, for the next round. */
 #define WIDE_FANOUT 16
 
