@@ -1039,8 +1039,8 @@ static void ps_add(struct pidset *s, pid_t p)
  * times the kill, and on two CPUs the keeper's time is the dying's
  * (bench/kill_latency.py --keeper-baseline, 97 sleeps under one shell,
  * each read: 1.05x the PID-namespace teardown; not: 1.00x, the same run).
- * What a member forked comes to this
- * subreaper when it exits, for the next round. */
+ * What a member forked comes to this subreaper when it exits, for the next
+ * round. */
 #define WIDE_FANOUT 16
 
 /* Beside scratch[k]: the process it was read as a child of (0: this
