@@ -1210,7 +1210,10 @@ def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
     # Nothing it started is left (its background job ended by its own timeout).
     assert procs.wait_all_dead(3.0) == []
     # docs/host.md pastes a real run's output: it still says what this run said
-    # (digits aside; the mechanism and its limits are this machine's).
+    # (digits aside, and a counted noun's number with them: under load the
+    # take-over's report at times leaves out the agent's shell, which its
+    # plan named but which went by itself first; the mechanism and its limits
+    # are this machine's).
     page = Path(__file__).resolve().parent.parent / "docs" / "host.md"
     if page.exists():
         text = page.read_text()
@@ -1223,6 +1226,8 @@ def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
                 want = want.split(": ", 1)[0] if want.startswith("8.") else "2. this run"
                 assert line.startswith(want), (want, line)
                 continue
+            one = re.compile(r"\b(\d+ other (?:process|task))(?:es|s)?\b")
+            want, line = one.sub(r"\1", want), one.sub(r"\1", line)
             pattern = r"\d+(?:\.\d+)?".join(re.escape(part)
                                                for part in re.split(r"\d+(?:\.\d+)?", want))
             assert re.fullmatch(pattern, line), (want, line)
