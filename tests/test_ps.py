@@ -326,7 +326,8 @@ def test_each_job_is_listed_once_with_its_real_members(owner_factory, state_dir,
     if mech == "cgroup" or with_audit:
         assert j["job"] == o.job and j["mechanism"] == mech
     pids = {n["pid"] for n in flatten(j["members"])}
-    assert j["member_count"] == 4 and {o.info["p"], o.info["q"]} <= pids
+    tree = [(i.pid, i.ppid, i.comm, i.state) for i in o.members_by_tree()]
+    assert j["member_count"] == 4 and {o.info["p"], o.info["q"]} <= pids, (j, o.info, tree)
     assert o.info["trace"]["keeper_pid"] not in pids  # the keeper is tether's, not a member
     assert j["keeper"]["pid"] == o.info["trace"]["keeper_pid"]
 
