@@ -72,8 +72,6 @@ TREE = ("n=$((N-3)); i=0; while [ $i -lt $n ]; do sleep 300 & i=$((i+1)); done; 
         "(setsid sh -c 'exec sleep 300' &); nohup setsid sleep 300 >/dev/null 2>&1 & "
         "trap '' TERM HUP; exec sleep 300")
 
-
-
 # One level of --shape chain: "$1" more to go; the last one a sleep.
 LEVEL = 'if [ "$1" -gt 1 ]; then sh -c "$0" "$0" $(($1 - 1)) & wait; else exec sleep 300; fi'
 

@@ -1221,13 +1221,13 @@ def test_the_example_shows_it_all_in_seconds_and_leaves_nothing(procs) -> None:
         pasted = text[start:text.index("```", start)].splitlines()
         got = out.splitlines()
         assert len(got) == len(pasted), (pasted, got)
+        counted = re.compile(r"\b(\d+ other (?:process|task))(?:es|s)?\b")
         for want, line in zip(pasted, got, strict=True):
             if want.startswith(("2. this run is protected by ", "8. background job: ")):
                 want = want.split(": ", 1)[0] if want.startswith("8.") else "2. this run"
                 assert line.startswith(want), (want, line)
                 continue
-            one = re.compile(r"\b(\d+ other (?:process|task))(?:es|s)?\b")
-            want, line = one.sub(r"\1", want), one.sub(r"\1", line)
+            want, line = counted.sub(r"\1", want), counted.sub(r"\1", line)
             pattern = r"\d+(?:\.\d+)?".join(re.escape(part)
                                                for part in re.split(r"\d+(?:\.\d+)?", want))
             assert re.fullmatch(pattern, line), (want, line)

@@ -1043,8 +1043,8 @@ static void ps_add(struct pidset *s, pid_t p)
  * round. */
 #define WIDE_FANOUT 16
 
-/* Beside scratch[k]: the process it was read as a child of (0: this
- * keeper), and whether it was one of more than WIDE_FANOUT. */
+/* Beside scratch[k], for a k past this keeper's own children: the process
+ * it was read as a child of, and whether it was one of more than WIDE_FANOUT. */
 static pid_t scratch_parent[MAX_CHILDREN];
 static unsigned char scratch_wide[MAX_CHILDREN];
 
@@ -1059,21 +1059,18 @@ static unsigned char scratch_wide[MAX_CHILDREN];
  * process's, wide or not. */
 static void kill_round(struct pidset *killed, size_t n, pid_t me, int whole, int stuck)
 {
-    size_t fresh = 0;
-    for (size_t k = 0; k < n; k++)
+    size_t own = n, fresh = 0; /* scratch[0..own): ours, fresh of them not killed yet */
+    for (size_t k = 0; k < own; k++)
         fresh += !ps_has(killed, scratch[k]);
     for (size_t k = 0; k < n; k++) {
-        scratch_parent[k] = 0;
-        scratch_wide[k] = fresh > WIDE_FANOUT;
-    }
-    for (size_t k = 0; k < n; k++) {
-        pid_t pid = scratch[k];
+        pid_t pid = scratch[k], parent = k < own ? 0 : scratch_parent[k];
+        int wide = k < own ? fresh > WIDE_FANOUT : scratch_wide[k];
         int before = ps_has(killed, pid);
         if (before && !whole)
             continue;
-        size_t got = scratch_wide[k] && !stuck ? 0 : children_of(pid, scratch + n, MAX_CHILDREN - n, stuck);
+        size_t got = wide && !stuck ? 0 : children_of(pid, scratch + n, MAX_CHILDREN - n, stuck);
         if (!before) {
-            if (kill_pid(pid, scratch_parent[k], me) != KILLED)
+            if (kill_pid(pid, parent, me) != KILLED)
                 continue; /* what was read is not walked */
             ps_add(killed, pid);
         }
