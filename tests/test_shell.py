@@ -1642,6 +1642,11 @@ def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, 
 
 def _keeper_and_wrapper_sigkilled(procs, ts, env, mech):
     p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.DEVNULL)
+    # The wrapper writes its start record once the keeper reports the command
+    # started, so a loaded machine can run the tree before it: killed before
+    # the record, nothing would tell `tether reap` of this run (a CI replica
+    # left all 7 to the fixture so). The case here is the recorded one.
+    wait_start_record(env["XDG_STATE_HOME"])
     # Both, with the wrapper unable to act on the keeper's death in between (the
     # native one does so within microseconds): the wrapper is held first - by
     # ptrace, not SIGSTOP, whose stopped process group, orphaned by the
@@ -1661,7 +1666,7 @@ def _keeper_and_wrapper_sigkilled(procs, ts, env, mech):
                      "cgroup_dirs=()).to_dict()))", state], env=env, stdout=subprocess.PIPE)
     out, _ = r.communicate(timeout=60)
     assert r.returncode == 0, out
-    assert wait_dead(tree, 3.0) == []
+    assert wait_dead(tree, 3.0) == [], out
     import json
 
     ended = {e["pid"] for e in json.loads(out)["ended"]}
