@@ -57,6 +57,15 @@ def _proc_stat(pid: int) -> tuple[str, int, int, int, int, int] | None:
     return f[0].decode(), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[19])
 
 
+def _comm(pid: int) -> str | None:
+    """The process's command name (what it last exec'd), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def _proc_alive(pid: int, start: int) -> bool:
     """The process (pid, start) exists and is not a zombie (a zombie has exited:
     PID 1 here reaps orphans only every ~2 s)."""
@@ -165,7 +174,7 @@ def test_program_has_the_terminal_as_controlling_terminal(sessions, procs):
 def test_ctrl_c_reaches_the_foreground_program(sessions, procs):
     s = _sh_session(sessions, procs, "echo READY; exec sleep 30")
     s.read_until(b"READY", 5)
-    wait_until(lambda: (_proc_stat(s.pid) or ("",))[0] and open(f"/proc/{s.pid}/comm").read().strip() == "sleep")
+    wait_until(lambda: _comm(s.pid) == "sleep")
     s.write(b"\x03")
     assert s.wait(5) == -signal.SIGINT
 
@@ -589,6 +598,9 @@ def test_signal_failing_every_time_is_reported_and_the_job_still_ends(sessions, 
     s = _sh_session(sessions, procs, "(trap '' HUP; exec sleep 120) & echo BG=$!; echo READY; "
                     "read x", grace=0.2)
     bg = _bg_identity(s)
+    # Only once it is sleep has the subshell set its trap: before that the
+    # hang-up ends it, and no SIGKILL is ever tried (a loaded CI replica).
+    wait_until(lambda: _comm(bg.pid) == "sleep")
     real_send = s._send
 
     def broken_for_bg(ident, sig, member=False):
