@@ -203,6 +203,30 @@ def test_own_ancestors():
     assert os.getppid() in anc
 
 
+def test_own_is_this_process_and_a_fork_reads_its_own():
+    me = identity.own()
+    assert me is not None and me.same_process(identity.read(os.getpid()))
+    assert identity.own() is me  # read once per pid
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own pid and start, never the parent's cached one
+        try:
+            os.close(r)
+            child = identity.own()
+            fresh = identity.read(os.getpid())
+            ok = child is not None and fresh is not None and child.same_process(fresh) \
+                and not child.same_process(me)
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        with os.fdopen(r, "rb") as f:
+            assert f.read() == b"1"
+    finally:
+        os.waitpid(pid, 0)
+
+
 def test_parent_pid_is_getppid_off_windows():
     # On Windows it reads NtQueryInformationProcess instead (tests/windows, under Wine).
     assert identity.parent_pid() == os.getppid() == psutil.Process().ppid()

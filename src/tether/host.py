@@ -901,7 +901,7 @@ class Host:
     def _write(self, event: str, **fields: Any) -> None:
         if self._audit is None:
             return
-        me = identity.read(os.getpid())
+        me = identity.own()
         fields.setdefault("run", self.run)
         fields.setdefault("owner", {"pid": os.getpid(), "start": me.token() if me else None})
         fields.setdefault("app", self.app)
@@ -1092,7 +1092,7 @@ class Host:
             return s
 
     def _me(self, key: str) -> dict[str, Any]:
-        me = identity.read(os.getpid())
+        me = identity.own()
         return {"app": self.app, "session": key, "run": self.run, "pid": os.getpid(),
                 "start": me.token() if me is not None else None, "ts": time.time()}
 

@@ -449,6 +449,27 @@ def read(pid: int) -> "Identity | None":
     return _read_linux(pid) if _LINUX else _read_psutil(pid)
 
 
+_own: "tuple[int, Identity] | None" = None  # (pid, this process as read then)
+
+
+def own() -> "Identity | None":
+    """This process's identity as :func:`read` gave it the first time this
+    pid asked: for its pid, start and boot (``token()``), which never change
+    while it runs (a fork's child has a pid of its own and reads again).
+    Its other fields (group, session, state, name) are as of that read:
+    :func:`read` ``os.getpid()`` for them now. A read of our own status
+    costs ~20 us, and each job's opening and each audit record needs this."""
+    global _own
+    pid = os.getpid()
+    cached = _own
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    me = read(pid)
+    if me is not None:
+        _own = (pid, me)
+    return me
+
+
 def matches(ident: "Identity") -> bool:
     """Whether the very process ``ident`` names still exists (same pid, start
     and boot). A zombie still exists here; see :func:`is_alive`."""

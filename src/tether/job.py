@@ -134,7 +134,7 @@ class Job:
     def _log(self, event: str, **fields: Any) -> None:
         if self._audit is None:
             return
-        me = identity.read(os.getpid())
+        me = identity.own()
         fields.setdefault("run", run_id())
         fields.setdefault("owner", {"pid": os.getpid(), "start": me.token() if me else None})
         fields.setdefault("job", self.id)

@@ -908,7 +908,7 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
     except (audit.AuditDirError, OSError) as e:
         report.notes.append(f"reap not recorded in the audit log: {e}")
         return
-    me = identity.read(os.getpid())
+    me = identity.own()
     by = {"pid": os.getpid(), "start": me.token() if me is not None else None}
     with w:
         for e in report.ended:

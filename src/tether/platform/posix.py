@@ -49,7 +49,7 @@ class KeeperJob(JobBackend):
     def __init__(self, mechanism: str, options: JobOptions):
         self.mechanism = mechanism
         self.options = options
-        me = identity.read(os.getpid())
+        me = identity.own()
         self.owner = me
         # the keeper's session: the only one its children can join a group in
         self.session = os.getsid(0)
