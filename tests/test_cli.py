@@ -86,8 +86,13 @@ def test_run_control_plain_sh_leaves_them(procs):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_tether_stops_job_gracefully(tether, procs, sig):
+    # tether run keeps a stop signal it was started with ignored (the next test);
+    # under `nohup pytest` SIGHUP comes ignored, so this test gives it back.
+    def default_disposition():
+        signal.signal(sig, signal.SIG_DFL)
+
     p = procs.popen(tether + ["run", "--grace", "1", "--", "sh", "-c", "sleep 300 & wait"],
-                    stdout=subprocess.PIPE)
+                    stdout=subprocess.PIPE, preexec_fn=default_disposition)
     assert procs.wait_count(2)  # tether (marked) + sh + sleep
     time.sleep(0.2)
     p.send_signal(sig)
