@@ -617,8 +617,10 @@ class PtySession:
               timeout: float | None = None) -> CloseResult | CloseOperation:
         """Close the session; returns its :class:`CloseResult`.
 
-        ``immediate``: (1) one bounded capture of the process table (1 s,
-        32 MiB) finds every process of the session - still-parented
+        ``immediate``: (1) one bounded capture (:meth:`capture`) finds every
+        process of the session: the members of its job where the job holds
+        every process it started; elsewhere (``pgroup``, a dead keeper) a
+        capture of the process table (1 s, 32 MiB) walked for still-parented
         descendants of the program in any process group or session, the
         members of its session and of every group and session they lead, and
         processes carrying the session's environment cookie; (2) the terminal
