@@ -26,6 +26,11 @@ PROGRAMS = ("tether/_native/tether-keeper", "tether-0.1.0.data/scripts/tether",
             "tether-0.1.0.data/scripts/tether-shell")
 
 
+#: What the build reads from the checkout (pyproject.toml's readme, setup.py's
+#: scripts in bin/, the package and the C sources under src/).
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "bin", "src")
+
+
 def _compiler_here() -> bool:
     return any(shutil.which(c) for c in ("musl-gcc", "cc", "gcc", "clang"))
 
@@ -37,9 +42,11 @@ def wheel(tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src-copy"
     # A copy: the build must not write into the checkout (build/, the programs
-    # beside keeper.c) that an editable install is running from.
-    skip = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv",
-                                  "bench", "docs", "tests", "examples")
+    # beside keeper.c) that an editable install is running from. Only what the
+    # build reads, and no symlink followed: the checkout may hold much else
+    # (scripts/windows-lane.sh's .wine-lane has a Wine prefix whose z: is a
+    # link to /, and copying it filled the disk).
+    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
 
     def ignore(where: str, names: list[str]) -> set[str]:
         left = set(skip(where, names))
@@ -47,7 +54,13 @@ def wheel(tmp_path_factory) -> str:
             left |= {n for n in names if not n.endswith(".c")}
         return left
 
-    shutil.copytree(ROOT, src, ignore=ignore)
+    src.mkdir()
+    for name in BUILD_INPUTS:
+        path = os.path.join(ROOT, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, src / name, ignore=ignore, symlinks=True)
+        else:
+            shutil.copy2(path, src / name, follow_symlinks=False)
     out = tmp / "dist"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "_TETHER_"))}
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
