@@ -27,12 +27,15 @@ pytestmark = [
 ]
 
 SCRIPT = r"""
-import json, os, signal, subprocess, sys, tempfile, time
+import atexit, json, os, shutil, signal, subprocess, sys, tempfile, time
 from tether import audit, identity
 from tether.reaper import reap
 
 WANT, CONTROL, BUDGET = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 base = {k: v for k, v in os.environ.items() if k != "TETHER_JOB"}
+# every trial's state directory (260 or so) lives here, and goes at the end
+TMP = tempfile.mkdtemp(prefix="tether-same-tick-")
+atexit.register(shutil.rmtree, TMP, True)
 
 def spawn(env):
     return subprocess.Popen(["sleep", "300"], env=env, stdin=subprocess.DEVNULL)
@@ -66,7 +69,7 @@ def one(i, with_cookie):
     try:
         if si is None or si.pid != li.pid or si.start != li.start:
             return None  # not the same tick: no ambiguity to test
-        state = tempfile.mkdtemp()
+        state = tempfile.mkdtemp(dir=TMP)
         records(state, li, cookie if with_cookie else None)
         rep = reap(state, grace=0, cgroups=False)
         return identity.is_alive(si), rep
@@ -97,7 +100,7 @@ for k in range(20):
     cookie = f"crashed:j1:left{k}"
     L = spawn({"TETHER_JOB": cookie, **base})
     li = identity.read(L.pid)
-    state = tempfile.mkdtemp()
+    state = tempfile.mkdtemp(dir=TMP)
     owner = records(state, li, cookie)
     rep = reap(state, grace=0, cgroups=False)
     if [e.pid for e in rep.ended] == [li.pid]:
