@@ -7,7 +7,8 @@ to the keeper, its reply once the child has exec'd, the exit status it
 pushes after it reaps), where plain ``Popen`` forks, execs and waits in one.
 So each round, interleaved with a plain ``Popen`` round, stamps a contained
 spawn at: entry to ``popen``; the request on its way (``send`` returned);
-the reply in (the keeper has cloned the child and it has exec'd); ``popen``
+the reply in (the keeper has cloned the child, it has exec'd, and the keeper
+has had a CPU to answer on: docs/benchmarks.md, "When popen() returns"); ``popen``
 returned; the child's pidfd readable (it exited); ``wait`` returned (the
 keeper's pushed status taken). The stamps come from wrapping the job's
 message functions in this process; nothing else changes.
@@ -42,7 +43,7 @@ from tether import Job  # noqa: E402
 from tether.platform import _proto, native, posix  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn_parts.json")
-PARTS = ("python before the request", "request sent (sendmsg)", "keeper: clone, exec, reply",
+PARTS = ("python before the request", "request sent (sendmsg)", "request to reply",
          "python after the reply", "child runs until its exit", "exit status taken")
 
 

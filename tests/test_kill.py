@@ -286,7 +286,7 @@ def test_the_kill_loop_ends_what_a_wide_fan_outs_members_forked(procs, how):
             return up if len([i for i in up if i.comm == "sleep"]) == WIDE else None
 
         up = wait_until(settled, timeout=15)
-        assert up is not None and len(up) == 1 + 2 * WIDE, procs.alive()
+        assert len(up) == 1 + 2 * WIDE, up
         if how == "close":
             job.close()
             assert procs.wait_all_dead(3.0) == []
