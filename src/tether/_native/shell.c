@@ -48,6 +48,8 @@
 #define FALLBACK_NAME "tether-shell-py"
 #define RUN_FALLBACK_NAME "tether-py"
 #define ARGV0_VAR "_TETHER_SHELL_ARGV0"
+/* tether.systemd.DELEGATION_MEMO: systemctl's answer, kept on the unit's cgroup */
+#define DELEGATION_MEMO "user.tether.delegate"
 
 static char **g_argv;
 static char self_exe[PATH_MAX];   /* this program, symlinks resolved */
@@ -1409,6 +1411,90 @@ static void honour_native_off(void)
     }
 }
 
+/* A cgroup extended attribute's value, blanks trimmed: 1 when it is there. */
+static int unit_mark(const char *dir, const char *name, char *val, size_t size)
+{
+    ssize_t n = getxattr(dir, name, val, size - 1);
+    if (n < 0)
+        return 0;
+    while (n > 0 && (val[n - 1] == '\n' || val[n - 1] == ' '))
+        n--;
+    val[n] = '\0';
+    return 1;
+}
+
+/* Whether any cgroup between the mount and `udir` (excluded) is a user
+ * manager (user@UID.service); the innermost one's name in `mgr`. */
+static int under_manager(const char *mnt, const char *udir, char *mgr, size_t size)
+{
+    int found = 0;
+    for (const char *p = udir + strlen(mnt), *e; *p; p = e) {
+        while (*p == '/')
+            p++;
+        e = strchrnul(p, '/');
+        size_t n = (size_t)(e - p);
+        if (!*e || n >= size)
+            break; /* the unit itself, or no name a unit could have */
+        if (n > 13 && !strncmp(p, "user@", 5) && !strncmp(e - 8, ".service", 8)) {
+            memcpy(mgr, p, n);
+            mgr[n] = '\0';
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* systemd's rule, as tether.systemd.delegation decides it (cheapest first):
+ * only a unit started with Delegate=yes may be divided. 1 yes, 0 no. What
+ * only systemctl can answer is the Python path's, which asks once per unit
+ * and leaves the answer on the unit's cgroup (DELEGATION_MEMO): a new unit
+ * of the same name is a new directory, and asks again. */
+static int systemd_delegated(const struct run *R)
+{
+    char udir[4096], val[64], mgr[256];
+    size_t m = strlen(R->mount);
+    snprintf(udir, sizeof udir, "%s", R->base);
+    for (;;) { /* the innermost .service or .scope at or above our cgroup */
+        size_t n = strlen(udir);
+        if (n <= m)
+            return 0; /* in no unit: systemd's, not ours */
+        const char *name = strrchr(udir, '/') + 1;
+        size_t k = strlen(name);
+        if ((k > 8 && !strcmp(name + k - 8, ".service")) || (k > 6 && !strcmp(name + k - 6, ".scope")))
+            break;
+        *strrchr(udir, '/') = '\0';
+    }
+    int marked = 0;
+    static const char *const marks[] = {"trusted.delegate", "user.delegate",
+                                        "trusted.invocation_id", "user.invocation_id"};
+    for (size_t k = 0; k < 4; k++)
+        if (unit_mark(udir, marks[k], val, sizeof val)) {
+            if (k < 2 && !strcmp(val, "1"))
+                return 1;
+            marked = 1;
+        }
+    if (marked)
+        return 0;
+    struct stat st;
+    if (stat(udir, &st) != 0)
+        return 0;
+    uid_t euid = geteuid();
+    int managed = under_manager(R->mount, udir, mgr, sizeof mgr);
+    if (euid != 0 && st.st_uid == euid && !managed)
+        return 1; /* a cgroup handed to this user outside its manager */
+    char mine[64];
+    snprintf(mine, sizeof mine, "user@%u.service", (unsigned)euid);
+    if (managed && strcmp(strrchr(udir, '/') + 1, mine) && strcmp(mgr, mine))
+        return 0; /* another user's manager */
+    if (unit_mark(udir, DELEGATION_MEMO, val, sizeof val)) {
+        if (!strcmp(val, "yes"))
+            return 1;
+        if (!strcmp(val, "no"))
+            return 0;
+    }
+    hand_over(); /* not asked yet for this unit: tether.systemd asks systemctl once */
+}
+
 /* Where a cgroup job may go: our own cgroup's directory, when writable
  * (cgroupfs.base_dir); none: a subreaper for auto, else hand over. */
 static void find_cgroup_base(struct run *R)
@@ -1466,7 +1552,7 @@ static void find_cgroup_base(struct run *R)
                  access(procs, W_OK) == 0;
         struct stat sd;
         if (usable && stat("/run/systemd/system", &sd) == 0 && S_ISDIR(sd.st_mode))
-            hand_over(); /* systemd's delegation rules: tether.systemd */
+            usable = systemd_delegated(R);
     }
     if (!usable) {
         if (!R->mech_auto)
