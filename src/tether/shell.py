@@ -708,7 +708,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller=
                       detail={"argc": argc, "login": parsed.login})
         stop = _wait(p, sigs, caller)
         if stop == _CALLER_GONE:
-            job.kill_all()  # the caller is gone: the job goes with it, at once
+            job.terminate(0)  # the caller is gone: the job goes with it, at once (no grace)
             stop = None
             try:
                 p.wait(timeout=5)
