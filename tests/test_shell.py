@@ -1079,6 +1079,26 @@ def test_caller_sigkilled_mid_command_ends_the_tree(procs, ts, env, mech, how):
 
 
 @pytest.mark.mechanism
+def test_caller_sigkilled_under_pgroup_keeps_the_exit_record(procs, ts, env):
+    # The generic Job path (pgroup) on the caller's death: it ended the job with
+    # Job.kill_all(), which does not exist - the wrapper died of AttributeError
+    # (its job still closed by `finally`) and wrote no exit record. Now it ends
+    # the job at once and records how the command ended, as on the fast path.
+    # Control: the same run before the fix had a start record and no exit record.
+    use(env, "pgroup")
+    caller, wrapper = start_caller(procs, ts, env, TREE)
+    tree = read_pids(env["P"], TREE_N)
+    caller.kill()
+    caller.wait(timeout=5)
+    assert wait_dead(tree, 3.0) == []
+    assert wait_dead([wrapper], 5.0) == []
+    recs = [r for r in log_records(env["XDG_STATE_HOME"]) if r.get("child") == tree[0].pid]
+    assert [r["event"] for r in recs] == ["start", "exit"], recs
+    assert recs[1]["mechanism"] == "pgroup" and recs[1]["detail"].get("signal") == signal.SIGKILL, recs[1]
+    assert procs.wait_all_dead(3.0) == []
+
+
+@pytest.mark.mechanism
 def test_control_caller_sigkilled_with_the_watch_off_leaves_the_tree(procs, ts, env):
     # The same caller and kill, TETHER_SHELL_WITH_CALLER=0 (and plain bash does
     # the same): nothing ends the command, which runs on in its own session.

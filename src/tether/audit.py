@@ -113,6 +113,7 @@ kept. Records of a newer schema are yielded as they are.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -434,7 +435,7 @@ def parse_start(tok: Any, boot: Any = None) -> tuple[int, str] | None:
         return None
     ticks, sep, b = tok.partition("@")
     if not sep:
-        b = boot if isinstance(boot, str) else None
+        b = boot if isinstance(boot, str) else ""
     if not b or not ticks.isdigit():
         return None
     return int(ticks), b
@@ -839,7 +840,7 @@ class AuditWriter:
                 try:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
                         continue
-                    yield from _line_blocks(lambda n, fd=fd: os.read(fd, n), self.max_line)
+                    yield from _line_blocks(functools.partial(os.read, fd), self.max_line)
                 except OSError:
                     continue
                 finally:
@@ -960,6 +961,15 @@ class ReadStats:
         "refused_files",  # not a regular file, not ours, writable by others, a link
         "refusals",  # "name: why" for each refused file (not a count)
     )
+    files: int
+    lines: int
+    records: int
+    corrupt: int
+    truncated: int
+    too_long: int
+    newer: int
+    refused_files: int
+    refusals: list[str]
 
     def __init__(self, **counts: int) -> None:
         for name in self.__slots__:

@@ -139,7 +139,8 @@ def where(pid: int | str = "self") -> tuple[str, str, str] | None:
     rel = own(pid) if m is not None else None
     if m is None or rel is None:
         return None
-    return m, rel, path_of(rel, m)
+    d = path_of(rel, m)  # not None: m is a mount
+    return None if d is None else (m, rel, d)
 
 
 def base_dir(loc: tuple[str, str, str] | None = None) -> tuple[str | None, str]:
@@ -436,7 +437,7 @@ def remove_stale_run_dirs(base: str) -> list[str]:
     :func:`prove_stale` proves are leftovers (what a keeper that ended its job
     from inside after its owner died could not remove). A directory with any
     process in it is never touched: ending that is ``tether reap``'s work."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:

@@ -338,7 +338,7 @@ def end(
             for i in frozen:
                 if _key(i) not in how and identity.is_alive(i):
                     try:
-                        send(i, _SIGCONT, member=member)
+                        send(i, _SIGCONT, member=vouched(i))
                     except (SignalRefused, OSError):
                         pass
         out.elapsed = time.monotonic() - t0

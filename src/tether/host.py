@@ -105,6 +105,10 @@ from .stops import (
     format_duration,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only: asyncio loads when a coroutine asks for it
+    from .aio import Process
+
 __all__ = ["Host", "Session", "BackgroundJob", "SafetyNetWarning", "AuditWarning"]
 
 logger = logging.getLogger("tether.host")
@@ -143,7 +147,7 @@ class _AppJob(Job):
 
     def __init__(self, *args: Any, app: str, audit_opts: dict[str, Any] | None,
                  gate: Callable[[], None] | None = None,
-                 on_spawn: Callable[[subprocess.Popen, Any, str | None], None] | None = None,
+                 on_spawn: Callable[[subprocess.Popen[Any], Any, str | None], None] | None = None,
                  **kwargs: Any) -> None:
         self.app = app
         self._audit_opts = audit_opts
@@ -164,7 +168,7 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
-    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         if self._gate is not None:
             self._gate()
         p = super().popen(args, label=label, **kwargs)
@@ -186,7 +190,7 @@ def _flock(fd: int) -> bool:
 
         try:
             os.lseek(fd, 1 << 20, os.SEEK_SET)
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]  # msvcrt's stub is win32-only; mypy checks as Linux
             return True
         except OSError:
             return False
@@ -375,18 +379,18 @@ class Session:
         return f"<tether.Session {self.key!r} of {self.host.app!r} {state}>"
 
     # -- starting --------------------------------------------------------------------
-    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """``subprocess.Popen`` inside the session's job. ``label`` names the
         process in stop reports and, after a crash, in ``session.resumed``
         (default: its command line, which stays in memory: only a label the
         app chose is written to the audit log)."""
         return self.job.popen(args, label=label, **kwargs)
 
-    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """``subprocess.run`` inside the session's job."""
         return self.job.run(args, **kwargs)
 
-    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any):
+    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any) -> Process:
         """asyncio's ``create_subprocess_exec`` inside the session's job."""
         return await self.job.create_subprocess_exec(program, *args, **kwargs)
 
@@ -408,7 +412,7 @@ class Session:
             raise JobRefused("process-tree ownership could not be established before agent "
                              f"launch: {disabled}", reason=disabled, mechanism=self.job.mechanism)
 
-    def _spawned(self, p: subprocess.Popen, args: Any, label: str | None) -> None:
+    def _spawned(self, p: subprocess.Popen[Any], args: Any, label: str | None) -> None:
         ident = getattr(p, "tether_identity", None) or identity.read(p.pid)
         if ident is not None:  # None: it is already gone
             self._roots[_key(ident)] = (ident, label or argv_label(args))
@@ -604,8 +608,9 @@ def _report(cls: type[EndedWork], reason: str, key: str | None, members: list[Id
                 item(t)
     placed: set[tuple[int, int]] = set()
     for w in live_work(members, agent, owner_of=owners, cmdline=cmdline):
-        if w.task_id is not None:
-            et = item(ledger.get(w.task_id))
+        task = ledger.get(w.task_id) if w.task_id is not None else None
+        if task is not None:  # (a task the ledger forgot meanwhile: its work, by group)
+            et = item(task)
         else:
             et = tasks[f"pg{w.pgid}"] = EndedTask(f"pg{w.pgid}", w.label, w.runtime_s, None,
                                                   kind=WORK, ambient=w.ambient)
@@ -617,9 +622,9 @@ def _report(cls: type[EndedWork], reason: str, key: str | None, members: list[Id
         k = _key(m)
         if k in placed:
             continue
-        t = owners.get(k)
-        if t is not None:  # the app named it a task's (pids=), even one it started itself
-            item(t).processes.append(EndedProcess(m.pid, m.comm or str(m.pid), _runtime(m), m))
+        owner = owners.get(k)
+        if owner is not None:  # the app named it a task's (pids=), even one it started itself
+            item(owner).processes.append(EndedProcess(m.pid, m.comm or str(m.pid), _runtime(m), m))
         elif k in roots:
             procs.append(EndedProcess(m.pid, roots[k], _runtime(m), m, root=True))
         else:
@@ -649,7 +654,7 @@ class BackgroundJob:
         self.limits = limits  # what was applied: "nice 19", "SCHED_IDLE", "cpu.max 25%", ...
         self.created = time.monotonic()
         self.deadline = None if timeout is None else self.created + timeout
-        self._watchdog: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen[Any] | None = None
         if timeout is not None and not _LINUX:
             # No /proc for the in-job watchdog: the timeout holds while the host
             # lives (a daemon timer); after the host is gone, it does not.
@@ -681,7 +686,7 @@ class BackgroundJob:
              f"{self.job.grace:.3f}", str(self.job.born), cg],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
 
-    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``args`` in the background job (``subprocess.Popen`` keywords)."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise JobExpired(f"background job {self.name!r} is past its {self.timeout:g} s timeout")
@@ -689,7 +694,7 @@ class BackgroundJob:
         self._ensure_watchdog()
         return p
 
-    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """``subprocess.run`` in the background job (its timeout still applies)."""
         self._ensure_watchdog()
         if self.deadline is not None:
@@ -833,7 +838,7 @@ class Host:
         self.safety_net_disabled: str | None = None
         self._sessions: dict[str, Session] = {}
         self._background: set[BackgroundJob] = set()
-        self.detached: list[subprocess.Popen] = []
+        self.detached: list[subprocess.Popen[Any]] = []
         self._closed = False
         self._lock = threading.RLock()
         # What the start-up reap ended, by session key (reported by the first
@@ -1232,7 +1237,8 @@ class Host:
                 roots[k] = e.label or e.comm or str(e.pid)
             jobs.add((e.run, e.job))
         for run_id, job in sorted(jobs, key=str):
-            info = runs.get(run_id).jobs.get(job) if runs and runs.get(run_id) and job else None
+            run_info = runs.get(run_id) if runs else None
+            info = run_info.jobs.get(job) if run_info is not None and job else None
             if info is not None and info.tasks:
                 snaps.extend(info.tasks)
         ledger = Ledger.restore(snaps, boot)
@@ -1281,7 +1287,7 @@ class Host:
     def launch_detached(self, argv: Sequence[Any], *, cwd: Any = None,
                         env: dict[str, str] | None = None, stdin: Any = subprocess.DEVNULL,
                         stdout: Any = subprocess.DEVNULL,
-                        stderr: Any = subprocess.DEVNULL) -> subprocess.Popen:
+                        stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[Any]:
         """Start ``argv`` to outlive the app on purpose (an editor, a browser).
 
         Outside every job: a plain ``Popen`` in a new session, recorded as

@@ -338,14 +338,14 @@ def _job_of_keeper(book: _Book, k: Identity) -> PsJob | None:
             return j
     home = cgroupfs.own_dir(k.pid)
     if home is not None:
-        j = book.by_cgroup.get(os.path.normpath(home))
-        if j is not None:
-            return j
+        by_home = book.by_cgroup.get(os.path.normpath(home))
+        if by_home is not None:
+            return by_home
     served = _native_cgroup(k)
     if served is not None:
-        j = book.by_cgroup.get(served)
-        if j is not None:
-            return j
+        by_served = book.by_cgroup.get(served)
+        if by_served is not None:
+            return by_served
     for j in book.by_cgroup.values():
         if j.keeper is None and j.cgroup is not None:
             for pid in cgroupfs.procs_here(j.cgroup):

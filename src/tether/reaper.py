@@ -174,7 +174,7 @@ class ReapReport:
         verb = "would end" if self.dry_run else "ended"
         if self.ended:
             out.append(f"{verb} {len(self.ended)} process(es):")
-            rows = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
+            rows: list[tuple[str, ...]] = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
             for e in self.ended:
                 rows.append((str(e.pid), e.run, e.session or "-", e.job or "-",
                              format_duration(e.runtime_s), e.comm or "?", e.how))
@@ -380,7 +380,7 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                     plan.skip(cur, run.run, PID_REUSED, detail, p_session, p.job)
                 continue
             if state == LIVE:
-                plan.skip(cur, run.run, OWNER_ALIVE, f"owner pid {run.owner.pid} is running",
+                plan.skip(cur, run.run, OWNER_ALIVE, f"owner pid {run.owner.pid if run.owner else '?'} is running",
                           p_session, p.job)
                 continue
             if state == "excluded":
@@ -905,8 +905,8 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
 
     try:
         w = audit.AuditWriter(state_dir, on_loss=report.notes.append)
-    except (audit.AuditDirError, OSError) as e:
-        report.notes.append(f"reap not recorded in the audit log: {e}")
+    except (audit.AuditDirError, OSError) as exc:
+        report.notes.append(f"reap not recorded in the audit log: {exc}")
         return
     me = identity.own()
     by = {"pid": os.getpid(), "start": me.token() if me is not None else None}

@@ -117,7 +117,7 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             status = _supervise_windows(job, proc, die_with_stdin, grace)
         else:
             status = _supervise(job, proc, die_with_stdin, grace)
-        if handed_fg:
+        if handed_fg and tty is not None:
             try:
                 old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
                 os.tcsetpgrp(tty, os.getpgrp())
@@ -276,8 +276,8 @@ def _stdin_pipe_handle():
         import _winapi
         import msvcrt
 
-        handle = msvcrt.get_osfhandle(0)
-        _winapi.PeekNamedPipe(handle, 0)
+        handle = msvcrt.get_osfhandle(0)  # type: ignore[attr-defined]  # win32-only stub; mypy checks as Linux
+        _winapi.PeekNamedPipe(handle, 0)  # type: ignore[attr-defined]  # win32-only stub
         return handle
     except (OSError, ValueError, ImportError):
         return None
@@ -287,7 +287,7 @@ def _pipe_writer_gone(handle) -> bool:
     import _winapi
 
     try:
-        _winapi.PeekNamedPipe(handle, 0)  # looks without reading: the command owns stdin
+        _winapi.PeekNamedPipe(handle, 0)  # type: ignore[attr-defined]  # win32-only stub; looks without reading: the command owns stdin
     except BrokenPipeError:
         return True
     except OSError:

@@ -253,7 +253,7 @@ def shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     scope = rec.get("scope")
     cg = _str(rec.get("cgroup"))
     shared = scope == "caller" and cg is not None
-    if shared:
+    if shared and cg is not None:
         job = os.path.basename(cg)  # the caller's one cgroup is the job of all its commands
     base = {"v": rec.get("v"), "ts": rec.get("ts"), "run": run, "job": job}
     child, start = rec.get("child"), rec.get("start")
@@ -321,10 +321,10 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
                 # runs (its job-close, if any, may have been read and forgotten).
                 keeper = _ident(rec.get("keeper"), boot, cache)
                 info.closed = keeper is None or not identity.is_alive(keeper)
-        for key in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
-            v = _str(rec.get(key))
-            if v is not None and getattr(info, key) is None:
-                setattr(info, key, v)
+        for attr in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
+            v = _str(rec.get(attr))
+            if v is not None and getattr(info, attr) is None:
+                setattr(info, attr, v)
         if rec.get("background") is True and event != "spawn":
             info.background = True
         if rec.get("detached") is True and event != "spawn":
@@ -385,7 +385,7 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             return False
         if not (carried and info.tasks is not None):
             info.tasks = [t for t in tasks[:MAX_TASKS] if type(t) is dict]
-    elif event == "job-close" and info is not None:
+    elif event == "job-close" and info is not None and job is not None:
         info.closed = True
         # A closed job with nothing left that may be alive proves nothing
         # more: forgotten now, so memory follows what may still be alive.

@@ -40,6 +40,10 @@ import sys
 
 from .. import identity
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only
+    import socket
+
 # = tether.ending.KILL_BOUND, not imported: the one-command keeper starts its
 # command before it loads anything it may not need (the engine included).
 KILL_BOUND = 5.0
@@ -102,12 +106,14 @@ class Keeper:
 
     # serving a request from a forked child's channel (SocketKeeper), not the owner's
     serving_chan = False
+    # the last spawn's environment, for env_same (SocketKeeper; unset until then)
+    saved_env: "dict[bytes, bytes]"
 
     def __init__(self, mech, owner_pid: int, owner_pidfd: int | None) -> None:
         self.mech = mech
         self.owner_pid = owner_pid
         self.owner_pidfd = owner_pidfd
-        self.ctl = None  # the socket driver's control socket (a pidns keeper reports on it)
+        self.ctl: socket.socket | None = None  # the socket driver's control socket (a pidns keeper reports on it)
         self.children: set[int] = set()  # direct children we spawned, not yet reaped
         self.spawned: set[int] = set()  # every child ever spawned, if mech.keeps_spawned
         self.status: dict[int, int] = {}  # raw wait statuses, until collected
@@ -329,7 +335,7 @@ class Keeper:
             and caller_fd is not None
         # "linger": the owner must not wait for this keeper, which stays.
         say(f"X {-1 if status is None else status} {leftovers}" + (" linger" if linger else ""))
-        if linger:
+        if linger and caller_fd is not None:
             self._linger(caller_fd, {rep_w, ctl_r, self.owner_pidfd})
         done()
         return 0

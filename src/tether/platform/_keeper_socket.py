@@ -55,6 +55,8 @@ def fork_keeper(mech, ctl_child: socket.socket, owner_pid: int, owner_pidfd: int
 class SocketKeeper(Keeper):
     """The keeper of a ``tether.Job``: serves its owner's requests."""
 
+    ctl: socket.socket  # set by serve() before any request is read
+
     def serve(self, ctl: socket.socket) -> int:
         from . import _proto
 
@@ -386,7 +388,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
 
         for fd in fds:
             lifted.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base))
-        file_actions = [(os.POSIX_SPAWN_DUP2, lifted[idx], target)
+        file_actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [(os.POSIX_SPAWN_DUP2, lifted[idx], target)
                         for target, idx in sorted(targets.items())]
         if msg.get("ctty") and 0 in targets:
             # posix_spawn runs setsid before the file actions, and on Linux a

@@ -30,6 +30,7 @@ from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism, wit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
+    from collections.abc import Callable
     from typing import Any
 
 _START_TIMEOUT = 10.0
@@ -131,7 +132,8 @@ class KeeperJob(JobBackend):
         if not self.keeper_pid:
             self.keeper_pid = msg["keeper"]
         # what the keeper says of itself (the native one: how it watches us)
-        self._keeper_trace = msg.get("trace") if isinstance(msg.get("trace"), dict) else {}
+        trace = msg.get("trace")
+        self._keeper_trace: dict[str, Any] = trace if isinstance(trace, dict) else {}
         self.keeper = identity.read(self.keeper_pid)
         # A pidfd of the keeper, for noticing its death at once (keeper_pidfd).
         self._keeper_fd = identity.open_pidfd(self.keeper_pid)
@@ -179,7 +181,7 @@ class KeeperJob(JobBackend):
         self._exits = {}  # the parent's children's, as of the fork
         self._env_sent = None
 
-    def request(self, msg: dict, fds: list[int] = (), env: dict | None = None
+    def request(self, msg: dict, fds: list[int] | tuple[int, ...] = (), env: dict | None = None
                 ) -> tuple[dict, list[int]]:
         """One request and its reply. ``env``, for a spawn: sent only when it is
         not the one the keeper has from the last spawn (``env_same``), decided
@@ -340,7 +342,8 @@ class KeeperJob(JobBackend):
         end(self._orphans, born_after=self.born_after, grace=0, bound=timeout,
             on_round=lambda: self._reap_children(block=False))
 
-    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+    def kill_all(self, timeout: float | None = None) -> None:
+        timeout = KILL_BOUND if timeout is None else timeout
         if self.mechanism == PIDNS:
             self._kill_members_from_outside(timeout)
         if not self.keeper_alive():
@@ -450,6 +453,10 @@ class JobPopen(subprocess.Popen):
     to run in another process), and ``user``/``group``/``extra_groups`` are
     not supported yet. ``pid`` is the PID as this process sees it.
     """
+
+    if TYPE_CHECKING:  # CPython's own, not in typeshed (tests/test_popen_internals.py pins them)
+        _waitpid_lock: threading.Lock
+        _close_pipe_fds: Callable[..., None]
 
     def __init__(self, backend: KeeperJob, args: Any, *, ctty: bool = False, **kwargs: Any):
         self._tether_backend = backend
@@ -566,7 +573,7 @@ class JobPopen(subprocess.Popen):
         cwd_fd = -1
         try:
             # cwd None: the keeper opens our working directory itself (owner_state)
-            reply = {"ok": False, "kind": "owner_state"}
+            reply: dict[str, Any] = {"ok": False, "kind": "owner_state"}
             fds: list[int] = []
             # (the keeper reads the owner's /proc: a forked child sends its own state)
             if backend.owner_state and os.getpid() == backend.mech.owner_pid:

@@ -72,7 +72,7 @@ class Mechanism(KeeperMechanism):
 
         def carries(i: identity.Identity) -> bool:
             return (i.pid > 2 and (i.uid == uid or uid == 0) and i.state not in "ZX"
-                    and bool(identity.environ_has(i.pid, cookie)))
+                    and cookie is not None and bool(identity.environ_has(i.pid, cookie)))
 
         # First the newest pids, at once: a pid-hopper lives about a
         # millisecond at each pid, less than a scan of the table takes.
