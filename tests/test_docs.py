@@ -33,7 +33,7 @@ any run of digits (pids, times), a UUID any UUID (a boot id) and the
 directories above an installed ``tether/`` package any directories - but an exit status (``exit=N``, ``exit N``,
 ``status N``) must match exactly -, runs of blanks are one blank, and a line
 ``...`` in the page matches any number of lines. Every page runs in a fresh temporary
-directory with ``tether`` and ``tether-shell`` on PATH from this checkout;
+directory, which a transcript's output names as ``/tmp/demo``, with ``tether`` and ``tether-shell`` on PATH from this checkout;
 every process carries the test's mark, so the ``procs`` fixture ends any
 leftover.
 """
@@ -196,7 +196,8 @@ def _console(block: Block, cwd, env) -> None:
     for n, cmd in enumerate(cmds):
         script += [f"echo '@@tether-doc {n}'", cmd]
     r = _run(["bash", "-c", "\n".join(script)], cwd, env)
-    parts = re.split(r"^@@tether-doc \d+\n", r.stdout, flags=re.M)[1:]
+    parts = re.split(r"^@@tether-doc \d+\n", r.stdout.replace(str(cwd), "/tmp/demo"),
+                     flags=re.M)[1:]
     assert len(parts) == len(cmds), f"{block.id}: the transcript stopped early:\n{r.stdout}"
     if "unordered" in block.opts:
         wanted = sorted(_norm(x) for w in want for x in w)
