@@ -21,14 +21,15 @@
 #
 # Needs: python3 with venv, and the registries (PyPI) for the pinned tools,
 # which go into a venv of their own ($TETHER_WHEEL_TOOLS, default
-# <repo>/.wheel-tools). No C compiler of this machine is used.
+# ~/.cache/tether-wheel-tools: kept between runs and checkouts, remade when
+# the pins change). No C compiler of this machine is used.
 # scripts/check-wheels.sh runs what was built.
 set -euo pipefail
 
 [ $# -eq 1 ] || { echo "usage: bash scripts/build-wheels.sh OUTDIR" >&2; exit 2; }
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
-TOOLS="${TETHER_WHEEL_TOOLS:-$REPO/.wheel-tools}"
+TOOLS="${TETHER_WHEEL_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/tether-wheel-tools}"
 # The build tools, pinned (a new release changes nothing here until this line does).
 PINS=(build==1.6.1 setuptools==80.9.0 twine==7.0.0 auditwheel==6.8.2 ziglang==0.17.1)
 LINUX_TAG='manylinux_2_17_{A}.manylinux2014_{A}.musllinux_1_1_{A}'
