@@ -2413,6 +2413,10 @@ static int serve_one(int fd)
         return 0;
     int fds[MAX_FDS];
     int nfds = 0;
+    /* musl's CMSG_NXTHDR compares a size_t with a ptrdiff_t; clang (zig cc, the
+     * aarch64 wheel's compiler) warns at the expansion site, in our code */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -2420,6 +2424,7 @@ static int serve_one(int fd)
                 memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
         }
     }
+#pragma GCC diagnostic pop
     if (got <= 0) {
         /* EOF (that end closed: its process is gone), or an empty
          * datagram, which only POLLHUP tells apart */
