@@ -1060,7 +1060,7 @@ class Host:
         established: ...``) when the host has no safety net and
         ``require="kernel"`` was asked for.
         """
-        if not key or not isinstance(key, str):  # (None or "" would be one key for every caller)
+        if not isinstance(key, str) or not key.strip():  # ("" would be one key for every caller)
             raise ValueError(f"session key must be a non-empty string, not {key!r}")
         with self._lock:
             if self._closed:

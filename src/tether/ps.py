@@ -455,8 +455,15 @@ def _tree(idents: list[Identity]) -> list[Member]:
 _CONTROL = {c: " " for c in range(32)} | {127: " "}
 
 
-def _oneline(text: str) -> str:
+def oneline(text: str) -> str:
+    """``text`` (a process name, command line or path read from ``/proc``) as
+    one printable line: control characters (escape sequences, newlines) become
+    spaces, runs of blanks one. The one cleaner for what tether prints of a
+    process it did not name itself."""
     return " ".join(text.translate(_CONTROL).split())
+
+
+_oneline = oneline
 
 
 def _owner_text(j: PsJob) -> str:

@@ -57,6 +57,7 @@ from . import cgroupfs, identity
 from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .errors import UsageError
 from .identity import Identity
+from .ps import oneline
 from .runs import LIVE, OVER, Run, read_runs
 from .stops import argv_label, format_duration
 
@@ -163,7 +164,7 @@ class ReapReport:
     def __str__(self) -> str:
         out: list[str] = []
         st = self.log_stats
-        head = f"audit log {self.state_dir or '(none)'}"
+        head = f"audit log {oneline(self.state_dir) or '(none)'}"
         if st is not None:
             head += f": {st.files} file(s), {st.records} record(s)"
             bad = st.corrupt + st.truncated + st.too_long
@@ -176,8 +177,9 @@ class ReapReport:
             out.append(f"{verb} {len(self.ended)} process(es):")
             rows = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
             for e in self.ended:
-                rows.append((str(e.pid), e.run, e.session or "-", e.job or "-",
-                             format_duration(e.runtime_s), e.comm or "?", e.how))
+                rows.append((str(e.pid), oneline(e.run), oneline(e.session or "-"),
+                             oneline(e.job or "-"), format_duration(e.runtime_s),
+                             oneline(e.comm) or "?", e.how))
             out.extend(_table(rows))
         else:
             out.append(f"{verb} nothing")
@@ -185,14 +187,14 @@ class ReapReport:
             out.append(f"left alone {len(self.skipped)} process(es):")
             rows = [("PID", "RUN", "COMMAND", "REASON")]
             for s in self.skipped:
-                why = s.reason + (f" ({s.detail})" if s.detail else "")
-                rows.append((str(s.pid), s.run, s.comm or "?", why))
+                why = s.reason + (f" ({oneline(s.detail)})" if s.detail else "")
+                rows.append((str(s.pid), oneline(s.run), oneline(s.comm) or "?", why))
             out.extend(_table(rows))
         if self.cgroups_removed:
             out.append(("would remove" if self.dry_run else "removed") + " cgroup(s):")
-            out.extend(f"  {p}" for p in self.cgroups_removed)
+            out.extend(f"  {oneline(p)}" for p in self.cgroups_removed)
         for n in self.notes:
-            out.append(f"note: {n}")
+            out.append(f"note: {oneline(n)}")
         return "\n".join(out)
 
 
@@ -289,7 +291,8 @@ class _Plan:
 
 
 def _ticks_at(ts: float) -> int:
-    """A wall-clock epoch time as boot-clock ticks (approximate: the wall clock may step)."""
+    """A wall-clock epoch time as boot-clock ticks (approximate: the wall clock
+    may step) -- only for what a report says, never for what is ended."""
     return identity.now_ticks() - int((time.time() - ts) * identity.clock_ticks())
 
 
@@ -413,19 +416,22 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
     """The members of over runs' unclosed jobs that nothing links to a record
     any more - a double-forked daemon whose subreaper keeper was SIGKILLed
     first - found by the cookie every process of a job carries: processes of
-    this user born after the job opened whose environment holds it. One
+    this user born after the job's keeper (else its owner) started, whose
+    environment holds it. One
     capture, and one read of each candidate's environment for all cookies."""
     want: dict[tuple[bytes, bytes], tuple[Run, Any, int]] = {}
-    slack = identity.clock_ticks()  # the wall clock may have stepped since the record
     for run in runs.values():
         if states.get(run.run) != OVER:
             continue
         for info in run.jobs.values():
-            if (info.closed or not info.cookie or info.opened is None or info.background
+            if (info.closed or not info.cookie or info.background
                     or info.detached or (session is not None and info.session != session)):
                 continue
+            born = _born_bound(run, info)
+            if born is None:
+                continue
             var = (info.cookie_var or identity.COOKIE_VAR).encode()
-            want[(var, info.cookie.encode())] = (run, info, _ticks_at(info.opened) - slack)
+            want[(var, info.cookie.encode())] = (run, info, born)
     if not want:
         return []
     names = {var for var, _ in want}
@@ -449,6 +455,19 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
                 found.append(t)
             break
     return found
+
+
+def _born_bound(run: Run, info: Any) -> int | None:
+    """Start ticks no process of the job can predate, from the kernel's clock
+    alone: its keeper's start (the keeper starts every member), else its
+    owner's (which opened the job). Never the records' wall-clock ``ts``: the
+    wall clock may have stepped since (NTP, a user), and a window drawn from
+    it would miss a leftover born before the step or take in one born long
+    before the job."""
+    for who in (info.keeper, run.owner):
+        if who is not None and who.boot == identity.boot_id():
+            return who.start
+    return None
 
 
 def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Proof | None:
@@ -830,6 +849,9 @@ def reap(
     from . import audit
 
     grace = check_grace(grace)
+    for what, value in (("session", session), ("app", app)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{what} must be a non-empty string, not {value!r}")
     if isinstance(exclude_runs, str):
         exclude_runs = (exclude_runs,)  # one run id, not its characters
     t0 = time.monotonic()
@@ -938,6 +960,15 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
 # `tether reap`
 
 
+def _nonblank(value: str) -> str:
+    """An argument that names something: empty or blank is a usage error (exit 2)."""
+    import argparse
+
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty or blank: {value!r}")
+    return value
+
+
 def cli(argv: list[str]) -> int:
     """``tether reap [--dry-run] [--json] [--state-dir D] [--grace S] [--app NAME]
     [--session KEY] [--no-cgroups]``.
@@ -961,8 +992,9 @@ def cli(argv: list[str]) -> int:
                         "$XDG_STATE_HOME/tether or ~/.local/state/tether)")
     p.add_argument("--grace", type=grace_arg, default=DEFAULT_GRACE, metavar="S",
                    help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE:g})")
-    p.add_argument("--app", default=None, metavar="NAME", help="only runs of this application")
-    p.add_argument("--session", default=None, metavar="KEY",
+    p.add_argument("--app", default=None, metavar="NAME", type=_nonblank,
+                   help="only runs of this application")
+    p.add_argument("--session", default=None, metavar="KEY", type=_nonblank,
                    help="only the leftovers of this session key (what a host's resume does)")
     p.add_argument("--no-cgroups", action="store_true", help="do not look for stale cgroups")
     args = p.parse_args(argv)
