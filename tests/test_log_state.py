@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -175,3 +176,163 @@ def test_reap_prints_proc_names_escaped(procs, tmp_path: Path) -> None:
     assert str(p.pid) in r.stdout
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout
     p.kill()
+
+
+# --------------------------------------------------------------------------
+# 5. Nothing lost silently to a full disk
+
+from test_audit import tiny_fs  # noqa: E402,F401 - a real 64 KiB tmpfs (root), else skipped
+
+from tether import audit  # noqa: E402
+
+
+def _fill(fs: Path) -> Path:
+    """Fill the file system: a file as big as it lets us write."""
+    filler = fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for size in (4096, 512, 1):
+            try:
+                while os.write(fd, b"\0" * size) == size:
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_job_open_on_a_full_disk_is_written_when_space_returns(tiny_fs: Path) -> None:  # noqa: F811
+    state = tiny_fs / "state"
+    state.mkdir(mode=0o700)
+    filler = _fill(tiny_fs)
+    msgs: list[str] = []
+    w = audit.AuditWriter(state, on_loss=msgs.append, retry_interval=0)
+    try:
+        assert not w.write("job-open", run="r-1", job="j1", cookie="c-1")
+        assert not w.write("spawn", run="r-1", job="j1", pid=99999, seq=1)
+        assert len(msgs) == 1 and "No space left on device" in msgs[0], msgs
+        assert w.lost == 1  # the spawn; the job-open is kept
+        filler.unlink()  # space comes back
+        assert w.write("spawn", run="r-1", job="j1", pid=99998, seq=2)
+    finally:
+        w.close()
+    got = list(audit.read_records(state))
+    events = [(r["event"], r.get("error")) for r in got]
+    assert events == [("error", "audit-gap"), ("job-open", None), ("spawn", None)], got
+    gap, opened = got[0], got[1]
+    assert gap["lost"] == 1 and gap["kept"] == 1 and gap["runs"] == ["r-1"]
+    assert opened["cookie"] == "c-1" and opened["late"] is True
+    assert opened["ts"] < gap["ts"]  # its own time, not the time it was written
+
+
+def test_kept_record_is_written_at_close(tiny_fs: Path) -> None:  # noqa: F811
+    state = tiny_fs / "state"
+    state.mkdir(mode=0o700)
+    filler = _fill(tiny_fs)
+    w = audit.AuditWriter(state, on_loss=lambda m: None, retry_interval=3600)
+    assert not w.write("run-start", run="r-2")
+    filler.unlink()
+    w.close()  # no later write: close() tries once more
+    got = list(audit.read_records(state))
+    assert [r["event"] for r in got] == ["error", "run-start"], got
+    assert got[0]["lost"] == 0 and got[0]["kept"] == 1
+
+
+def test_reaper_reports_a_gap_and_does_not_say_ok(procs, tmp_path: Path) -> None:
+    """An over run whose records a full disk lost (an audit-gap record names
+    it): the reap says so and is not ok (exit 1); once a reap has fallen
+    back for it, the next one does not report it again. Control: the same
+    log without the gap record is ok."""
+    state = tmp_path / "state"
+    owner = _dead_owner(procs)
+    log = Log(state, owner)
+    log.event("job-open", job="j1", cookie="x")
+    control = do_reap(state)
+    assert control.ok and control.gaps == []
+    log.w.write("error", error="audit-gap", lost=3, runs=[log.run], pid=owner.pid)
+    log.w.close()
+
+    r = _tether("reap", "--dry-run", "--no-cgroups", "--state-dir", str(state), cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"audit gap: 3 record(s) of run {log.run} were lost" in r.stdout
+    report = do_reap(state)
+    assert not report.ok and report.gaps == [{"run": log.run, "lost": 3}]
+    assert report.to_dict()["gaps"] == report.gaps
+    again = do_reap(state)
+    assert again.ok and again.gaps == [], "the first reap fell back for it"
+
+
+def test_reaper_gap_of_a_live_run_is_not_its_to_report(procs, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    _, owner = _sleep_with(procs)  # alive
+    log = Log(state, owner)
+    log.w.write("error", error="audit-gap", lost=2, runs=[log.run])
+    log.w.close()
+    report = do_reap(state)
+    assert report.ok and report.gaps == []
+
+
+FULL_OWNER = r"""
+import json, os, subprocess, sys, time
+from tether import Job, identity
+
+job = Job(name="full-disk", mechanism="subreaper", state_dir=sys.argv[1], grace=0.1)
+keeper = identity.read(job.trace()["keeper_pid"])
+print(json.dumps({"keeper": keeper.to_dict(), "cookie": job.cookie}), flush=True)
+sys.stdin.readline()  # the test gives the disk its space back
+p = job.popen(["/bin/sh", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"],
+              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+daemon = int(p.stdout.readline())
+p.wait()
+print(json.dumps({"daemon": identity.read(daemon).to_dict()}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.mechanism
+def test_full_disk_at_job_open_leftover_is_still_reaped(procs, tiny_fs: Path) -> None:  # noqa: F811
+    """A real job opened while its audit disk is full; space comes back
+    before its first spawn, a double-forked daemon (no parent link: only its
+    cookie ties it to the job); then keeper and owner are SIGKILLed. The
+    job-open record (the cookie) was kept and written late, so the reaper
+    ends the daemon. On the old code it was lost for good: the reap ended
+    nothing and said ok, the daemon alive (the control below shows that
+    nothing else ends it)."""
+    import json
+
+    from procutil import poll_until, read_line
+
+    from tether.platform import probe
+
+    if not probe("subreaper").available:
+        pytest.skip("subreaper mechanism not available")
+    state = tiny_fs / "state"
+    state.mkdir(mode=0o700)
+    filler = _fill(tiny_fs)
+    owner = procs.popen([sys.executable, "-c", FULL_OWNER, str(state)], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = json.loads(read_line(owner, 30, "owner"))
+    assert not (state / "audit.jsonl").exists() or b"job-open" not in (
+        state / "audit.jsonl").read_bytes(), "the disk was not full at job open"
+    filler.unlink()
+    owner.stdin.write("go\n")
+    owner.stdin.flush()
+    daemon = Identity.from_dict(json.loads(read_line(owner, 30, "owner"))["daemon"])
+    keeper = Identity.from_dict(first["keeper"])
+    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert poll_until(lambda: not identity.is_alive(keeper))
+    owner.kill()
+    owner.wait(timeout=10)
+    time.sleep(0.3)
+    assert identity.is_alive(daemon), "control: nothing but the reaper ends it now"
+    env = identity.environ_value(daemon.pid, identity.COOKIE_VAR.encode())
+    assert env == first["cookie"].encode()
+
+    report = do_reap(state)
+
+    assert daemon.pid in [e.pid for e in report.ended], str(report)
+    assert poll_until(lambda: not identity.is_alive(daemon))
+    assert report.ok
+    gap = [r for r in audit.read_records(state) if r.get("error") == "audit-gap"]
+    assert len(gap) == 1 and gap[0]["kept"] >= 1, gap

@@ -1152,7 +1152,7 @@ class Host:
                    exclude_runs={self.run}, runs=runs, announce=announce, take_over=run)
         ended = list(self._reaped.pop(key, [])) + rep.ended
         out = self._resumed(TAKE_OVER, key, ended, runs, holder=holder)
-        if not rep.ok:
+        if rep.survived:
             out.note = "some of its processes could not be ended"
         logger.warning("tether host %r: %s", self.app, out or f"took over {key!r} from pid "
                        f"{holder}: nothing of its copy was running")

@@ -58,7 +58,7 @@ from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .errors import UsageError
 from .identity import Identity
 from .ps import oneline
-from .runs import LIVE, OVER, Run, read_runs
+from .runs import GAP_CHECKED, LIVE, OVER, Run, read_runs
 from .stops import argv_label, format_duration
 
 __all__ = ["Ended", "Skipped", "ReapReport", "reap", "cli"]
@@ -133,11 +133,22 @@ class ReapReport:
     session: str | None = None  # the one session key this reap was limited to
     notes: list[str] = field(default_factory=list)  # what limited the proof or the log
     elapsed_s: float = 0.0
+    # Runs that are over whose records the log says were lost (audit-gap):
+    # {"run": id or None (unknown), "lost": N}; their leftovers were looked
+    # for only by the proofs that remain (stale cgroups, job cookies).
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def survived(self) -> list[Skipped]:
+        """What the reaper meant to end and is still alive."""
+        return [s for s in self.skipped if s.reason == SURVIVED]
 
     @property
     def ok(self) -> bool:
-        """False when something the reaper meant to end is still alive."""
-        return not any(s.reason == SURVIVED for s in self.skipped)
+        """False when something the reaper meant to end is still alive, or
+        when records of a run that is over were lost (``gaps``): what they
+        proved could not be checked, so "nothing left" cannot be said."""
+        return not self.survived and not self.gaps
 
     def to_dict(self) -> dict[str, Any]:
         """Stable JSON shape; see docs/reaper.md."""
@@ -158,6 +169,7 @@ class ReapReport:
             "runs": {"over": list(self.runs_over), "live": list(self.runs_live)},
             "log": stats,
             "notes": list(self.notes),
+            "gaps": [dict(g) for g in self.gaps],
             "elapsed_s": round(self.elapsed_s, 4),
         }
 
@@ -193,6 +205,11 @@ class ReapReport:
         if self.cgroups_removed:
             out.append(("would remove" if self.dry_run else "removed") + " cgroup(s):")
             out.extend(f"  {oneline(p)}" for p in self.cgroups_removed)
+        for g in self.gaps:
+            out.append(f"audit gap: {g['lost']} record(s) of "
+                       + (f"run {oneline(g['run'])}" if g["run"] else "an unknown run")
+                       + " were lost (disk full?): leftovers they recorded were looked for only "
+                       "by stale cgroups and job cookies")
         for n in self.notes:
             out.append(f"note: {oneline(n)}")
         return "\n".join(out)
@@ -564,7 +581,8 @@ class _StaleRun:
 
 
 def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
-                       app: str | None, session: str | None
+                       app: str | None, session: str | None,
+                       gap_runs: set[str | None] = frozenset()  # type: ignore[assignment]
                        ) -> tuple[str | None, set[str], set[str]]:
     """(mount, run dirs to examine, probe dirs to examine)."""
     mount = cgroupfs.mount()
@@ -579,7 +597,7 @@ def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
             rd = cgroupfs.run_dir_of(cg, mount)
             if rd is not None and os.path.isdir(rd):
                 dirs.add(rd)
-    if app is not None or session is not None:
+    if (app is not None or session is not None) and not gap_runs:
         return mount, dirs, probes  # only the runs the audit ties to this app or session
     if cgroup_dirs is None:
         own = cgroupfs.own_dir()
@@ -591,7 +609,11 @@ def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
             continue
         for name in names:
             full = os.path.join(base, name)
-            if cgroupfs.parse_run_dir(name) is not None:
+            parsed = cgroupfs.parse_run_dir(name)
+            if (app is not None or session is not None) and (
+                    parsed is None or f"{parsed[0]}-{parsed[1]}" not in gap_runs):
+                continue  # limited: only the run dirs of runs with lost records
+            if parsed is not None:
                 rd = cgroupfs.run_dir_of(full, mount)
                 if rd is not None:
                     dirs.add(rd)
@@ -666,9 +688,10 @@ def _session_job_dirs(run: Run | None, rd: str, session: str) -> list[str]:
 
 def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                   exclude_runs: Iterable[str], cgroup_dirs: Iterable[str] | None,
-                  session: str | None, notes: list[str], take_over: str | None = None
+                  session: str | None, notes: list[str], take_over: str | None = None,
+                  gap_runs: set[str | None] = frozenset()  # type: ignore[assignment]
                   ) -> tuple[list[_StaleRun], list[str]]:
-    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session)
+    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session, gap_runs)
     if mount is None:
         return [], []
     excluded = set(exclude_runs)
@@ -858,10 +881,14 @@ def reap(
     d = Path(state_dir) if state_dir is not None else audit.default_state_dir()
     report = ReapReport(dry_run=dry_run, state_dir=str(d), log_stats=audit.ReadStats(),
                         session=session)
+    gap_lost: dict[str | None, int] = {}
     if runs is None:
-        runs = read_runs(d, stats=report.log_stats, notes=report.notes)
+        runs = read_runs(d, stats=report.log_stats, notes=report.notes, gaps=gap_lost)
+    else:
+        gap_lost = {r.run: r.lost for r in runs.values() if r.lost}
     plan = _Plan(report)
     excl = frozenset(exclude_runs)
+    report.gaps = _gaps(runs, gap_lost, app=app, session=session, exclude_runs=excl)
     if take_over is not None and session is None:
         raise ValueError("take_over needs a session key")
     _plan_records(runs, plan, app=app, exclude_runs=excl, session=session, take_over=take_over)
@@ -872,7 +899,8 @@ def reap(
     if cgroups and _LINUX:
         stale, probes = _plan_cgroups(runs, plan, app=app, exclude_runs=excl,
                                       cgroup_dirs=cgroup_dirs, session=session,
-                                      notes=report.notes, take_over=take_over)
+                                      notes=report.notes, take_over=take_over,
+                                      gap_runs={g["run"] for g in report.gaps})
     # Descendants of every recorded or cgroup-found target; then what only
     # its job's cookie still links to an over run, and its descendants.
     if plan.targets:
@@ -903,10 +931,46 @@ def reap(
         if t.how and t.how != "gone":
             report.ended.append(_ended(t, t.how, now))
     _remove_cgroups(stale, probes, report)
-    if report.ended or report.cgroups_removed:
+    if report.ended or report.cgroups_removed or report.gaps:
         _log(d, report, runs)
     report.elapsed_s = time.monotonic() - t0
     return report
+
+
+def _gaps(runs: dict[str, Run], lost: dict[str | None, int], *, app: str | None,
+          session: str | None, exclude_runs: frozenset[str]) -> list[dict[str, Any]]:
+    """The lost records this reap must own up to: of runs that are over (a
+    live owner's gap is its own to report), within ``app``, not excluded,
+    not already fallen back for by an earlier reap; records of no known run
+    only when the reap is not limited to an app or session."""
+    out: list[dict[str, Any]] = []
+    for run_id, n in sorted(lost.items(), key=lambda kv: kv[0] or ""):
+        if run_id is None:
+            if app is None and session is None:
+                out.append({"run": None, "lost": n})
+            continue
+        if run_id in exclude_runs:
+            continue
+        run = runs.get(run_id)
+        if run is not None:
+            if (app is not None and run.app is not None and run.app != app) \
+                    or run.state() == LIVE:
+                continue
+            n = run.lost - run.lost_checked
+        elif _owner_alive(run_id):
+            continue  # every record of it was lost, yet its owner runs
+        if n > 0:
+            out.append({"run": run_id, "lost": n})
+    return out
+
+
+def _owner_alive(run_id: str) -> bool:
+    """Whether the owner a run id ``<pid>-<start ticks>`` names runs."""
+    pid, _, start = run_id.partition("-")
+    if not (pid.isdigit() and start.isdigit()):
+        return False
+    cur = identity.read(int(pid))
+    return cur is not None and cur.start == int(start) and cur.state not in ("Z", "X", "x")
 
 
 def _report_order(plan: _Plan) -> list[_Target]:
@@ -954,6 +1018,9 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
             if parsed is not None:
                 fields["run"] = f"{parsed[0]}-{parsed[1]}"
             w.write("reap", **fields)
+        for g in report.gaps if report.session is None else ():
+            if g["run"] is not None:  # later reaps need not report this gap again
+                w.write("reap", run=g["run"], how=GAP_CHECKED, lost=g["lost"], by=by)
 
 
 # --------------------------------------------------------------------------
