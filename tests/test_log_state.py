@@ -336,3 +336,110 @@ def test_full_disk_at_job_open_leftover_is_still_reaped(procs, tiny_fs: Path) ->
     assert report.ok
     gap = [r for r in audit.read_records(state) if r.get("error") == "audit-gap"]
     assert len(gap) == 1 and gap[0]["kept"] >= 1, gap
+
+
+# --------------------------------------------------------------------------
+# 8. State directories are ours or refused
+
+SQUAT_HOST = r"""
+import json, sys
+from tether.errors import SessionHeld
+from tether.host import Host
+
+h = Host("squat-test", audit="off", allow_unprotected=True, reap=False)
+try:
+    h.session("chat-1")
+    print(json.dumps({"held": True, "dir": str(h._lock_dir)}), flush=True)
+except SessionHeld as e:
+    print(json.dumps({"held": False, "why": str(e)}), flush=True)
+sys.stdin.readline()
+h.close()
+"""
+
+
+@pytest.fixture
+def squatted_tmp():
+    """A private $TMPDIR (mode 1777, like /tmp) in which another user
+    (nobody, uid 65534) made ``tether-<our uid>`` first, writable by all."""
+    import shutil
+    import tempfile
+
+    if not IS_ROOT or not IS_LINUX:
+        pytest.skip("another uid squats the directory: needs root on Linux")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv is not installed")
+    base = Path(tempfile.mkdtemp(prefix="tether-squat-"))
+    try:
+        tmp = base / "tmp"
+        tmp.mkdir()
+        os.chmod(base, 0o755)
+        os.chmod(tmp, 0o1777)
+        squat = tmp / f"tether-{os.geteuid()}"
+        r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "mkdir", "-m", "777", str(squat)], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"cannot act as uid 65534 here: {r.stderr.strip()}")
+        assert os.stat(squat).st_uid == 65534
+        yield base, tmp, squat
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("runtime_dir", [False, True], ids=["home", "xdg-runtime"])
+def test_squatted_session_dir_is_refused_never_shared(procs, squatted_tmp, runtime_dir) -> None:
+    """Two hosts of one app with the audit off, after another user made
+    ``$TMPDIR/tether-<uid>`` first: the second must not get ``chat-1`` too.
+    On the old code both held it (the squatted directory was refused and the
+    keys were then held within each process only)."""
+    import json
+
+    from procutil import read_line
+
+    base, tmp, squat = squatted_tmp
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME", "TETHER_STATE_DIR")}
+    env.update(TMPDIR=str(tmp), HOME=str(base / "home"))
+    if runtime_dir:
+        run = base / "run"
+        run.mkdir(mode=0o700)
+        env["XDG_RUNTIME_DIR"] = str(run)
+    hosts = []
+    for _ in range(2):
+        p = procs.popen([sys.executable, "-c", SQUAT_HOST], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        hosts.append((p, json.loads(read_line(p, 30, "host"))))
+    (first, a), (second, b) = hosts
+    assert a["held"], a
+    assert not b["held"], f"both hosts hold chat-1: {b}"
+    assert str(squat) not in a["dir"]
+    want = base / ("run/tether" if runtime_dir else "home/.local/state/tether")
+    assert a["dir"] == str(want / "sessions")
+    assert list(squat.iterdir()) == [], "nothing of ours in the squatted directory"
+    for p, _ in hosts:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        p.wait(timeout=30)
+    assert "refusing to use it" in first.stderr.read()
+
+
+def test_unsquatted_tmp_dir_is_still_the_first_choice(procs, tmp_path: Path) -> None:
+    """Control for the order: with nothing squatted, the audit-off lock
+    directory stays ``$TMPDIR/tether-<uid>`` (what running hosts use)."""
+    import json
+
+    from procutil import read_line
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), HOME=str(tmp_path / "home"),
+               XDG_RUNTIME_DIR=str(tmp_path))
+    p = procs.popen([sys.executable, "-c", SQUAT_HOST], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    got = json.loads(read_line(p, 30, "host"))
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    assert got["held"] and got["dir"] == str(tmp / f"tether-{uid}" / "sessions"), got
+    p.stdin.write("\n")
+    p.stdin.flush()
+    p.wait(timeout=30)
