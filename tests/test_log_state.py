@@ -443,3 +443,76 @@ def test_unsquatted_tmp_dir_is_still_the_first_choice(procs, tmp_path: Path) -> 
     p.stdin.write("\n")
     p.stdin.flush()
     p.wait(timeout=30)
+
+
+# --------------------------------------------------------------------------
+# 10. Bounded and said
+
+FD_HOST = r"""
+import gc, os, sys
+gc.disable()
+from tether.host import Host
+
+def nfd():
+    return len(os.listdir("/proc/self/fd"))
+
+h = Host("fd-test", state_dir=sys.argv[1], allow_unprotected=True, reap=False)
+h.session("warm").stop()
+base = nfd()
+for i in range(500):
+    h.session(f"k{i}").stop()
+after = nfd()
+held = [h.session(f"open{i}") for i in range(5)]  # control: open sessions do hold fds
+print(base, after, nfd())
+h.close()
+"""
+
+
+@pytest.mark.skipif(not IS_LINUX, reason="counts /proc/self/fd")
+def test_host_releases_a_stopped_sessions_fds_at_once(tmp_path: Path) -> None:
+    """500 sessions opened and stopped with the garbage collector off: the
+    fd count is flat (the old code held 2 per stopped session: 1 000)."""
+    r = subprocess.run([sys.executable, "-c", FD_HOST, str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    base, after, with_open = map(int, r.stdout.split())
+    assert after <= base + 2, (base, after)
+    assert with_open >= after + 5, "control: five open sessions hold fds"
+
+
+@pytest.mark.skipif(not IS_LINUX, reason="/proc names and states")
+def test_reaper_ends_a_stopped_keeper_of_a_dead_owner(procs, tmp_path: Path) -> None:
+    """A keeper that outlived its owner, stopped (a job's child can
+    ``kill -STOP`` it), named by its job-open record, with a member still
+    running: the reap ends the member and the keeper. On the old code the
+    keeper was left stopped for ever (only its member was ended).
+
+    Here every mechanism's keeper dies with its owner (its parent-death
+    signal is SIGKILL, which ends a stopped process too), so the keeper is a
+    process named ``tether-keeper`` this test starts and stops; a process of
+    that name whose identity the record does not name is left alone."""
+    state = tmp_path / "state"
+    owner = _dead_owner(procs)
+    link = tmp_path / "tether-keeper"
+    link.symlink_to("/bin/sleep")
+    kp, keeper = _sleep_with(procs, argv0=str(link))
+    other_p, other = _sleep_with(procs, argv0=str(link))  # control: not the recorded keeper
+    assert keeper.comm == "tether-keeper"
+    os.kill(kp.pid, signal.SIGSTOP)  # our own child, by its Popen
+    cookie = f"{owner.pid}-{owner.start}:j1:{secrets.token_hex(8)}"
+    _, member = _sleep_with(procs, {identity.COOKIE_VAR: cookie})
+    log = Log(state, owner)
+    log.event("job-open", job="j1", mechanism="subreaper", cookie=cookie,
+              keeper={"pid": keeper.pid, "start": keeper.token()})
+    log.spawn(member)
+    log.w.close()
+    assert identity.read(keeper.pid).state in ("T", "t")
+
+    report = do_reap(state)
+
+    ended = {e.pid: e for e in report.ended}
+    assert set(ended) == {keeper.pid, member.pid}, str(report)
+    assert ended[keeper.pid].label == "tether keeper (stopped, owner gone)"
+    assert not identity.is_alive(keeper) and not identity.is_alive(member)
+    assert identity.is_alive(other)
+    assert report.ok

@@ -164,6 +164,14 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
+    def close(self) -> list[Identity]:
+        ended = super().close()
+        # Its job-close is its last record: its log's two fds go now, not when
+        # the garbage collector breaks the session's reference cycles.
+        if self._closed and self._audit is not None and not self._forked():
+            self._audit.close()
+        return ended
+
     def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
         if self._gate is not None:
             self._gate()

@@ -36,6 +36,10 @@ identity again at the moment of sending. A zombie counts as dead.
    what a double-forked daemon of a subreaper job is left with once its
    keeper was SIGKILLed (no parent link, no cgroup).
 
+6. A **keeper left behind**: the keeper a ``job-open`` record of an over run
+   names (pid + start ticks + boot, named ``tether-keeper``), still alive --
+   stopped by a job's child, most likely -- is ended like a leftover.
+
 Limits: an escapee that double-forked away from a process group/subreaper job,
 whose intermediate parent has exited and that cleared its environment, is
 linked to its run by nothing the kernel keeps (no parent, no cgroup, no
@@ -518,6 +522,35 @@ def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: st
         plan.watch_keepers.append(keeper)
 
 
+def _plan_orphan_keepers(runs: dict[str, Run], plan: _Plan, session: str | None,
+                         take_over: str | None) -> None:
+    """The keepers of runs that are over that are still alive: a keeper whose
+    owner died should have ended its job and itself within milliseconds; one
+    still here was stopped (a job's child can ``kill -STOP`` it) or hangs,
+    and would stay for ever. It is ended like a leftover (SIGTERM + SIGCONT,
+    then SIGKILL), and what it still keeps with it. Proven by the identity its
+    job-open record names (pid + start ticks + boot) and its name."""
+    from .ps import KEEPER_COMM
+
+    seen: set[tuple[int, int]] = set()
+    for run in runs.values():
+        if plan.states.get(run.run) != OVER or run.run == take_over:
+            continue
+        for job, info in run.jobs.items():
+            k = info.keeper
+            if k is None or (k.pid, k.start) in seen or info.background or info.detached \
+                    or (session is not None and info.session != session):
+                continue
+            seen.add((k.pid, k.start))
+            cur = identity.read(k.pid)
+            if (cur is None or cur.start != k.start or cur.boot != k.boot
+                    or cur.state in ("Z", "X", "x") or cur.comm != KEEPER_COMM):
+                continue
+            why = "stopped" if cur.state in ("T", "t") else "alive"
+            plan.add(_Target(cur, run.run, info.session, job,
+                             label=f"tether keeper ({why}, owner gone)"))
+
+
 def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
     """Descendants of ``parent`` in ``cap`` that may be ended, breadth first.
 
@@ -894,6 +927,7 @@ def reap(
     _plan_records(runs, plan, app=app, exclude_runs=excl, session=session, take_over=take_over)
     if take_over is not None and session is not None:
         _plan_keepers(runs, plan, take_over, session)
+    _plan_orphan_keepers(runs, plan, session, take_over)
     stale: list[_StaleRun] = []
     probes: list[str] = []
     if cgroups and _LINUX:
