@@ -516,3 +516,28 @@ def test_reaper_ends_a_stopped_keeper_of_a_dead_owner(procs, tmp_path: Path) -> 
     assert not identity.is_alive(keeper) and not identity.is_alive(member)
     assert identity.is_alive(other)
     assert report.ok
+
+
+@pytest.mark.skipif(not IS_LINUX, reason="/proc names")
+def test_host_stop_sentences_print_names_escaped(tmp_path: Path) -> None:
+    """A session's agent whose name holds a terminal escape: the stop's
+    announcement and report show it cleaned (stops.oneline); the label
+    itself stays as it was, for the app."""
+    from tether.host import Host
+
+    evil = "ag\x1b]0;pwn\x07ent\x9b2J"
+    link = tmp_path / evil
+    link.symlink_to("/bin/sleep")
+    said: list[str] = []
+    with Host("t-escape", state_dir=tmp_path / "s", allow_unprotected=True,
+              announce=lambda plan: said.append(plan.announcement())) as h:
+        s = h.session("k")
+        p = s.popen([str(link), "300"], stdin=subprocess.DEVNULL)
+        report = s.stop()
+        p.wait(timeout=10)
+    text = str(report)
+    assert report.processes and evil in report.processes[0].label  # the data is kept
+    assert "ag ]0;pwn ent 2J" in text, text
+    for line in [text, *said]:
+        assert not any(c in line for c in "\x1b\x07\x9b"), repr(line)
+    assert said, "control: the stop was announced"

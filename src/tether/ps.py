@@ -38,7 +38,7 @@ from typing import Any
 from . import cgroupfs, identity
 from .identity import Identity
 from .runs import SHELL_JOB, SHELL_SCOPE_JOB
-from .stops import format_duration
+from .stops import format_duration, oneline
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
            "SCHEMA_VERSION"]
@@ -450,20 +450,7 @@ def _tree(idents: list[Identity]) -> list[Member]:
 # ---------------------------------------------------------------------------
 # Rendering
 
-# A command line may hold newlines, tabs, escape sequences: one line each, and
-# nothing that drives the terminal.
-_CONTROL = {c: " " for c in range(32)} | {127: " "}
-
-
-def oneline(text: str) -> str:
-    """``text`` (a process name, command line or path read from ``/proc``) as
-    one printable line: control characters (escape sequences, newlines) become
-    spaces, runs of blanks one. The one cleaner for what tether prints of a
-    process it did not name itself."""
-    return " ".join(text.translate(_CONTROL).split())
-
-
-_oneline = oneline
+_oneline = oneline  # (tether.stops.oneline: the one cleaner)
 
 
 def _owner_text(j: PsJob) -> str:

@@ -61,9 +61,8 @@ from . import cgroupfs, identity
 from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .errors import UsageError
 from .identity import Identity
-from .ps import oneline
 from .runs import GAP_CHECKED, LIVE, OVER, Run, read_runs
-from .stops import argv_label, format_duration
+from .stops import argv_label, format_duration, oneline
 
 __all__ = ["Ended", "Skipped", "ReapReport", "reap", "cli"]
 
