@@ -541,3 +541,23 @@ def test_host_stop_sentences_print_names_escaped(tmp_path: Path) -> None:
     for line in [text, *said]:
         assert not any(c in line for c in "\x1b\x07\x9b"), repr(line)
     assert said, "control: the stop was announced"
+
+
+def test_host_start_says_an_earlier_runs_gap(procs, tmp_path: Path, caplog) -> None:
+    import logging
+
+    from tether.host import Host
+
+    state = tmp_path / "state"
+    owner = _dead_owner(procs)
+    log = Log(state, owner)
+    log.event("run-start", app="t-gap")
+    log.w.write("error", error="audit-gap", lost=4, runs=[log.run])
+    log.w.close()
+    with caplog.at_level(logging.WARNING, logger="tether"):
+        with Host("t-gap", state_dir=state, allow_unprotected=True) as h:
+            assert h.reap_report.gaps == [{"run": log.run, "lost": 4}]
+    assert any(f"lost 4 record(s) of earlier run {log.run}" in r.getMessage()
+               for r in caplog.records), caplog.text
+    with Host("t-gap", state_dir=state, allow_unprotected=True) as h:  # said once
+        assert h.reap_report.gaps == []
