@@ -498,7 +498,7 @@ def test_reaper_ends_a_stopped_keeper_of_a_dead_owner(procs, tmp_path: Path) -> 
     kp, keeper = _sleep_with(procs, argv0=str(link))
     other_p, other = _sleep_with(procs, argv0=str(link))  # control: not the recorded keeper
     assert keeper.comm == "tether-keeper"
-    os.kill(kp.pid, signal.SIGSTOP)  # our own child, by its Popen
+    kp.send_signal(signal.SIGSTOP)  # our own child, by its Popen
     cookie = f"{owner.pid}-{owner.start}:j1:{secrets.token_hex(8)}"
     _, member = _sleep_with(procs, {identity.COOKIE_VAR: cookie})
     log = Log(state, owner)
