@@ -48,6 +48,10 @@ tasks          [object]    for ``tasks`` records: a session's live tasks now,
                            "said", "ambient", "pids": [[pid, ticks], ...]}``
 carried        bool        a copy a rotation carried forward from a deleted
                            rotated copy (the original is gone); see Rotation
+late           bool        a kept ``run-start``/``job-open`` written after a
+                           failed write of it; see Trouble
+runs, kept     [str], int  for ``audit-gap``: runs of the lost records, and
+                           how many late records follow it
 =============  ==========  ====================================================
 
 Metadata only: the writer never adds command text, arguments or environment
@@ -100,8 +104,9 @@ write tries again (reopening the directory by path). A ``run-start`` or
 keeper, which nothing else records) that could not be written is not lost: the
 writer keeps it in memory (up to :data:`MAX_PENDING`) and writes it, marked
 ``"late": true`` with its own ``ts``, on the next write that works, or at
-``close()``; while it keeps one, every write tries (no ``retry_interval``). When a retry succeeds the writer first appends an ``error``
-record ``{"error": "audit-gap", "lost": N, "runs": [...], "kept": K}`` (``lost``
+``close()``; while it keeps one, every write tries (no ``retry_interval``).
+When a retry succeeds the writer first appends an ``error`` record
+``{"error": "audit-gap", "lost": N, "runs": [...], "kept": K}`` (``lost``
 records gone for good, of those runs; ``kept`` late records that follow it),
 so readers (the reaper) know records are missing. An insecure directory
 (symlink, other owner, group/other-writable) is not I/O trouble: the
