@@ -561,3 +561,19 @@ def test_host_start_says_an_earlier_runs_gap(procs, tmp_path: Path, caplog) -> N
                for r in caplog.records), caplog.text
     with Host("t-gap", state_dir=state, allow_unprotected=True) as h:  # said once
         assert h.reap_report.gaps == []
+
+
+def test_gap_of_no_known_run_is_reported_once(tmp_path: Path) -> None:
+    """A gap record that names no run (an older writer's): an unlimited reap
+    reports it, not ok, once; an app-limited reap cannot tell whose it is."""
+    from tether import audit as _audit
+
+    state = tmp_path / "state"
+    with _audit.AuditWriter(state) as w:
+        w.write("error", error="audit-gap", lost=2, pid=1)
+    assert do_reap(state, app="some-app").gaps == []
+    first = do_reap(state)
+    assert first.gaps == [{"run": None, "lost": 2}] and not first.ok
+    assert "audit gap: 2 record(s) of an unknown run" in str(first)
+    again = do_reap(state)
+    assert again.ok and again.gaps == []

@@ -1052,8 +1052,11 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
                 fields["run"] = f"{parsed[0]}-{parsed[1]}"
             w.write("reap", **fields)
         for g in report.gaps if report.session is None else ():
-            if g["run"] is not None:  # later reaps need not report this gap again
+            # later reaps need not report this gap again
+            if g["run"] is not None:
                 w.write("reap", run=g["run"], how=GAP_CHECKED, lost=g["lost"], by=by)
+            else:
+                w.write("reap", how=GAP_CHECKED, lost=g["lost"], by=by)
 
 
 # --------------------------------------------------------------------------

@@ -186,8 +186,9 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
 
     ``stats``: a ``tether.audit.ReadStats`` to fill. ``notes``: a list that
     gets one line per thing that limited the reading. ``gaps``: a dict that
-    gets, per run id, the records ``audit-gap`` records say were lost (also
-    in ``Run.lost``), and under ``None`` those of no known run. Raises
+    gets, per run id, the records ``audit-gap`` records say were lost and no
+    reap has yet fallen back for (``Run.lost`` - ``Run.lost_checked``), and
+    under ``None`` those of no known run. Raises
     ``tether.audit.AuditDirError`` for an unsafe directory; a missing or
     empty log gives ``{}``.
     """
@@ -202,7 +203,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     unusable = 0
     lost = 0
     gap_lost: dict[str | None, int] = {}
-    checked: dict[str, int] = {}
+    checked: dict[str | None, int] = {}
     for rec in audit.read_records(state_dir, stats=stats):
         if rec.get("event") not in SOURCES:
             if rec.get("event") == "error" and rec.get("error") == "audit-carry-loss":
@@ -212,7 +213,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
                 _gap(rec, gap_lost)
             elif rec.get("event") == "reap" and rec.get("how") == GAP_CHECKED:
                 run_id, n = _str(rec.get("run")), rec.get("lost")
-                if run_id is not None and type(n) is int and n > 0:
+                if type(n) is int and n > 0:
                     checked[run_id] = checked.get(run_id, 0) + n
             continue
         try:
@@ -233,8 +234,9 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         if run is not None:
             run.lost += n
             run.lost_checked = min(run.lost, checked.get(run_id, 0))
-        if gaps is not None:
-            gaps[run_id] = gaps.get(run_id, 0) + n
+        net = n - checked.get(run_id, 0)
+        if gaps is not None and net > 0:
+            gaps[run_id] = net
     if notes is not None:
         if unusable:
             notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
