@@ -577,3 +577,20 @@ def test_gap_of_no_known_run_is_reported_once(tmp_path: Path) -> None:
     assert "audit gap: 2 record(s) of an unknown run" in str(first)
     again = do_reap(state)
     assert again.ok and again.gaps == []
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "\t"])
+def test_blank_state_dirs_are_value_errors(tmp_path: Path, monkeypatch, bad) -> None:
+    """A blank state_dir was a directory named by blanks in the current
+    directory (Host('x', state_dir='  ') made one)."""
+    from tether import Job
+    from tether import audit as _audit
+    from tether.host import Host
+
+    monkeypatch.chdir(tmp_path)
+    for make in (lambda: Host("t-blank-dir", state_dir=bad, allow_unprotected=True),
+                 lambda: Job(state_dir=bad, mechanism="none"),
+                 lambda: _audit.AuditWriter(bad)):
+        with pytest.raises(ValueError, match="must not be empty"):
+            make()
+    assert list(tmp_path.iterdir()) == [], "nothing made"

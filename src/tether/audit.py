@@ -221,13 +221,15 @@ def state_dir_arg(value: str | os.PathLike[str], what: str = "--state-dir") -> P
 def resolve_state_dir(value: str | os.PathLike[str]) -> Path:
     """A state directory given through the API: a relative one resolved once,
     against the current directory (a later ``chdir`` must not move the log
-    or a host's locks). An empty one is a ``ValueError``: it would be the
-    current directory, silently (say, a setting left unset)."""
+    or a host's locks). An empty or blank one is a ``ValueError``: it would
+    be the current directory, silently (say, a setting left unset), or a
+    directory named by blanks in it."""
     text = os.fspath(value)
     if isinstance(text, bytes):
         text = os.fsdecode(text)
-    if not text:
-        raise ValueError("state_dir must not be empty (None: the default)")
+    if not text.strip():
+        raise ValueError(f"state_dir must not be empty or blank, not {text!r} "
+                         "(None: the default)")
     return Path(os.path.abspath(text))
 
 
