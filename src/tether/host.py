@@ -963,10 +963,6 @@ class Host:
                 self._reaped.setdefault(e.session, []).append(e)
         if self.reap_report.ended:
             logger.info("tether host %r: %s", self.app, str(self.reap_report).strip())
-        for g in getattr(self.reap_report, "gaps", ()):
-            logger.warning("tether host %r: the audit log lost %d record(s) of earlier run %s: "
-                           "its leftovers were looked for only by stale cgroups and job cookies",
-                           self.app, g["lost"], g["run"] or "(unknown)")
 
     def _open_host_job(self) -> _AppJob:
         try:

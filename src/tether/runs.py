@@ -245,6 +245,13 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         if lost:
             notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
                          "have carried forward: what they proved cannot be proven now")
+        if gaps is None:  # (a caller that takes the gaps reports them itself)
+            for run_id, n in sorted(gap_lost.items(), key=lambda kv: kv[0] or ""):
+                net = n - checked.get(run_id, 0)
+                if net > 0:
+                    notes.append(f"the audit log lost {net} record(s) of run "
+                                 f"{run_id or '(unknown)'} (audit-gap: a full disk?): what "
+                                 "they recorded is not known")
     return runs
 
 
