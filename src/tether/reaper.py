@@ -532,6 +532,9 @@ def _plan_orphan_keepers(runs: dict[str, Run], plan: _Plan, session: str | None,
     from .ps import KEEPER_COMM
 
     seen: set[tuple[int, int]] = set()
+    # A keeper whose parent is a live owner is that owner's (a pid and start
+    # tick handed on within one clock tick): never ended here.
+    live_owners = {pid for (pid, _s), why in plan.protected.items() if why == OWNER_ALIVE}
     for run in runs.values():
         if plan.states.get(run.run) != OVER or run.run == take_over:
             continue
@@ -543,7 +546,8 @@ def _plan_orphan_keepers(runs: dict[str, Run], plan: _Plan, session: str | None,
             seen.add((k.pid, k.start))
             cur = identity.read(k.pid)
             if (cur is None or cur.start != k.start or cur.boot != k.boot
-                    or cur.state in ("Z", "X", "x") or cur.comm != KEEPER_COMM):
+                    or cur.state in ("Z", "X", "x") or cur.comm != KEEPER_COMM
+                    or cur.ppid in live_owners):
                 continue
             why = "stopped" if cur.state in ("T", "t") else "alive"
             plan.add(_Target(cur, run.run, info.session, job,
