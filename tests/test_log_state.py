@@ -609,3 +609,49 @@ def test_ps_notes_a_gap(procs, tmp_path: Path) -> None:
     r = _tether("ps", "--state-dir", str(state), "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"lost 5 record(s) of run {log.run}" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(not IS_ROOT or not IS_LINUX, reason="cgroup v2 is writable only by root here")
+def test_gap_makes_an_app_limited_reap_fall_back_to_the_stale_cgroup(procs, tmp_path: Path
+                                                                     ) -> None:
+    """A run of app ``a`` whose records a full disk lost except the gap
+    record: an app-limited reap (what a host's start does) normally looks
+    only at cgroups the app's records name; with the gap it also looks for
+    the run's own stale cgroup directory and ends what is in it. Control:
+    the same reap without the gap record ends nothing."""
+    from test_reaper import available
+
+    from tether import cgroupfs as lc
+
+    if not available("cgroup"):
+        pytest.skip("cgroup v2 not writable here")
+    base, _ = lc.base_dir()
+    parent = os.path.join(base, f"log-state-test-{os.getpid()}-{time.monotonic_ns()}")
+    dead = _dead_owner(procs)
+    run_id = f"{dead.pid}-{dead.start}"
+    stale = os.path.join(parent, f"tether-{run_id}")
+    job = os.path.join(stale, "j1")
+    made = [parent, stale, job]
+    try:
+        for d in made:
+            os.mkdir(d)
+        _, member = _sleep_with(procs)
+        Path(job, "cgroup.procs").write_text(str(member.pid))
+        state = tmp_path / "state"
+        with audit.AuditWriter(state) as w:
+            w.write("run-start", run="other", app="a")  # the app has a log
+        control = do_reap(state, app="a", cgroup_dirs=[parent])
+        assert control.ended == [] and identity.is_alive(member)
+
+        with audit.AuditWriter(state) as w:
+            w.write("error", error="audit-gap", lost=3, runs=[run_id])
+        report = do_reap(state, app="a", cgroup_dirs=[parent], grace=0)
+
+        assert [(e.pid, e.cgroup) for e in report.ended] == [(member.pid, job)], str(report)
+        assert not identity.is_alive(member)
+        assert report.gaps == [{"run": run_id, "lost": 3}] and not report.ok
+    finally:
+        for d in reversed(made):
+            if os.path.isdir(d):
+                lc.kill(d, timeout=3)  # only this test's process is in it
+                lc.remove_tree(d)
