@@ -1081,7 +1081,9 @@ def cli(argv: list[str]) -> int:
     [--session KEY] [--no-cgroups]``.
 
     Exit 0 when everything meant to be ended is gone (or in a dry run), 1 when
-    something survived SIGKILL, 2 for bad arguments or an unsafe state dir.
+    something survived SIGKILL or the log lost records of a run that is over
+    (``report.gaps``, also in a dry run), 2 for bad arguments (empty or blank
+    ones too) or an unsafe state dir.
     """
     import argparse
     import json
