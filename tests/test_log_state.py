@@ -31,8 +31,13 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 def _sleep_with(procs, env: dict[str, str] | None = None, argv0: str = "sleep"
                 ) -> tuple[subprocess.Popen, Identity]:
-    p = procs.popen([argv0, "300"], stdin=subprocess.DEVNULL,
-                    env={**os.environ, **(env or {})})
+    from procutil import poll_until
+
+    p = procs.popen([argv0, "300"], stdin=subprocess.DEVNULL, env=procs.env(**(env or {})))
+    # Popen returns once the exec is past its point of no return, before the
+    # new program's environment is set up: until then /proc/PID/environ
+    # reads empty (seen under load), and a cookie in it cannot be found.
+    assert poll_until(lambda: identity.environ_value(p.pid, b"TETHER_TEST_MARK") is not None)
     ident = identity.read(p.pid)
     assert ident is not None
     return p, ident
@@ -90,9 +95,10 @@ def test_cookie_window_does_not_follow_the_wall_clock(procs, tmp_path: Path,
     with open(state / "audit.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")
 
+    assert identity.is_alive(leftover) and identity.is_alive(before)
     report = do_reap(state)
 
-    assert [e.pid for e in report.ended] == [leftover.pid], str(report)
+    assert [e.pid for e in report.ended] == [leftover.pid], (str(report), report.skipped)
     assert not identity.is_alive(leftover)
     # Control: a process with the cookie that predates the job is no leftover.
     assert identity.is_alive(before)
@@ -499,6 +505,9 @@ def test_reaper_ends_a_stopped_keeper_of_a_dead_owner(procs, tmp_path: Path) -> 
     other_p, other = _sleep_with(procs, argv0=str(link))  # control: not the recorded keeper
     assert keeper.comm == "tether-keeper"
     kp.send_signal(signal.SIGSTOP)  # our own child, by its Popen
+    from procutil import poll_until
+
+    assert poll_until(lambda: identity.read(keeper.pid).state in ("T", "t"))  # (asynchronous)
     cookie = f"{owner.pid}-{owner.start}:j1:{secrets.token_hex(8)}"
     _, member = _sleep_with(procs, {identity.COOKIE_VAR: cookie})
     log = Log(state, owner)

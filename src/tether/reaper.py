@@ -456,6 +456,9 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
         return []
     names = {var for var, _ in want}
     cap = identity.capture(born_after=min(b for _, _, b in want.values()))
+    if not cap.complete:
+        plan.report.notes.append(f"process-table capture incomplete ({cap.reason}): "
+                                 "job cookies were looked for in part of it only")
     found: list[_Target] = []
     for seen in cap.procs.values():
         if seen.pid <= 2 or seen.state in ("Z", "X", "x") or seen.pid in plan.excluded_pids:
