@@ -168,6 +168,14 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
+    def close(self) -> list[Identity]:
+        ended = super().close()
+        # Its job-close is its last record: its log's two fds go now, not when
+        # the garbage collector breaks the session's reference cycles.
+        if self._closed and self._audit is not None and not self._forked():
+            self._audit.close()
+        return ended
+
     def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         if self._gate is not None:
             self._gate()
@@ -811,8 +819,8 @@ class Host:
         audit_keep_days: float | None = _audit.DEFAULT_KEEP_DAYS,
         work_holds: str | None = "all",
     ) -> None:
-        if not app or not isinstance(app, str):
-            raise ValueError("app must be a non-empty string")
+        if not isinstance(app, str) or not app.strip():
+            raise ValueError(f"app must be a non-empty string, not {app!r}")
         if require not in (None, "kernel"):
             raise ValueError(f"require must be None or 'kernel', not {require!r}")
         if audit not in ("auto", "required", "off"):
@@ -987,20 +995,39 @@ class Host:
 
     def _session_lock_dir(self) -> Path | None:
         """Where session keys are held: ``<state_dir>/sessions``, else (auditing
-        off) a private directory under the temporary directory."""
+        off) a private directory under the temporary directory, else under
+        ``$XDG_RUNTIME_DIR/tether``, else under the default state directory.
+        A directory that is not ours or that others may write
+        (``$TMPDIR/tether-<uid>`` made first by another user) is refused,
+        never shared: the next one is used."""
         if hasattr(os, "geteuid"):
             uid: Any = os.geteuid()
         else:
             import getpass
 
             uid = getpass.getuser()
-        bases = [self.state_dir] if self._audit is not None else []
-        bases.append(Path(tempfile.gettempdir()) / f"tether-{uid}")
-        for base in bases:
+        # (base, a directory that must be ours already: $XDG_RUNTIME_DIR itself)
+        bases: list[tuple[Path, Path | None]] = []
+        if self._audit is not None:
+            bases.append((self.state_dir, None))
+        bases.append((Path(tempfile.gettempdir()) / f"tether-{uid}", None))
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if os.path.isabs(runtime):
+            bases.append((Path(runtime) / "tether", Path(runtime)))
+        try:
+            bases.append((_audit.default_state_dir(), None))
+        except (TetherError, OSError, RuntimeError):
+            pass  # no home to fall back on
+        why = "no directory"
+        for base, parent in bases:
             try:
+                if parent is not None:
+                    _audit.check_dir(parent, create=False)
                 _audit.check_dir(base)
                 return _audit.check_dir(base / "sessions")
             except (TetherError, OSError) as exc:
+                (logger.warning if isinstance(exc, _audit.AuditDirError) else logger.info)(
+                    "tether host %r: not holding session keys in %s: %s", self.app, base, exc)
                 why = str(exc)
         logger.warning("tether host %r: session keys are held within this process only: %s",
                        self.app, why)
@@ -1065,7 +1092,7 @@ class Host:
         established: ...``) when the host has no safety net and
         ``require="kernel"`` was asked for.
         """
-        if not key or not isinstance(key, str):  # (None or "" would be one key for every caller)
+        if not isinstance(key, str) or not key.strip():  # ("" would be one key for every caller)
             raise ValueError(f"session key must be a non-empty string, not {key!r}")
         with self._lock:
             if self._closed:
@@ -1157,7 +1184,7 @@ class Host:
                    exclude_runs={self.run}, runs=runs, announce=announce, take_over=run)
         ended = list(self._reaped.pop(key, [])) + rep.ended
         out = self._resumed(TAKE_OVER, key, ended, runs, holder=holder)
-        if not rep.ok:
+        if rep.survived:
             out.note = "some of its processes could not be ended"
         logger.warning("tether host %r: %s", self.app, out or f"took over {key!r} from pid "
                        f"{holder}: nothing of its copy was running")

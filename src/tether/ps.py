@@ -38,7 +38,7 @@ from typing import Any
 from . import cgroupfs, identity
 from .identity import Identity
 from .runs import SHELL_JOB, SHELL_SCOPE_JOB
-from .stops import format_duration
+from .stops import format_duration, oneline
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
            "SCHEMA_VERSION"]
@@ -450,13 +450,7 @@ def _tree(idents: list[Identity]) -> list[Member]:
 # ---------------------------------------------------------------------------
 # Rendering
 
-# A command line may hold newlines, tabs, escape sequences: one line each, and
-# nothing that drives the terminal.
-_CONTROL = {c: " " for c in range(32)} | {127: " "}
-
-
-def _oneline(text: str) -> str:
-    return " ".join(text.translate(_CONTROL).split())
+_oneline = oneline  # (tether.stops.oneline: the one cleaner)
 
 
 def _owner_text(j: PsJob) -> str:

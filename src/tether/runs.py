@@ -118,7 +118,8 @@ class JobInfo:
 class Run:
     """One owner's run: its owner's identity, its jobs, its recorded processes."""
 
-    __slots__ = ("run", "owner", "owner_conflict", "app", "end_ts", "jobs", "procs", "cgroups")
+    __slots__ = ("run", "owner", "owner_conflict", "app", "end_ts", "jobs", "procs", "cgroups",
+                 "lost", "lost_checked")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -129,6 +130,8 @@ class Run:
         self.jobs: dict[str, JobInfo] = {}
         self.procs: dict[tuple[int, int], Proc] = {}
         self.cgroups: set[str] = set()
+        self.lost = 0  # records of this run ``audit-gap`` records say were lost
+        self.lost_checked = 0  # ... of which a reap already fell back to other proof for
 
     def job_flag(self, job: str | None, key: str) -> bool:
         info = self.jobs.get(job) if job is not None else None
@@ -177,11 +180,15 @@ def _ident(v: Any, boot: str, cache: dict) -> Identity | None:
 
 
 def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
-              notes: list[str] | None = None) -> dict[str, Run]:
+              notes: list[str] | None = None, gaps: dict[str | None, int] | None = None
+              ) -> dict[str, Run]:
     """Every run the log in ``state_dir`` records, by run id (see the module doc).
 
     ``stats``: a ``tether.audit.ReadStats`` to fill. ``notes``: a list that
-    gets one line per thing that limited the reading. Raises
+    gets one line per thing that limited the reading. ``gaps``: a dict that
+    gets, per run id, the records ``audit-gap`` records say were lost and no
+    reap has yet fallen back for (``Run.lost`` - ``Run.lost_checked``), and
+    under ``None`` those of no known run. Raises
     ``tether.audit.AuditDirError`` for an unsafe directory; a missing or
     empty log gives ``{}``.
     """
@@ -195,11 +202,19 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     cache: dict = {}
     unusable = 0
     lost = 0
+    gap_lost: dict[str | None, int] = {}
+    checked: dict[str | None, int] = {}
     for rec in audit.read_records(state_dir, stats=stats):
         if rec.get("event") not in SOURCES:
             if rec.get("event") == "error" and rec.get("error") == "audit-carry-loss":
                 n = rec.get("lost")
                 lost += n if type(n) is int and n > 0 else 0
+            elif rec.get("event") == "error" and rec.get("error") == "audit-gap":
+                _gap(rec, gap_lost)
+            elif rec.get("event") == "reap" and rec.get("how") == GAP_CHECKED:
+                run_id, n = _str(rec.get("run")), rec.get("lost")
+                if type(n) is int and n > 0:
+                    checked[run_id] = checked.get(run_id, 0) + n
             continue
         try:
             if not _absorb(rec, runs, boot, cache, alive):
@@ -214,6 +229,14 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
                         unusable += 1
             except (TypeError, ValueError, KeyError, AttributeError):
                 unusable += 1
+    for run_id, n in gap_lost.items():
+        run = runs.get(run_id) if run_id is not None else None
+        if run is not None:
+            run.lost += n
+            run.lost_checked = min(run.lost, checked.get(run_id, 0))
+        net = n - checked.get(run_id, 0)
+        if gaps is not None and net > 0:
+            gaps[run_id] = net
     if notes is not None:
         if unusable:
             notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
@@ -222,7 +245,33 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         if lost:
             notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
                          "have carried forward: what they proved cannot be proven now")
+        if gaps is None:  # (a caller that takes the gaps reports them itself)
+            for run_id, n in sorted(gap_lost.items(), key=lambda kv: kv[0] or ""):
+                net = n - checked.get(run_id, 0)
+                if net > 0:
+                    notes.append(f"the audit log lost {net} record(s) of run "
+                                 f"{run_id or '(unknown)'} (audit-gap: a full disk?): what "
+                                 "they recorded is not known")
     return runs
+
+
+#: ``how`` of the ``reap`` record a reap writes once it fell back to the
+#: proofs it still has for a run with lost records (so later reaps do not
+#: report that gap again).
+GAP_CHECKED = "gap-checked"
+
+
+def _gap(rec: dict[str, Any], out: dict[str | None, int]) -> None:
+    """Count one ``audit-gap`` record: its lost records, by the runs it names
+    (each named run may have lost them all), or under None."""
+    n = rec.get("lost")
+    if type(n) is not int or n <= 0:
+        return  # nothing lost for good (``kept`` records were written late)
+    runs = rec.get("runs")
+    names: list[str | None] = [r for r in runs[:64] if type(r) is str and r] \
+        if type(runs) is list else []
+    for r in names or [None]:
+        out[r] = out.get(r, 0) + n
 
 
 def shell_log_names(state_dir: str | os.PathLike[str]) -> list[str]:
