@@ -51,8 +51,8 @@ sys.path.insert(0, os.path.join(REPO, "src"))
 from tether import identity  # noqa: E402
 
 PINS = {"claude": "@anthropic-ai/claude-code@2.1.197", "omp": "@oh-my-pi/pi-coding-agent@18.1.20",
-        "bun": "bun@1.4.5", "opencode": "opencode-ai@1.18", "codex": "@openai/codex@0.171",
-        "gemini": "@google/gemini-cli@0.61"}
+        "bun": "bun@1.4.5", "opencode": "opencode-ai@1.18.33", "codex": "@openai/codex@0.171.0",
+        "gemini": "@google/gemini-cli@0.61.0"}
 
 # The steps of the scenario being played: {"command": CMD} and, for the
 # CLIs that have them, "background": True (a background task) or
