@@ -12,7 +12,7 @@
  * exits with the command's status (or dies by its signal).
  *
  * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
- * (-c, -lc, -l -c, --login -c, -c -l, with - or --), TETHER_SHELL_MECHANISM
+ * (-c, -lc, -l -c, --login -c, -c -l, -ic, -i -l -c, with - or --), TETHER_SHELL_MECHANISM
  * auto, cgroup or subreaper, scope command, the caller watch, the log. Every
  * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller,
  * TETHER_NATIVE=0, a usage error, no shell found, a log file only the audit
@@ -1873,7 +1873,7 @@ static int shell_main(int argc, char **argv)
         } else
             break;
     }
-    if (!saw_c || saw_i || i >= argc)
+    if (!saw_c || i >= argc)
         hand_over(); /* an interactive shell, or a usage error */
     int cmd_at = i;
     login |= dash_login;
@@ -1938,15 +1938,18 @@ static int shell_main(int argc, char **argv)
             *nl = '\0';
     }
 
-    /* the shell's argv: [shell, (-l), OPTIONS..., -c, (--), CMD, ARG0, ...]:
-     * "--" before a CMD the real shell would read as an option */
-    char **sargv = calloc((size_t)(argc - cmd_at + nopt) + 5, sizeof *sargv);
+    /* the shell's argv: [shell, (-l), (-i), OPTIONS..., -c, (--), CMD, ARG0, ...]
+     * (_shellargs.shell_argv): -i with -c is OMP's `$SHELL -i -c CMD` for zsh
+     * and fish users; "--" before a CMD the real shell would read as an option */
+    char **sargv = calloc((size_t)(argc - cmd_at + nopt) + 6, sizeof *sargv);
     if (!sargv)
         hand_over();
     size_t na = 0;
     sargv[na++] = R.shell;
     if (login)
         sargv[na++] = "-l";
+    if (saw_i)
+        sargv[na++] = "-i";
     for (int k = 0; k < nopt; k++)
         sargv[na++] = opts[k];
     sargv[na++] = "-c";
