@@ -39,6 +39,11 @@ def _parser():
     run.add_argument("--state-dir", default=None, metavar="DIR", help="write the spawn audit log here")
     run.add_argument("--die-with-stdin", action="store_true",
                      help="end the job when stdin hangs up (ssh link dropped)")
+    run.add_argument("--die-with-parent", action="store_true",
+                     help="end the job when the process that started tether run dies (stdin is not watched)")
+    run.add_argument("--lifeline", type=int, default=None, metavar="FD",
+                     help="end the job when FD (a pipe or socket the caller holds the other end of) "
+                          "reaches EOF or hangs up")
     run.add_argument("--verbose", "-v", action="store_true", help="say which mechanism protects the job")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
 
@@ -117,7 +122,8 @@ def _main(argv: list[str]) -> int:
                 return EXIT_TETHER_FAILURE
         return run_command(cmd, mechanism=args.mechanism, require=args.require, grace=args.grace,
                            state_dir=state_dir, die_with_stdin=args.die_with_stdin,
-                           verbose=args.verbose)
+                           verbose=args.verbose, die_with_parent=args.die_with_parent,
+                           lifeline=args.lifeline)
     if args.command == "doctor":
         from .doctor import doctor
 

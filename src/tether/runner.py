@@ -1,5 +1,12 @@
 """`tether run`: one command in a job, with the terminal and signals handled.
 
+``--die-with-parent``: the job also ends (at once, no grace: nobody is left
+to be graceful for) when the process that started ``tether run`` dies, watched
+by pidfd from the start (the caller watch of the one-command path,
+``oneshot.watch_caller``); ``--lifeline FD``: when FD, a pipe or socket whose
+other end the app holds, reaches EOF or hangs up. stdin is not watched by
+either. The command is then SIGKILLed and tether exits 137.
+
 Exit status: the command's; 128+N if it died of signal N; 127 command not
 found; 126 not executable; 125 tether's own failure, nothing ran (one line on
 stderr); 123 the guard was lost and so was the command's status (see below).
@@ -55,11 +62,93 @@ def _foreground_tty() -> int | None:
     return None
 
 
+def check_lifeline(fd: int) -> str | None:
+    """Why FD cannot be a lifeline (one line), or None: it must be an open pipe
+    or socket above stdio (the same words as the native ``tether run``)."""
+    import stat
+
+    if fd < 3:
+        return f"--lifeline {fd}: expected a file descriptor number of 3 or more; nothing was run"
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return f"--lifeline {fd}: not an open file descriptor; nothing was run"
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return f"--lifeline {fd}: not a pipe or socket; nothing was run"
+    return None
+
+
+class _Lifelines:
+    """What ``--die-with-parent`` and ``--lifeline`` watch: fds that poll
+    readable when the job must end (POSIX), or handles (Windows)."""
+
+    def __init__(self) -> None:
+        self.parent_fd: int | None = None  # a pidfd (Linux) or kqueue (BSD, macOS)
+        self.lifeline: int | None = None
+        self.win_parent = None  # Windows: a SYNCHRONIZE handle of the parent
+        self.win_pipe = None
+
+    def any(self) -> bool:
+        return (self.parent_fd is not None or self.lifeline is not None or self.win_parent is not None
+                or self.win_pipe is not None)
+
+
+def _watch_parent(lines: _Lifelines) -> str | None:
+    """Start watching the process that started us; why not (one line) if it is gone."""
+    gone = "--die-with-parent: the process that started tether run is already gone; nothing was run"
+    if _WINDOWS:
+        handle = _windows_parent_handle()
+        if handle is None:
+            return gone
+        lines.win_parent = handle
+        return None
+    from .platform import oneshot
+
+    if hasattr(os, "pidfd_open"):
+        caller = oneshot.watch_caller()
+        if caller is None:
+            return gone
+        lines.parent_fd = caller[2]
+        return None
+    ppid = os.getppid()  # BSD, macOS: a kqueue's NOTE_EXIT
+    import select
+
+    if ppid <= 1 or not hasattr(select, "kqueue"):
+        return gone if ppid <= 1 else "--die-with-parent: not supported on this platform; nothing was run"
+    kq = select.kqueue()
+    try:
+        kq.control([select.kevent(ppid, select.KQ_FILTER_PROC, select.KQ_EV_ADD,
+                                  select.KQ_NOTE_EXIT)], 0, 0)
+    except OSError:
+        kq.close()
+        return gone
+    if os.getppid() != ppid:
+        kq.close()
+        return gone
+    lines.parent_fd = kq.fileno()
+    lines._kq = kq  # type: ignore[attr-defined]  # kept open with its fd
+    return None
+
+
 def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None = None,
                 grace: float = 2.0, state_dir: str | None = None, die_with_stdin: bool = False,
-                verbose: bool = False) -> int:
+                verbose: bool = False, die_with_parent: bool = False,
+                lifeline: int | None = None) -> int:
     from .errors import JobRefused, TetherError
     from .job import Job
+
+    lines = _Lifelines()
+    if lifeline is not None:
+        why = _check_lifeline_windows(lifeline, lines) if _WINDOWS else check_lifeline(lifeline)
+        if why:
+            return _fail(why)
+        if not _WINDOWS:
+            os.set_inheritable(lifeline, False)  # the keeper's to watch, never the command's
+            lines.lifeline = lifeline
+    if die_with_parent:
+        why = _watch_parent(lines)
+        if why:
+            return _fail(why)
 
     if not _WINDOWS:
         # A child subreaper: should the job's keeper die, the command is
@@ -114,9 +203,9 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             except OSError:
                 pass
         if _WINDOWS:
-            status = _supervise_windows(job, proc, die_with_stdin, grace)
+            status = _supervise_windows(job, proc, die_with_stdin, grace, lines)
         else:
-            status = _supervise(job, proc, die_with_stdin, grace)
+            status = _supervise(job, proc, die_with_stdin, grace, lines)
         if handed_fg:
             try:
                 old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
@@ -132,14 +221,14 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             job.close()
 
 
-def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
+def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines) -> int:
     # A stop signal tether was started with ignored (nohup, a non-interactive
     # shell's background job) stays ignored: blocked, it would be delivered.
     waited = {s for s in (*_STOP_SIGNALS, signal.SIGQUIT)
               if signal.getsignal(s) != signal.SIG_IGN} | {signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     main_id = threading.get_ident()
-    state = {"exited": False, "stdin_hup": False, "keeper_died": False}
+    state = {"exited": False, "stdin_hup": False, "keeper_died": False, "parent_gone": False}
 
     def wake() -> None:
         try:
@@ -175,11 +264,18 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
     if die_with_stdin:
         threading.Thread(target=_watch_stdin, args=(state, wake), name="tether-stdin",
                          daemon=True).start()
+    if lines.any():
+        threading.Thread(target=_watch_lifelines, args=(lines, state, wake), name="tether-parent",
+                         daemon=True).start()
     stop_signal = 0
     stopper: threading.Thread | None = None
     while True:
         if state["exited"]:
             break
+        if state["parent_gone"] and stop_signal != signal.SIGKILL:
+            stop_signal = signal.SIGKILL  # the app is gone: nobody to be graceful for
+            job.terminate(0)
+            continue
         if state["stdin_hup"] and not stop_signal:
             stop_signal = signal.SIGHUP
             job.terminate(grace)
@@ -218,6 +314,47 @@ def _terminate_quietly(job, grace: float) -> None:
         pass
 
 
+def _lifeline_gone(fd: int, ev: int) -> bool:
+    """A lifeline's poll event: gone at hangup, error or EOF; what the app
+    writes into it means nothing and is read away (never more than is there)."""
+    import fcntl
+    import select
+    import termios
+
+    if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0x2000)):
+        return True
+    if not ev & select.POLLIN:
+        return False
+    import array
+
+    n = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, n, True)
+        if n[0] <= 0:
+            return True  # readable with nothing to read: EOF
+        return not os.read(fd, min(n[0], 4096))
+    except InterruptedError:
+        return False
+    except OSError:
+        return True
+
+
+def _watch_lifelines(lines: _Lifelines, state: dict, wake) -> None:
+    import select
+
+    poller = select.poll()
+    if lines.parent_fd is not None:
+        poller.register(lines.parent_fd, select.POLLIN)
+    if lines.lifeline is not None:
+        poller.register(lines.lifeline, select.POLLIN | getattr(select, "POLLRDHUP", 0x2000))
+    while not state["exited"]:
+        for fd, ev in poller.poll():
+            if fd == lines.parent_fd or _lifeline_gone(fd, ev):
+                state["parent_gone"] = True
+                wake()
+                return
+
+
 def _watch_stdin(state: dict, wake) -> None:
     """Notice the writer of stdin going away, without reading (the command owns stdin)."""
     import select
@@ -233,7 +370,7 @@ def _watch_stdin(state: dict, wake) -> None:
                 return
 
 
-def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
+def _supervise_windows(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines) -> int:
     """Windows: follow the command's exit; its exit code is tether's.
 
     Ctrl+C and Ctrl+Break reach every process attached to the console, the
@@ -247,15 +384,19 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
     old = {s: signal.signal(s, signal.SIG_IGN) for s in keyboard}
     try:
         stdin_handle = _stdin_pipe_handle() if die_with_stdin else None
-        while stdin_handle is not None:
+        while stdin_handle is not None or lines.any():
             try:
                 return _exit_status_windows(proc.wait(0.1))
             except subprocess.TimeoutExpired:
                 pass
-            if _pipe_writer_gone(stdin_handle):
+            if stdin_handle is not None and _pipe_writer_gone(stdin_handle):
                 job.terminate(grace)
                 job.close()  # whatever terminate could not reach (it works from members())
                 return 129  # as for SIGHUP on POSIX
+            if _windows_gone(lines):
+                job.terminate(0)  # the app is gone: nobody to be graceful for
+                job.close()
+                return 128 + 9  # as for SIGKILL on POSIX
         return _exit_status_windows(proc.wait())
     finally:
         for s, handler in old.items():
@@ -293,3 +434,68 @@ def _pipe_writer_gone(handle) -> bool:
     except OSError:
         return False
     return False
+
+
+def _windows_parent_handle():
+    """A SYNCHRONIZE handle of the process that started us, checked to be
+    older than we are (a reused pid would be younger); None if it is gone."""
+    import ctypes
+    from ctypes import wintypes
+
+    k32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    k32.OpenProcess.restype = wintypes.HANDLE
+    k32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    k32.GetProcessTimes.argtypes = [wintypes.HANDLE] + [ctypes.POINTER(wintypes.FILETIME)] * 4
+    k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+    k32.WaitForSingleObject.restype = wintypes.DWORD
+    synchronize, query_limited = 0x00100000, 0x1000
+    handle = k32.OpenProcess(synchronize | query_limited, False, os.getppid())
+    if not handle:
+        return None
+
+    def created(h) -> int:
+        t = [wintypes.FILETIME() for _ in range(4)]
+        if not k32.GetProcessTimes(h, *[ctypes.byref(x) for x in t]):
+            return 0
+        return (t[0].dwHighDateTime << 32) | t[0].dwLowDateTime
+
+    if k32.WaitForSingleObject(handle, 0) == 0 or not 0 < created(handle) <= created(k32.GetCurrentProcess()):
+        k32.CloseHandle(handle)
+        return None
+    return handle
+
+
+def _check_lifeline_windows(fd: int, lines: _Lifelines) -> str | None:
+    """Windows: FD (a C runtime fd, as Node passes stdio[3]) must be a pipe."""
+    try:
+        import msvcrt
+
+        handle = msvcrt.get_osfhandle(fd)
+    except OSError:
+        return f"--lifeline {fd}: not an open file descriptor; nothing was run"
+    if fd < 3:
+        return f"--lifeline {fd}: expected a file descriptor number of 3 or more; nothing was run"
+    import _winapi
+
+    try:
+        _winapi.PeekNamedPipe(handle, 0)
+    except BrokenPipeError:
+        pass  # a pipe, its writer gone already: seen as gone at the first look
+    except OSError:
+        return f"--lifeline {fd}: not a pipe or socket; nothing was run"
+    lines.win_pipe = handle
+    return None
+
+
+def _windows_gone(lines: _Lifelines) -> bool:
+    if lines.win_parent is not None:
+        import ctypes
+        from ctypes import wintypes
+
+        k32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+        k32.WaitForSingleObject.restype = wintypes.DWORD
+        if k32.WaitForSingleObject(lines.win_parent, 0) == 0:  # WAIT_OBJECT_0: it exited
+            return True
+    return lines.win_pipe is not None and _pipe_writer_gone(lines.win_pipe)

@@ -1,0 +1,210 @@
+"""Hosts in any language (docs/hosts.md): `tether run --die-with-parent` and
+`--lifeline FD`, through the page's own Node snippets run by the real `node`,
+for the native `tether` and the Python CLI; each kill test has its control
+(the same tree spawned by Node without tether survives the same SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from procutil import ROOT, SHELL_KINDS, SRC, native_cli, read_line
+
+pytestmark = [pytest.mark.mechanism,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: pidfds, real node")]
+
+NODE = shutil.which("node")
+PAGE = os.path.join(ROOT, "docs", "hosts.md")
+BARE = os.path.join(ROOT, "tests", "node", "bare.js")
+# The agent's tree: a plain child, a setsid escapee; it reads the prompt first
+# and keeps running after stdin's EOF (an ACP agent's stdin is its channel).
+TREE = ["sh", "-c", 'read line; echo "got $line"; sleep 300 & (setsid sleep 301 &); '
+                    'sleep 0.2; echo ready; cat >/dev/null; wait']
+
+
+def page_files(dest: str) -> None:
+    """Write docs/hosts.md's ``<!-- file: NAME -->`` blocks into dest."""
+    text = open(PAGE, encoding="utf-8").read()
+    for name, body in re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S):
+        with open(os.path.join(dest, name), "w") as f:
+            f.write(body)
+
+
+@pytest.fixture(params=SHELL_KINDS)
+def bindir(request, tmp_path) -> str:
+    """A directory whose `tether` is the native program or the Python CLI."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    if request.param == "native":
+        path = native_cli()
+        if path is None:
+            pytest.skip("no native tether here")
+        os.symlink(path, d / "tether")
+    else:
+        (d / "tether").write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {SRC!r})\n"
+                                  "from tether.cli import main\nsys.exit(main())\n")
+        (d / "tether").chmod(0o755)
+    return str(d)
+
+
+@pytest.fixture
+def snippets(tmp_path) -> str:
+    if NODE is None:
+        pytest.skip("no node here (CI installs Debian's nodejs)")
+    d = tmp_path / "js"
+    d.mkdir()
+    page_files(str(d))
+    return str(d)
+
+
+def _start(procs, bindir: str, script: str, env_extra=None) -> subprocess.Popen:
+    env = procs.env(PATH=bindir + os.pathsep + os.environ["PATH"], **(env_extra or {}))
+    return procs.popen([NODE, script, *TREE], stdout=subprocess.PIPE, env=env)
+
+
+def _sigkill_node_tree_ends(procs, node: subprocess.Popen) -> None:
+    assert read_line(node) == "got hello\n"
+    assert read_line(node) == "ready\n"  # stdin's EOF came before: it ended nothing
+    assert len(procs.wait_count(5)) >= 5  # node, sh, sleep, sleep (+ tether's)
+    node.kill()
+    node.wait(timeout=10)
+    left = procs.wait_all_dead(3, exclude=frozenset({node.pid}))
+    assert not left, left
+
+
+def test_die_with_parent_node_app_sigkilled(procs, bindir, snippets):
+    node = _start(procs, bindir, os.path.join(snippets, "app.js"))
+    _sigkill_node_tree_ends(procs, node)
+
+
+def test_lifeline_through_an_intermediary(procs, bindir, snippets):
+    node = _start(procs, bindir, os.path.join(snippets, "via-shell.js"))
+    _sigkill_node_tree_ends(procs, node)
+
+
+def test_control_without_tether_the_tree_survives(procs, snippets):
+    """The control: Node's own spawn, the app SIGKILLed - the tree lives on."""
+    with procs.adopting_orphans():
+        node = procs.popen([NODE, BARE, *TREE], stdout=subprocess.PIPE)
+        assert read_line(node) == "got hello\n"
+        assert read_line(node) == "ready\n"
+        node.kill()
+        node.wait(timeout=10)
+        left = procs.wait_all_dead(1, exclude=frozenset({node.pid}))
+        assert {i.comm for i in left} >= {"sh", "sleep"}, left
+
+
+def test_control_plain_tether_run_survives_its_parent(procs, bindir):
+    """Without --die-with-parent, a SIGKILLed parent leaves `tether run` and its tree running."""
+    with procs.adopting_orphans():
+        parent = procs.popen(["sh", "-c", 'tether run -- sh -c "sleep 300 & wait" & wait'],
+                             env=procs.env(PATH=bindir + os.pathsep + os.environ["PATH"]))
+        assert len(procs.wait_count(4)) >= 4
+        parent.kill()
+        parent.wait(timeout=10)
+        left = procs.wait_all_dead(1, exclude=frozenset({parent.pid}))
+        assert "sleep" in {i.comm for i in left}, left
+
+
+def test_die_with_parent_shell_parent_sigkilled(procs, bindir):
+    """Any parent, however it dies: here a shell, SIGKILLed."""
+    parent = procs.popen(["sh", "-c", 'tether run --die-with-parent -- sh -c "sleep 300 & '
+                          '(setsid sleep 301 &); wait" & wait'],
+                         env=procs.env(PATH=bindir + os.pathsep + os.environ["PATH"]))
+    assert len(procs.wait_count(5)) >= 5
+    parent.kill()
+    parent.wait(timeout=10)
+    left = procs.wait_all_dead(3, exclude=frozenset({parent.pid}))
+    assert not left, left
+
+
+def test_stdin_eof_and_exit_status_pass_through(procs, bindir):
+    env = procs.env(PATH=bindir + os.pathsep + os.environ["PATH"])
+    r = subprocess.run(["tether", "run", "--die-with-parent", "--", "sh", "-c",
+                        "cat; sleep 0.3; echo after-eof; exit 7"],
+                       input=b"prompt\n", capture_output=True, env=env, timeout=30)
+    assert (r.returncode, r.stdout, r.stderr) == (7, b"prompt\nafter-eof\n", b"")
+
+
+def test_lifeline_data_means_nothing_eof_ends(procs, bindir):
+    """What the app writes into its lifeline is read away; only EOF ends the job."""
+    env = procs.env(PATH=bindir + os.pathsep + os.environ["PATH"])
+    mine, theirs = socket.socketpair()
+    p = procs.popen(["tether", "run", "--lifeline", str(theirs.fileno()), "--",
+                     "sh", "-c", "sleep 300 & (setsid sleep 301 &); wait"],
+                    env=env, pass_fds=(theirs.fileno(),))
+    theirs.close()
+    assert len(procs.wait_count(4)) >= 4
+    mine.sendall(b"x" * 100_000)
+    import time
+
+    time.sleep(0.5)
+    assert p.poll() is None and len(procs.alive()) >= 4, "data ended the job"
+    mine.close()
+    assert p.wait(timeout=10) == 128 + signal.SIGKILL
+    assert not procs.wait_all_dead(3)
+
+
+def test_lifeline_pipe_eof_ends(procs, bindir):
+    env = procs.env(PATH=bindir + os.pathsep + os.environ["PATH"])
+    r, w = os.pipe()
+    p = procs.popen(["tether", "run", "--lifeline", str(r), "--", "sh", "-c", "sleep 300 & wait"],
+                    env=env, pass_fds=(r,))
+    os.close(r)
+    assert len(procs.wait_count(3)) >= 3
+    assert p.poll() is None
+    os.close(w)
+    assert p.wait(timeout=10) == 128 + signal.SIGKILL
+    assert not procs.wait_all_dead(3)
+
+
+def test_parent_already_gone_refuses(procs, bindir, tmp_path):
+    """Its parent exited before it started: refused, 125, nothing run. It is
+    re-parented to this test (a subreaper here), which takes its status."""
+    from procutil import wait_until
+
+    out, pidf = tmp_path / "out", tmp_path / "pid"
+    inner = (f"sleep 0.3; echo $$ >{pidf}; exec tether run --die-with-parent -- "
+             f"touch {tmp_path}/ran 2>{out}")
+    with procs.adopting_orphans():
+        subprocess.run(["sh", "-c", 'sh -c "$1" & exit 0', "sh", inner],
+                       env=procs.env(PATH=bindir + os.pathsep + os.environ["PATH"]),
+                       timeout=30, start_new_session=True)
+        pid = int(wait_until(lambda: pidf.exists() and pidf.read_text().strip(), 10))
+        status = wait_until(lambda: os.waitpid(pid, os.WNOHANG)[1] or None, 10)
+    assert os.waitstatus_to_exitcode(status) == 125
+    assert out.read_text() == ("tether: --die-with-parent: the process that started tether run is "
+                               "already gone; nothing was run\n")
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("setup,words", [
+    ("2", "expected a file descriptor number of 3 or more"),
+    ("x", "expected a file descriptor number of 3 or more"),
+    ("closed", "not an open file descriptor"),
+    ("file", "not a pipe or socket"),
+])
+def test_lifeline_bad_input(procs, bindir, tmp_path, setup, words):
+    env = procs.env(PATH=bindir + os.pathsep + os.environ["PATH"])
+    kw = {}
+    if setup == "closed":
+        arg = "97"
+    elif setup == "file":
+        f = open(tmp_path / "f", "w")
+        arg = str(f.fileno())
+        kw["pass_fds"] = (f.fileno(),)
+    else:
+        arg = setup
+    r = subprocess.run(["tether", "run", "--lifeline", arg, "--", "touch", str(tmp_path / "ran")],
+                       capture_output=True, env=env, timeout=30, **kw)
+    assert r.returncode == 125
+    err = r.stderr.decode()
+    if setup != "x" or "python" not in bindir:  # argparse's own words for a non-number
+        assert err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "ran").exists()
