@@ -208,3 +208,171 @@ def test_lifeline_bad_input(procs, bindir, tmp_path, setup, words):
     if setup != "x" or "python" not in bindir:  # argparse's own words for a non-number
         assert err.count("\n") == 1 and words in err, err
     assert not (tmp_path / "ran").exists()
+
+
+# -- the host layer's session rules from the command line ----------------------------
+
+def _session(bindir: str, state: str, key: str = "chat-1", *extra: str) -> list[str]:
+    return ["tether", "run", "--state-dir", state, "--app", "myapp", "--session", key, *extra]
+
+
+def _senv(procs, bindir):
+    return procs.env(PATH=bindir + os.pathsep + os.environ["PATH"])
+
+
+def _log_state(state) -> tuple:
+    """The audit log's bytes and the session lock files: what a refusal must not change."""
+    files = {}
+    for root, _dirs, names in os.walk(state):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                files[os.path.relpath(p, state)] = f.read()
+    return tuple(sorted(files.items()))
+
+
+@pytest.fixture
+def state(tmp_path) -> str:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+def test_session_running_copy_refuses_the_next(procs, bindir, state, tmp_path):
+    first = procs.popen(_session(bindir, state, "chat-1", "--", "sh", "-c", "echo up; sleep 300"),
+                        env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(first) == "up\n"
+    before = _log_state(state)
+    r = subprocess.run(_session(bindir, state, "chat-1", "--", "touch", str(tmp_path / "ran")),
+                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    assert r.returncode == 125
+    err = r.stderr.decode()
+    assert err.count("\n") == 1 and f"pid {first.pid}, started " in err and "nothing was run" in err, err
+    assert not (tmp_path / "ran").exists()
+    assert _log_state(state) == before  # nothing written: not the log, not the lock
+    # another key of the same app, or the same key of another app, runs
+    r = subprocess.run(_session(bindir, state, "chat-2", "--", "true"), env=_senv(procs, bindir),
+                       timeout=60)
+    assert r.returncode == 0
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=20) == 128 + signal.SIGTERM
+
+
+def test_session_take_over_ends_the_running_copy(procs, bindir, state, tmp_path):
+    rep1, rep2 = tmp_path / "r1.json", tmp_path / "r2.json"
+    first = procs.popen(_session(bindir, state, "chat-1", "--label", "build", "--report", str(rep1),
+                                 "--", "sh", "-c", "sleep 300 & (setsid sleep 301 &); echo up; wait"),
+                        env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(first) == "up\n"
+    r = subprocess.run(_session(bindir, state, "chat-1", "--take-over", "--report", str(rep2), "--",
+                                "sh", "-c", "echo second"),
+                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"second\n"), r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert len(lines) == 3, lines  # sh, sleep, sleep: one line each
+    assert all(re.fullmatch(rf"tether: took over chat-1 from pid {first.pid}: ended pid \d+ "
+                            r"\((sh|sleep)\), ran \d+s", ln) for ln in lines), lines
+    assert first.wait(timeout=20) > 128
+    assert not procs.wait_all_dead(3, exclude=frozenset({first.pid}))
+    import json
+
+    one, two = json.loads(rep1.read_text()), json.loads(rep2.read_text())
+    assert (one["reason"], one["label"]) == ("take over", "build"), one
+    assert isinstance(one["taken_over_by"], int) and one["taken_over_by"] != first.pid
+    assert two["resumed"]["reason"] == "take over" and two["resumed"]["holder"] == first.pid
+    assert sorted(p["name"] for p in two["resumed"]["ended"]) == ["sh", "sleep", "sleep"]
+    assert (two["reason"], two["exit"], two["ended"]) == ("session closed", 0, [])
+
+
+def test_session_report_on_a_stop_says_what_it_ended(procs, bindir, state, tmp_path):
+    rep = tmp_path / "r.json"
+    p = procs.popen(_session(bindir, state, "chat-1", "--label", "agent", "--report", str(rep), "--",
+                             "sh", "-c", "sleep 300 & echo up; wait"),
+                    env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(p) == "up\n"
+    assert len(procs.wait_count(3)) >= 3
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    import json
+
+    out = json.loads(rep.read_text())
+    assert out["reason"] == "user request" and out["exit"] == 128 + signal.SIGTERM
+    names = sorted((e["name"], e["agent"]) for e in out["ended"])
+    assert names == [("sh", True), ("sleep", False)], out
+    assert all(e["runtime_s"] >= 0 and e["pid"] > 1 for e in out["ended"])
+    assert out["text"].startswith("Stopped (user request): ended `agent` after ")
+
+
+def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_path):
+    """Owner and keepers SIGKILLed: the tree is left behind (the control: seen
+    alive); the next run of the key ends exactly it, saying so, then runs."""
+    from tether import identity
+
+    first = procs.popen(_session(bindir, state, "chat-1", "--label", "build", "--",
+                                 "sh", "-c", "sleep 300 & echo up; wait"),
+                        env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(first) == "up\n"
+    tree = [i for i in procs.wait_count(4) if i.comm in ("sh", "sleep")]
+    assert len(tree) == 2
+    keepers = [identity.read(c) for c in identity.children(first.pid)]
+    keepers = [k for k in keepers if k is not None and k.comm == "tether-keeper"]
+    assert keepers
+    os.kill(first.pid, signal.SIGSTOP)  # it must not end the job from here when a keeper dies
+    for k in keepers:
+        identity.send_signal(k, signal.SIGKILL, member=True)
+    first.kill()
+    first.wait(timeout=10)
+    assert all(identity.is_alive(i) for i in tree)  # control: left behind
+    r = subprocess.run(_session(bindir, state, "chat-1", "--", "sh", "-c", "echo second"),
+                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"second\n"), r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert sorted(re.sub(r"ran \d+s$", "ran Ts", re.sub(r"pid \d+", "pid N", ln)) for ln in lines) == [
+        "tether: resumed chat-1: ended pid N (sh), ran Ts",
+        "tether: resumed chat-1: ended pid N (sleep), ran Ts"], lines
+    assert {int(re.search(r"ended pid (\d+)", ln).group(1)) for ln in lines} == {i.pid for i in tree}
+    assert not any(identity.is_alive(i) for i in tree)
+
+
+def test_session_concurrent_take_overs_one_runs(procs, bindir, state, tmp_path):
+    first = procs.popen(_session(bindir, state, "chat-1", "--", "sh", "-c", "echo up; sleep 300"),
+                        env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(first) == "up\n"
+    takers = [procs.popen(_session(bindir, state, "chat-1", "--take-over", "--",
+                                   "sh", "-c", f"echo ran-{n}; sleep 1"),
+                          env=_senv(procs, bindir), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for n in (1, 2)]
+    outs = [t.communicate(timeout=60) for t in takers]
+    codes = sorted(t.returncode for t in takers)
+    assert codes == [0, 125], (codes, outs)
+    ran = [o for o, t in zip(outs, takers, strict=True) if t.returncode == 0][0][0]
+    assert ran in (b"ran-1\n", b"ran-2\n")
+    refused = [o for o, t in zip(outs, takers, strict=True) if t.returncode == 125][0]
+    assert refused[0] == b"" and b"nothing was run" in refused[1], refused
+    first.wait(timeout=20)
+    assert not procs.wait_all_dead(3)  # nothing of any copy left running
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--session", "k", "--app", "a"], "--session needs --state-dir DIR and --app APP"),
+    (["--session", "k", "--state-dir", "STATE"], "--session needs --state-dir DIR and --app APP"),
+    (["--session", "k", "--app", "a", "--state-dir", "STATE/nope"], "no such directory"),
+    (["--session", "a\nb", "--app", "a", "--state-dir", "STATE"], "--session must be one non-empty line"),
+    (["--session", "k" * 257, "--app", "a", "--state-dir", "STATE"], "at most 256 bytes"),
+    (["--session", "k", "--app", "a", "--state-dir", "STATE", "--report", "STATE/nodir/r.json"],
+     "cannot write there"),
+    (["--session", "k", "--app", "a", "--state-dir", "STATE", "--report-fd", "97"],
+     "not an open file descriptor"),
+    (["--take-over"], "--take-over needs --session KEY"),
+    (["--app", "a"], "--app needs --session KEY"),
+])
+def test_session_bad_input(procs, bindir, state, tmp_path, args, words):
+    args = [a.replace("STATE", state) for a in args]
+    before = _log_state(state)
+    r = subprocess.run(["tether", "run", *args, "--", "touch", str(tmp_path / "ran")],
+                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    assert r.returncode == 125
+    err = r.stderr.decode()
+    assert err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "ran").exists()
+    assert _log_state(state) == before == ()

@@ -1047,7 +1047,7 @@ class Host:
 
     # -- sessions ---------------------------------------------------------------------
     def session(self, key: str, *, grace: float | None = None,
-                take_over: bool = False) -> Session:
+                take_over: bool = False, take_over_before: float | None = None) -> Session:
         """The session ``key``: a job inside the host job.
 
         Returns the open one if this host already has it. Otherwise it holds
@@ -1058,7 +1058,11 @@ class Host:
         rule). What it ended is ``session.resumed`` (a :class:`Resumed`).
         Raises ``JobRefused`` (``process-tree ownership could not be
         established: ...``) when the host has no safety net and
-        ``require="kernel"`` was asked for.
+        ``require="kernel"`` was asked for. ``take_over_before`` (a
+        ``time.time()``, e.g. when the take-over was asked for): only a copy
+        that took the key before then is taken over; one that took it later -
+        a concurrent take-over that won - raises :class:`SessionHeld`, so of
+        two take-overs at the same moment exactly one runs.
         """
         if not key or not isinstance(key, str):  # (None or "" would be one key for every caller)
             raise ValueError(f"session key must be a non-empty string, not {key!r}")
@@ -1072,7 +1076,7 @@ class Host:
                 raise JobRefused("process-tree ownership could not be established: "
                                  f"{self.safety_net_disabled}", reason=self.safety_net_disabled)
             g = self.grace if grace is None else check_grace(grace)
-            lock, taken = self._hold_key(key, take_over)
+            lock, taken = self._hold_key(key, take_over, take_over_before)
             try:
                 resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
@@ -1096,7 +1100,7 @@ class Host:
         return {"app": self.app, "session": key, "run": self.run, "pid": os.getpid(),
                 "start": me.token() if me is not None else None, "ts": time.time()}
 
-    def _hold_key(self, key: str, take_over: bool
+    def _hold_key(self, key: str, take_over: bool, before: float | None = None
                   ) -> tuple[_SessionLock | _LocalLock, Resumed | None]:
         """Hold ``key`` for this host; (the lock, what a take-over ended)."""
         if self._lock_dir is None:
@@ -1117,6 +1121,10 @@ class Host:
         info, ino = held
         if not take_over:
             raise _held(self.app, key, info)
+        since = info.get("ts")
+        if before is not None and isinstance(since, (int, float)) and since > before:
+            raise _held(self.app, key, info, "it took the key after this take-over was asked "
+                        "for (a concurrent take-over won)")
         mine = _OPEN.get(str(lock.path)) if info.get("pid") == os.getpid() else None
         if mine is not None and not mine.closed:
             # Another Host of this process holds it: its run is ours, so no reap
