@@ -242,14 +242,19 @@ def test_session_running_copy_refuses_the_next(procs, bindir, state, tmp_path):
     first = procs.popen(_session(bindir, state, "chat-1", "--", "sh", "-c", "echo up; sleep 300"),
                         env=_senv(procs, bindir), stdout=subprocess.PIPE)
     assert read_line(first) == "up\n"
-    before = _log_state(state)
-    r = subprocess.run(_session(bindir, state, "chat-1", "--", "touch", str(tmp_path / "ran")),
-                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    locks = [f for f in _log_state(state) if f[0].startswith("sessions")]
+    r = procs.popen(_session(bindir, state, "chat-1", "--", "touch", str(tmp_path / "ran")),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_senv(procs, bindir))
+    _out, err = r.communicate(timeout=60)
     assert r.returncode == 125
-    err = r.stderr.decode()
+    err = err.decode()
     assert err.count("\n") == 1 and f"pid {first.pid}, started " in err and "nothing was run" in err, err
     assert not (tmp_path / "ran").exists()
-    assert _log_state(state) == before  # nothing written: not the log, not the lock
+    # nothing written: no record of the refused run (the first copy may still
+    # be writing its own), the lock files byte for byte as they were
+    log = open(os.path.join(state, "audit.jsonl"), "rb").read()
+    assert f'"pid":{r.pid},'.encode() not in log
+    assert [f for f in _log_state(state) if f[0].startswith("sessions")] == locks
     # another key of the same app, or the same key of another app, runs
     r = subprocess.run(_session(bindir, state, "chat-2", "--", "true"), env=_senv(procs, bindir),
                        timeout=60)
@@ -376,3 +381,34 @@ def test_session_bad_input(procs, bindir, state, tmp_path, args, words):
     assert err.count("\n") == 1 and words in err, err
     assert not (tmp_path / "ran").exists()
     assert _log_state(state) == before == ()
+
+
+def test_ps_json_lists_live_sessions_and_their_work(procs, bindir, state):
+    import json
+
+    p = procs.popen(_session(bindir, state, "chat-1", "--label", "agent", "--",
+                             "sh", "-c", "sleep 300 & (setsid sh -c 'sleep 301 & wait' &); "
+                                         "echo up; wait"),
+                    env=_senv(procs, bindir), stdout=subprocess.PIPE)
+    assert read_line(p) == "up\n"
+
+    def ps(*extra: str) -> dict:
+        r = subprocess.run([sys.executable, "-m", "tether", "ps", "--json", "--state-dir", state,
+                            *extra], capture_output=True, env=procs.env(), timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    from procutil import wait_until
+
+    doc = wait_until(lambda: (d := ps("--app", "myapp", "--session", "chat-1"))["sessions"]
+                     and d["sessions"][0]["work"] and d, 10)
+    (s,) = doc["sessions"]
+    assert (s["session"], s["owner"]["pid"]) == ("chat-1", p.pid)
+    assert [a["comm"] for a in s["agent"]] == ["sh"]
+    (w,) = s["work"]  # the setsid'd group; `sleep 300 &` is in the agent's own group
+    assert w["label"] == "sh -c sleep 301 & wait" and w["members"] == 2 and w["outlived"]
+    assert ps("--app", "myapp", "--session", "other")["sessions"] == []
+    assert ps("--app", "otherapp")["sessions"] == []
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=20)
+    assert ps("--app", "myapp")["sessions"] == []  # over: not listed
