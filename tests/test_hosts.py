@@ -322,7 +322,16 @@ def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_pa
     keepers = [identity.read(c) for c in identity.children(first.pid)]
     keepers = [k for k in keepers if k is not None and k.comm == "tether-keeper"]
     assert keepers
-    os.kill(first.pid, signal.SIGSTOP)  # it must not end the job from here when a keeper dies
+    # the spawn's record is written once the command runs: wait for it (it is the proof)
+    from procutil import wait_until
+
+    log = os.path.join(state, "audit.jsonl")
+    sh = [i for i in tree if i.comm == "sh"][0]
+    wait_until(lambda: f'"event":"spawn","pid":{sh.pid},'.encode() in open(log, "rb").read(), 10)
+    # stopped first, all of them: none may end the job when another dies
+    os.kill(first.pid, signal.SIGSTOP)
+    for k in keepers:
+        identity.send_signal(k, signal.SIGSTOP, member=True)
     for k in keepers:
         identity.send_signal(k, signal.SIGKILL, member=True)
     first.kill()
@@ -412,3 +421,35 @@ def test_ps_json_lists_live_sessions_and_their_work(procs, bindir, state):
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=20)
     assert ps("--app", "myapp")["sessions"] == []  # over: not listed
+
+
+def test_node_sessions_snippet(procs, bindir, snippets, state):
+    """docs/hosts.md's sessions.js: a stop's report; a second copy of the key
+    refused; the app SIGKILLed ends its session's tree, and the next start of
+    the key runs."""
+    script = os.path.join(snippets, "sessions.js")
+    env = _senv(procs, bindir)
+    tree = ["sh", "-c", "sleep 300 & echo up; wait"]
+    app = procs.popen([NODE, script, state, "chat-1", *tree], stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE, env=env)
+    assert read_line(app) == "up\n"
+    other = subprocess.run([NODE, script, state, "chat-1", "true"], capture_output=True, env=env,
+                           timeout=60)
+    assert re.fullmatch(rb"not started: tether: session 'chat-1' of 'my-app' is held by a live run "
+                        rb"\(pid \d+, started [-\d]+ [:\d]+\); --take-over ends that copy; nothing "
+                        rb"was run\n", other.stdout), other.stdout
+    app.stdin.write(b"stop\n")
+    app.stdin.flush()
+    assert re.fullmatch(r"user request: Stopped \(user request\): ended `sh` after \d+s and 1 other "
+                        r"process\n", read_line(app))
+    assert app.wait(timeout=20) == 0
+    # the app SIGKILLed: its session's tree ends with it (--die-with-parent)
+    app = procs.popen([NODE, script, state, "chat-1", *tree], stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE, env=env)
+    assert read_line(app) == "up\n"
+    app.kill()
+    app.wait(timeout=10)
+    assert not procs.wait_all_dead(3, exclude=frozenset({app.pid}))
+    r = subprocess.run([NODE, script, state, "chat-1", "sh", "-c", "echo again"], capture_output=True,
+                       env=env, timeout=60)
+    assert r.stdout == b"again\nsession closed: nothing left to end\n", r

@@ -785,7 +785,10 @@ class Host:
     something are carried forward whatever the retention). ``work_holds``:
     which live work holds optional stops - ``"all"`` (default: every process
     group the agent started), ``"outlived"`` (only those whose tool call is
-    over) or ``None`` (only the ledger's tasks).
+    over) or ``None`` (only the ledger's tasks). ``read_log=False`` (with
+    ``reap=False``; what ``tether run --session`` uses): the log is not read
+    at start; a session's resume rule reads it only when the key's last
+    holder died holding it (a clean release leaves nothing to resume).
     """
 
     def __init__(
@@ -805,6 +808,7 @@ class Host:
         audit_keep_files: int = _audit.DEFAULT_KEEP_FILES,
         audit_keep_days: float | None = _audit.DEFAULT_KEEP_DAYS,
         work_holds: str | None = "all",
+        read_log: bool = True,
     ) -> None:
         if not app or not isinstance(app, str):
             raise ValueError("app must be a non-empty string")
@@ -857,7 +861,10 @@ class Host:
         self._read_stats = _audit.ReadStats()
         self._read_notes: list[str] = []  # what limited the reading (a size cap's loss, ...)
         self._resume_error: str | None = None
-        if self._audit is None:
+        self._lazy_log = not read_log and not reap
+        if self._lazy_log and self._audit is not None:
+            pass  # read by the resume rule, if ever needed
+        elif self._audit is None:
             self._resume_error = self.reap_error = f"audit log off: {self.audit_error or 'asked'}"
         else:
             try:
@@ -1173,6 +1180,10 @@ class Host:
         if taken is not None:
             return taken  # the take-over's reap was the resume rule too
         ended = list(self._reaped.pop(key, []))  # what the start-up reap ended of this key
+        if self._lazy_log and not isinstance(previous.get("run"), str):
+            # Its last holder released it (or none ever held it): no copy of it
+            # can be left, and the log is not read at all.
+            return self._resumed(RESUME, key, ended)
         runs = self._runs
         if self._resume_error is not None:
             report = self._resumed(RESUME, key, ended)
