@@ -1185,12 +1185,22 @@ class Host:
             # can be left, and the log is not read at all.
             return self._resumed(RESUME, key, ended)
         runs = self._runs
+        since = previous.get("ts")
+        if self._lazy_log and isinstance(since, (int, float)):
+            # Its last holder died holding it: what proves its copy was written
+            # after it took the key - read only the files written since (a
+            # minute's margin: its run began a moment before).
+            with contextlib.suppress(TetherError, OSError, ValueError):
+                from .runs import read_runs
+
+                runs = read_runs(self.state_dir, since=since - 60)
         if self._resume_error is not None:
             report = self._resumed(RESUME, key, ended)
             report.note = f"resume check failed: {self._resume_error}"
             return report
         last = previous.get("run") if isinstance(previous.get("run"), str) else None
-        if last is not None and runs is not None and last not in runs and last != self.run:
+        if last is not None and runs is not None and last not in runs and last != self.run \
+                and not self._lazy_log:  # (a lazy log was read just now)
             # The key's last holder died without releasing it, and started after
             # this host read the log: read it again, or its copy is missed.
             with contextlib.suppress(TetherError, OSError, ValueError):
