@@ -12,7 +12,9 @@ current file, as rotation leaves them. Cases:
 * ``--session``, the key's last holder dead (its lock file still names it:
   a crash, a minute ago) - the resume rule then reads the files written since
   it took the key (a minute's margin), not the whole log;
-* ``--take-over`` of a fresh key (nothing to take over).
+* ``--take-over`` of a fresh key (nothing to take over);
+* ``--take-over`` of a live copy (``tether run --session KEY -- sleep 60``,
+  started before the round's timing): its end included.
 
 Also: the records one run appends, and the bytes it read (``rchar`` of
 ``/proc/PID/io``, interpreter start-up and imports included: the run is
@@ -120,10 +122,22 @@ def main() -> int:
                 _crashed(state, key)
             if name.startswith("take-over"):
                 base += ["--app", APP, "--session", key, "--take-over"]
+            if name.startswith("take-over of a live copy"):
+                holder = subprocess.Popen([tether, "run", "--state-dir", state, "--app", APP,
+                                           "--session", key, "--", "sleep", "60"], env=env)
+                holders.append(holder)
+                lock = os.path.join(state, "sessions",
+                                    hashlib.sha256(f"{APP}\0{key}".encode()).hexdigest()[:32] + ".lock")
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not (
+                        os.path.exists(lock) and os.path.getsize(lock) > 0):
+                    time.sleep(0.05)
+                time.sleep(0.5)  # its command started
             return base + ["--", "true"]
 
         names = ["--state-dir only", "session", "take-over (nothing held)",
-                 "session, last holder dead"]
+                 "session, last holder dead", "take-over of a live copy"]
+        holders: list[subprocess.Popen] = []
         times: dict[str, list[float]] = {}
         reads: dict[str, list[int]] = {}
         appended: dict[str, list[int]] = {}
@@ -160,6 +174,12 @@ def main() -> int:
                   f"{v['records_appended']:>8}")
         print(f"wrote {os.path.relpath(RESULTS, REPO)}")
     finally:
+        for h in holders:  # taken over: each has exited; reap them (bounded)
+            try:
+                h.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                h.kill()
+                h.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -1154,7 +1154,11 @@ class Host:
         from .reaper import reap
         from .runs import read_runs
 
-        runs = read_runs(self.state_dir)  # fresh: the holder may have started after this host
+        # fresh: the holder may have started after this host; a lazy host reads
+        # only the files written since the holder took the key (a minute's margin)
+        since = info.get("ts") if self._lazy_log else None
+        runs = read_runs(self.state_dir,
+                         since=since - 60 if isinstance(since, (int, float)) else None)
         holder = info.get("pid") if type(info.get("pid")) is int else None
         run = info.get("run") if isinstance(info.get("run"), str) else None
 
