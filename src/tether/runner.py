@@ -483,9 +483,21 @@ def _windows_parent_handle():
     k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
     k32.WaitForSingleObject.restype = wintypes.DWORD
     synchronize, query_limited = 0x00100000, 0x1000
-    handle = k32.OpenProcess(synchronize | query_limited, False, os.getppid())
+    k32.CloseHandle.argtypes = [wintypes.HANDLE]
+    ppid = _parent_pid_windows(k32.GetCurrentProcess())
+    if not ppid:
+        return None
+    handle = k32.OpenProcess(synchronize | query_limited, False, ppid)
     if not handle:
         return None
+    if _is_our_launcher(k32, handle):
+        # pip's tether.exe started this interpreter and waits for it: the app
+        # is the launcher's parent (the launcher itself outlives the app)
+        grand = _parent_pid_windows(handle)
+        k32.CloseHandle(handle)
+        handle = k32.OpenProcess(synchronize | query_limited, False, grand) if grand else None
+        if not handle:
+            return None
 
     def created(h) -> int:
         t = [wintypes.FILETIME() for _ in range(4)]
@@ -497,6 +509,49 @@ def _windows_parent_handle():
         k32.CloseHandle(handle)
         return None
     return handle
+
+
+def _parent_pid_windows(handle) -> int:
+    """The pid that created the process of ``handle`` (0 if unknown). Not
+    ``os.getppid()``: CPython 3.12 takes it from PssCaptureSnapshot, which
+    Wine does not implement (the process aborts)."""
+    import ctypes
+    from ctypes import wintypes
+
+    class _Basic(ctypes.Structure):  # PROCESS_BASIC_INFORMATION
+        _fields_ = [("ExitStatus", ctypes.c_long), ("PebBaseAddress", ctypes.c_void_p),
+                    ("AffinityMask", ctypes.c_size_t), ("BasePriority", ctypes.c_long),
+                    ("UniqueProcessId", ctypes.c_size_t),
+                    ("InheritedFromUniqueProcessId", ctypes.c_size_t)]
+
+    ntdll = ctypes.WinDLL("ntdll")
+    ntdll.NtQueryInformationProcess.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p,
+                                                wintypes.ULONG, ctypes.POINTER(wintypes.ULONG)]
+    ntdll.NtQueryInformationProcess.restype = ctypes.c_long
+    info = _Basic()
+    if ntdll.NtQueryInformationProcess(handle, 0, ctypes.byref(info), ctypes.sizeof(info), None):
+        return 0
+    return int(info.InheritedFromUniqueProcessId)
+
+
+def _is_our_launcher(k32, handle) -> bool:
+    """Whether ``handle`` is the console-script launcher (``tether.exe``) that runs us."""
+    import ctypes
+    from ctypes import wintypes
+
+    if not sys.argv or not sys.argv[0]:
+        return False
+    buf = ctypes.create_unicode_buffer(32768)
+    size = wintypes.DWORD(len(buf))
+    k32.QueryFullProcessImageNameW.argtypes = [wintypes.HANDLE, wintypes.DWORD, wintypes.LPWSTR,
+                                               ctypes.POINTER(wintypes.DWORD)]
+    if not k32.QueryFullProcessImageNameW(handle, 0, buf, ctypes.byref(size)):
+        return False
+    def norm(path: str) -> str:  # sys.argv[0] is the launcher's path, with or without ".exe"
+        path = os.path.normcase(os.path.abspath(path))
+        return path[:-4] if path.endswith(".exe") else path
+
+    return norm(buf.value) == norm(sys.argv[0])
 
 
 def _check_lifeline_windows(fd: int, lines: _Lifelines) -> str | None:
