@@ -453,3 +453,18 @@ def test_node_sessions_snippet(procs, bindir, snippets, state):
     r = subprocess.run([NODE, script, state, "chat-1", "sh", "-c", "echo again"], capture_output=True,
                        env=env, timeout=60)
     assert r.stdout == b"again\nsession closed: nothing left to end\n", r
+
+
+def test_session_report_when_the_command_cannot_start(procs, bindir, state, tmp_path):
+    import json
+
+    rep = tmp_path / "r.json"
+    r = subprocess.run(_session(bindir, state, "chat-1", "--report", str(rep), "--",
+                                "no-such-command-tether"),
+                       capture_output=True, env=_senv(procs, bindir), timeout=60)
+    assert r.returncode == 127 and r.stderr == b"tether: no-such-command-tether: command not found\n"
+    out = json.loads(rep.read_text())
+    assert (out["exit"], out["reason"], out["ended"]) == (127, "session closed", [])
+    # the key was released: the next run of it is not refused
+    assert subprocess.run(_session(bindir, state, "chat-1", "--", "true"), env=_senv(procs, bindir),
+                          timeout=60).returncode == 0

@@ -192,16 +192,19 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
         except FileNotFoundError:
             job.close()
             print(f"tether: {cmd[0]}: command not found", file=sys.stderr)
-            return 127
+            status = 127  # (the report's "exit" too)
+            return status
         except PermissionError:
             job.close()
             print(f"tether: {cmd[0]}: permission denied", file=sys.stderr)
-            return 126
+            status = 126
+            return status
         except OSError as exc:
             job.close()
             if exc.errno == errno.ENOEXEC or getattr(exc, "winerror", None) == ERROR_BAD_EXE_FORMAT:
                 print(f"tether: {cmd[0]}: cannot execute: {exc.strerror}", file=sys.stderr)
-                return 126
+                status = 126
+                return status
             return _fail(f"cannot start {cmd[0]}: {exc}")
         except (TetherError, ValueError) as exc:
             job.close()
