@@ -5,7 +5,7 @@ to be graceful for) when the process that started ``tether run`` dies, watched
 by pidfd from the start (the caller watch of the one-command path,
 ``oneshot.watch_caller``); ``--lifeline FD``: when FD, a pipe or socket whose
 other end the app holds, reaches EOF or hangs up. stdin is not watched by
-either. The command is then SIGKILLed and tether exits 137.
+either. The job is then ended at once (no grace) and tether exits 137.
 
 Exit status: the command's; 128+N if it died of signal N; 127 command not
 found; 126 not executable; 125 tether's own failure, nothing ran (one line on
