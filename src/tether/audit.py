@@ -1096,8 +1096,12 @@ def read_records(
     filename: str = DEFAULT_FILENAME,
     max_line: int = MAX_LINE,
     stats: ReadStats | None = None,
+    since: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Like :func:`iter_records`, counting what it read and skipped in *stats*.
+    ``since`` (a ``time.time()``): skip the rotated copies last written before
+    it - none of them holds a record written since (a bounded read of what a
+    run that began then wrote).
 
     The directory is checked now (not at the first ``next()``): an unsafe one
     raises :class:`AuditDirError`; a missing one yields nothing. All files are
@@ -1110,11 +1114,11 @@ def read_records(
     except (FileNotFoundError, NotADirectoryError):
         return iter(())
     st = stats if stats is not None else ReadStats()
-    fds = _open_all(d, filename, st)
+    fds = _open_all(d, filename, st, since)
     return _records(fds, max_line, st)
 
 
-def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
+def _open_all(d: Path, filename: str, st: ReadStats, since: float | None = None) -> list[int]:
     lock = -1
     try:
         import fcntl
@@ -1156,8 +1160,10 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
                 os.close(fd)
                 st.refused(path.name, why)
                 continue
-            if (fst.st_dev, fst.st_ino) in seen:
-                # Listed under two names by a rotation we could not lock out.
+            if (fst.st_dev, fst.st_ino) in seen or (
+                    since is not None and fst.st_mtime < since and path.name != filename):
+                # Listed under two names by a rotation we could not lock out;
+                # or older than what the caller asked for.
                 os.close(fd)
                 continue
             seen.add((fst.st_dev, fst.st_ino))

@@ -798,7 +798,10 @@ class Host:
     something are carried forward whatever the retention). ``work_holds``:
     which live work holds optional stops - ``"all"`` (default: every process
     group the agent started), ``"outlived"`` (only those whose tool call is
-    over) or ``None`` (only the ledger's tasks).
+    over) or ``None`` (only the ledger's tasks). ``read_log=False`` (with
+    ``reap=False``; what ``tether run --session`` uses): the log is not read
+    at start; a session's resume rule reads it only when the key's last
+    holder died holding it (a clean release leaves nothing to resume).
     """
 
     def __init__(
@@ -818,6 +821,7 @@ class Host:
         audit_keep_files: int = _audit.DEFAULT_KEEP_FILES,
         audit_keep_days: float | None = _audit.DEFAULT_KEEP_DAYS,
         work_holds: str | None = "all",
+        read_log: bool = True,
     ) -> None:
         if not isinstance(app, str) or not app.strip():
             raise ValueError(f"app must be a non-empty string, not {app!r}")
@@ -870,7 +874,10 @@ class Host:
         self._read_stats = _audit.ReadStats()
         self._read_notes: list[str] = []  # what limited the reading (a size cap's loss, ...)
         self._resume_error: str | None = None
-        if self._audit is None:
+        self._lazy_log = not read_log and not reap
+        if self._lazy_log and self._audit is not None:
+            pass  # read by the resume rule, if ever needed
+        elif self._audit is None:
             self._resume_error = self.reap_error = f"audit log off: {self.audit_error or 'asked'}"
         else:
             try:
@@ -1079,7 +1086,7 @@ class Host:
 
     # -- sessions ---------------------------------------------------------------------
     def session(self, key: str, *, grace: float | None = None,
-                take_over: bool = False) -> Session:
+                take_over: bool = False, take_over_before: float | None = None) -> Session:
         """The session ``key``: a job inside the host job.
 
         Returns the open one if this host already has it. Otherwise it holds
@@ -1090,7 +1097,11 @@ class Host:
         rule). What it ended is ``session.resumed`` (a :class:`Resumed`).
         Raises ``JobRefused`` (``process-tree ownership could not be
         established: ...``) when the host has no safety net and
-        ``require="kernel"`` was asked for.
+        ``require="kernel"`` was asked for. ``take_over_before`` (a
+        ``time.time()``, e.g. when the take-over was asked for): only a copy
+        that took the key before then is taken over; one that took it later -
+        a concurrent take-over that won - raises :class:`SessionHeld`, so of
+        two take-overs at the same moment exactly one runs.
         """
         if not isinstance(key, str) or not key.strip():  # ("" would be one key for every caller)
             raise ValueError(f"session key must be a non-empty string, not {key!r}")
@@ -1104,7 +1115,7 @@ class Host:
                 raise JobRefused("process-tree ownership could not be established: "
                                  f"{self.safety_net_disabled}", reason=self.safety_net_disabled)
             g = self.grace if grace is None else check_grace(grace)
-            lock, taken = self._hold_key(key, take_over)
+            lock, taken = self._hold_key(key, take_over, take_over_before)
             try:
                 resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
@@ -1128,7 +1139,7 @@ class Host:
         return {"app": self.app, "session": key, "run": self.run, "pid": os.getpid(),
                 "start": me.token() if me is not None else None, "ts": time.time()}
 
-    def _hold_key(self, key: str, take_over: bool
+    def _hold_key(self, key: str, take_over: bool, before: float | None = None
                   ) -> tuple[_SessionLock | _LocalLock, Resumed | None]:
         """Hold ``key`` for this host; (the lock, what a take-over ended)."""
         if self._lock_dir is None:
@@ -1149,6 +1160,10 @@ class Host:
         info, ino = held
         if not take_over:
             raise _held(self.app, key, info)
+        since = info.get("ts")
+        if before is not None and isinstance(since, (int, float)) and since > before:
+            raise _held(self.app, key, info, "it took the key after this take-over was asked "
+                        "for (a concurrent take-over won)")
         mine = _OPEN.get(str(lock.path)) if info.get("pid") == os.getpid() else None
         if mine is not None and not mine.closed:
             # Another Host of this process holds it: its run is ours, so no reap
@@ -1171,7 +1186,11 @@ class Host:
         from .reaper import reap
         from .runs import read_runs
 
-        runs = read_runs(self.state_dir)  # fresh: the holder may have started after this host
+        # fresh: the holder may have started after this host; a lazy host reads
+        # only the files written since the holder took the key (a minute's margin)
+        since = info.get("ts") if self._lazy_log else None
+        runs = read_runs(self.state_dir,
+                         since=since - 60 if isinstance(since, (int, float)) else None)
         holder = info.get("pid") if type(info.get("pid")) is int else None
         run = info.get("run") if isinstance(info.get("run"), str) else None
 
@@ -1197,13 +1216,27 @@ class Host:
         if taken is not None:
             return taken  # the take-over's reap was the resume rule too
         ended = list(self._reaped.pop(key, []))  # what the start-up reap ended of this key
+        if self._lazy_log and not isinstance(previous.get("run"), str):
+            # Its last holder released it (or none ever held it): no copy of it
+            # can be left, and the log is not read at all.
+            return self._resumed(RESUME, key, ended)
         runs = self._runs
+        since = previous.get("ts")
+        if self._lazy_log and isinstance(since, (int, float)):
+            # Its last holder died holding it: what proves its copy was written
+            # after it took the key - read only the files written since (a
+            # minute's margin: its run began a moment before).
+            with contextlib.suppress(TetherError, OSError, ValueError):
+                from .runs import read_runs
+
+                runs = read_runs(self.state_dir, since=since - 60)
         if self._resume_error is not None:
             report = self._resumed(RESUME, key, ended)
             report.note = f"resume check failed: {self._resume_error}"
             return report
         last = previous.get("run") if isinstance(previous.get("run"), str) else None
-        if last is not None and runs is not None and last not in runs and last != self.run:
+        if last is not None and runs is not None and last not in runs and last != self.run \
+                and not self._lazy_log:  # (a lazy log was read just now)
             # The key's last holder died without releasing it, and started after
             # this host read the log: read it again, or its copy is missed.
             with contextlib.suppress(TetherError, OSError, ValueError):

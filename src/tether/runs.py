@@ -180,8 +180,8 @@ def _ident(v: Any, boot: str, cache: dict) -> Identity | None:
 
 
 def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
-              notes: list[str] | None = None, gaps: dict[str | None, int] | None = None
-              ) -> dict[str, Run]:
+              notes: list[str] | None = None, gaps: dict[str | None, int] | None = None,
+              since: float | None = None) -> dict[str, Run]:
     """Every run the log in ``state_dir`` records, by run id (see the module doc).
 
     ``stats``: a ``tether.audit.ReadStats`` to fill. ``notes``: a list that
@@ -190,7 +190,8 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     reap has yet fallen back for (``Run.lost`` - ``Run.lost_checked``), and
     under ``None`` those of no known run. Raises
     ``tether.audit.AuditDirError`` for an unsafe directory; a missing or
-    empty log gives ``{}``.
+    empty log gives ``{}``. ``since``: only the files written since then
+    (``tether.audit.read_records``): the runs of that time, bounded.
     """
     from . import audit
 
@@ -204,7 +205,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     lost = 0
     gap_lost: dict[str | None, int] = {}
     checked: dict[str | None, int] = {}
-    for rec in audit.read_records(state_dir, stats=stats):
+    for rec in audit.read_records(state_dir, stats=stats, since=since):
         if rec.get("event") not in SOURCES:
             if rec.get("event") == "error" and rec.get("error") == "audit-carry-loss":
                 n = rec.get("lost")
@@ -222,7 +223,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
     for name in shell_log_names(state_dir):
-        for rec in audit.read_records(state_dir, filename=name, stats=stats):
+        for rec in audit.read_records(state_dir, filename=name, stats=stats, since=since):
             try:
                 for r in shell_records(rec):
                     if not _absorb(r, runs, boot, cache, alive):

@@ -758,6 +758,7 @@ struct run {
     unsigned long long owner_start;
     int ownerfd;
     int callerfd; /* -1: the caller is not watched */
+    int lifefd;   /* tether run --lifeline FD, else -1: the job ends at its EOF/hangup */
     pid_t caller;
     unsigned long long caller_start;
     unsigned char orig_ign[65];
@@ -791,6 +792,29 @@ static int readable(int fd)
 {
     struct pollfd p = {fd, POLLIN, 0};
     return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* The lifeline (a pipe or socket the app holds the other end of): gone at
+ * hangup, error or EOF. What the app writes into it means nothing and is
+ * read away, never more than is there (FIONREAD), so no read can block. */
+static int lifeline_gone(int fd, short revents)
+{
+    if (revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP))
+        return 1;
+    if (!(revents & POLLIN))
+        return 0;
+    int n = 0;
+    if (ioctl(fd, FIONREAD, &n) < 0 || n <= 0)
+        return 1; /* readable with nothing to read: EOF */
+    char sink[4096];
+    ssize_t r = read(fd, sink, (size_t)n < sizeof sink ? (size_t)n : sizeof sink);
+    return r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+static int lifeline_gone_now(int fd)
+{
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && lifeline_gone(fd, p.revents);
 }
 
 /* The members of the job, this keeper aside: the cgroup's (and its child
@@ -1122,7 +1146,7 @@ static void keeper_run(struct run *R, char **envp)
         tell("E job %d cannot create the job (%s): signalfd: %s", errno, asked, strerror(errno));
         _exit(0);
     }
-    if (readable(ctl_r) || readable(R->callerfd)) {
+    if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
         cleanup(); /* stopped (or the owner or its caller died) while we set up */
         tell("X -1 0");
         _exit(0);
@@ -1160,11 +1184,12 @@ static void keeper_run(struct run *R, char **envp)
     }
     tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
          proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
-    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd};
+    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
     let_go(keep, (int)(sizeof keep / sizeof *keep));
-    struct pollfd p[4] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
-                          {R->callerfd, POLLIN, 0}};
-    nfds_t np = R->callerfd >= 0 ? 4 : 3;
+    /* a watch not asked for is fd -1, which poll skips */
+    struct pollfd p[5] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
+                          {R->callerfd, POLLIN, 0}, {R->lifefd, POLLIN | POLLRDHUP, 0}};
+    nfds_t np = 5;
     int owner_gone = 0, stop = 0, caller_gone = 0, st = 0, have = 0;
     reap_all(0);
     while (!(have = take_status(child, &st)) && !owner_gone && !stop && !caller_gone) {
@@ -1178,8 +1203,10 @@ static void keeper_run(struct run *R, char **envp)
             drain_sigfd();
             reap_all(0);
         }
-        if (np == 4 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
+        if (R->callerfd >= 0 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
             caller_gone = 1;
+        if (R->lifefd >= 0 && lifeline_gone(R->lifefd, p[4].revents))
+            caller_gone = 1; /* the app's end of its lifeline closed: it died */
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
             owner_gone = 1;
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -1577,8 +1604,8 @@ static void watch_caller(struct run *R)
         return;
     }
     R->caller_start = proc_stat(pp, NULL, NULL);
-    if (!R->caller_start) {
-        close(fd);
+    if (!R->caller_start || getppid() != pp) {
+        close(fd); /* died while we looked: the pidfd may name a reuser of its pid */
         return;
     }
     R->callerfd = fd;
@@ -1705,6 +1732,8 @@ static pid_t start_keeper(struct run *R, char **envp, int sigfd, int *rep_r, int
     close(R->ownerfd);
     if (R->callerfd >= 0)
         close(R->callerfd);
+    if (R->lifefd >= 0)
+        close(R->lifefd); /* the keeper's to watch; the command never had it */
     *rep_r = rep[0];
     *ctl_w = ctl[1];
     return keeper;
@@ -1920,6 +1949,7 @@ static int shell_main(int argc, char **argv)
             log_open();
     }
     R.callerfd = -1;
+    R.lifefd = -1;
     if (with_caller)
         watch_caller(&R);
     /* what the command leaves behind (`sleep 60 & exit`) is re-parented to
@@ -2098,11 +2128,38 @@ static int wait_orphaned_command(struct outcome *o, int sigfd, double grace)
     return st;
 }
 
+/* --lifeline FD: an open pipe or socket above stdio (what the command gets
+ * is 0-2 only, and the keeper's own 0-2 are /dev/null); the same words as
+ * runner.check_lifeline. */
+static int open_lifeline(const char *arg, struct run *r)
+{
+    char *end = NULL;
+    errno = 0;
+    long fd = strtol(arg, &end, 10);
+    struct stat st;
+    if (errno || !*arg || *end || fd < 3 || fd > INT_MAX) {
+        say("--lifeline %s: expected a file descriptor number of 3 or more; nothing was run", arg);
+        return -1;
+    }
+    if (fstat((int)fd, &st) < 0) {
+        say("--lifeline %s: not an open file descriptor; nothing was run", arg);
+        return -1;
+    }
+    if (!S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+        say("--lifeline %s: not a pipe or socket; nothing was run", arg);
+        return -1;
+    }
+    r->lifefd = (int)fd;
+    return 0;
+}
+
 static int run_main(int argc, char **argv)
 {
     /* tether run [-m auto|cgroup|subreaper] [--grace S] [--] CMD [ARG...]; every
      * other option (and the audit log: TETHER_STATE_DIR) is the Python CLI's */
     const char *mech = NULL;
+    const char *lifeline = NULL;
+    int with_parent = 0;
     int i = 2;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -2124,6 +2181,14 @@ static int run_main(int argc, char **argv)
             R.grace = parse_grace(argv[i]);
         } else if (!strncmp(a, "--grace=", 8)) {
             R.grace = parse_grace(a + 8);
+        } else if (!strcmp(a, "--die-with-parent")) {
+            with_parent = 1;
+        } else if (!strcmp(a, "--lifeline")) {
+            if (++i >= argc)
+                hand_over();
+            lifeline = argv[i];
+        } else if (!strncmp(a, "--lifeline=", 11)) {
+            lifeline = a + 11;
         } else {
             hand_over();
         }
@@ -2143,6 +2208,16 @@ static int run_main(int argc, char **argv)
         find_cgroup_base(&R);
     L.on = 0; /* tether-shell's log is not tether run's */
     R.callerfd = -1;
+    R.lifefd = -1;
+    if (lifeline && open_lifeline(lifeline, &R) < 0)
+        return EXIT_INTERNAL;
+    if (with_parent) {
+        watch_caller(&R); /* tether-shell's caller watch: the same rules */
+        if (R.callerfd < 0) {
+            say("--die-with-parent: the process that started tether run is already gone; nothing was run");
+            return EXIT_INTERNAL;
+        }
+    }
     /* should the keeper die, the command is re-parented to us: its status stays ours */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     static const int watched[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};

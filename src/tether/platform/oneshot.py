@@ -148,8 +148,8 @@ def watch_caller() -> "tuple[int, int, int] | None":
     except OSError:  # gone already (ESRCH): we are an orphan now
         return None
     start = identity.start_ticks(ppid)
-    if start is None:
-        os.close(fd)
+    if start is None or os.getppid() != ppid:
+        os.close(fd)  # died while we looked: the pidfd may name a reuser of its pid
         return None
     return ppid, start, fd
 
