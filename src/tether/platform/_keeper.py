@@ -18,7 +18,7 @@ something that outlives it must end the job. The keeper
 One keeper, two drivers:
 
 ``_keeper_socket.SocketKeeper.serve(ctl)``
-    for ``tether.Job``: requests on a SOCK_SEQPACKET socket (``_proto``):
+    for ``tether.Job``: requests on a SOCK_STREAM socket (``_proto``):
     spawn with file descriptors, wait, poll, kill_all, close, step_aside.
 ``Keeper.run_one(...)`` (here)
     for the one-command path (``oneshot``, what ``tether-shell`` runs on

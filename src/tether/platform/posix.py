@@ -2,7 +2,7 @@
 
 ``KeeperJob`` is the ``JobBackend`` for cgroup, subreaper, pidns and pgroup.
 It forks the job's keeper (see ``_keeper``) and talks to it over a
-SOCK_SEQPACKET pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
+SOCK_STREAM pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
 keeper started. The child is not the owner's own child, so its exit status
 comes from the keeper; the owner holds a pidfd for it, which makes
 ``poll``/``wait`` cheap and ``send_signal`` immune to PID reuse.
@@ -218,16 +218,15 @@ class KeeperJob(JobBackend):
         False once the keeper's end is closed."""
         while True:
             try:
-                data = self._sock.recv(_proto.RECV_SIZE, socket.MSG_DONTWAIT)
+                msg, fds = _proto.recv(self._sock, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
-            except OSError:
+            except OSError:  # (Malformed among them: the stream is no longer to be trusted)
                 return False
-            if not data:
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
                 return False
-            import marshal
-
-            msg = marshal.loads(data)
             if "exit" in msg:
                 self._exits[msg["exit"]] = msg["status"]
 
