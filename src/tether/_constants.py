@@ -5,10 +5,9 @@
 is committed too (the sanitizer builds of ``scripts/_sanitized.sh`` compile
 the sources directly), and ``tests/test_protocol.py`` fails when it differs
 from what this module generates, or when the keeper's hello says otherwise.
-No imports: ``setup.py`` runs this file on its own.
+No imports (not even __future__: the one-command path loads only what it
+needs), so ``setup.py`` runs this file on its own.
 """
-
-from __future__ import annotations
 
 #: Seconds between the polite signal and SIGKILL, everywhere tether has a
 #: default (the shell wrapper's per-command leftovers use their own 0.5 s).
@@ -18,6 +17,8 @@ DEFAULT_GRACE = 2.0
 MAX_GRACE = 3600.0
 #: Seconds tether waits, after SIGKILL, for the killed to be gone.
 KILL_BOUND = 5.0
+#: The shell wrapper's grace for a command's leftovers (TETHER_SHELL_GRACE unset).
+SHELL_GRACE = 0.5
 #: The environment variable every process a tether job starts carries.
 COOKIE_VAR = "TETHER_JOB"
 #: The child cgroup of a job that holds its pin (cgroupfs.PIN_DIR).

@@ -10,6 +10,7 @@
  *
  *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
  *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]
+ *                 [keep=FD,...]
  *   tether-keeper pin KEEPER_PID      (a job's pin, started by its keeper: pin_job)
  *
  * legacy=1 makes it behave as on a kernel without clone3, cgroup.kill and
@@ -617,6 +618,8 @@ static struct {
     pid_t pin;          /* the idle job's pin (see pin_job), or 0 */
     int no_pin;         /* a pin could not start (its exec failed): none again */
     int no_prlimit;     /* prlimit on the owner was refused (EPERM): read its /proc file */
+    int keep[16];       /* fds given at start for children (keep=): a spawn's "inherit" */
+    int nkeep;
     unsigned char ign[65];        /* the signals this keeper ignores */
     struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
@@ -2207,6 +2210,65 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 static char arena[4 << 20];
 
 /* One request; 1 when the job is closed and the keeper leaves. */
+/* A spawn's sources beyond the fds it carried, for a peer that cannot pass
+ * fds (docs/protocol.md): "inherit", fds this keeper was given at start
+ * (keep=), and "open", files it opens, [path, "r"|"w"|"a"|"r+"]; each is
+ * appended to fds (room for MAX_FDS), in that order, for the fdmap to
+ * name. 0, or -1 with the error replied. */
+static int add_sources(const value *msg, int *fds, int *nfds)
+{
+    const value *inh = dict_get(msg, "inherit"), *opn = dict_get(msg, "open");
+    if ((inh && inh->t != V_LIST) || (opn && opn->t != V_LIST) ||
+        *nfds + (inh ? (int)inh->len : 0) + (opn ? (int)opn->len : 0) > MAX_FDS) {
+        reply_error("ValueError", 0, "malformed spawn request: bad inherit or open", NULL);
+        return -1;
+    }
+    for (size_t k = 0; inh && k < inh->len; k++) {
+        const value *v = inh->items[k];
+        int ok = 0;
+        for (int j = 0; v->t == V_INT && j < K.nkeep; j++)
+            ok |= K.keep[j] == v->i;
+        if (!ok) {
+            reply_error("ValueError", 0, "inherit: not an fd this keeper was given (keep=)", NULL);
+            return -1;
+        }
+        int fd = fcntl((int)v->i, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+            reply_error("os", errno, NULL, NULL);
+            return -1;
+        }
+        fds[(*nfds)++] = fd;
+    }
+    static const struct { const char *mode; int flags; } modes[] = {
+        {"r", O_RDONLY}, {"w", O_WRONLY | O_CREAT | O_TRUNC}, {"a", O_WRONLY | O_CREAT | O_APPEND},
+        {"r+", O_RDWR}};
+    for (size_t k = 0; opn && k < opn->len; k++) {
+        const value *v = opn->items[k];
+        char path[4096];
+        int flags = -1;
+        if (v->t == V_LIST && v->len == 2 && (v->items[0]->t == V_STR || v->items[0]->t == V_BYTES) &&
+            v->items[0]->len < sizeof path && !memchr(v->items[0]->s, 0, v->items[0]->len) &&
+            v->items[1]->t == V_STR)
+            for (size_t m = 0; m < sizeof modes / sizeof *modes; m++)
+                if (v->items[1]->len == strlen(modes[m].mode) &&
+                    memcmp(v->items[1]->s, modes[m].mode, v->items[1]->len) == 0)
+                    flags = modes[m].flags;
+        if (flags < 0) {
+            reply_error("ValueError", 0, "malformed spawn request: open wants [path, mode]", NULL);
+            return -1;
+        }
+        memcpy(path, v->items[0]->s, v->items[0]->len);
+        path[v->items[0]->len] = '\0';
+        int fd = open(path, flags | O_CLOEXEC | O_NOCTTY, 0666);
+        if (fd < 0) {
+            reply_error("os", errno, NULL, path);
+            return -1;
+        }
+        fds[(*nfds)++] = fd;
+    }
+    return 0;
+}
+
 static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
 {
     reader r = {.p = data, .end = data + len, .arena = arena, .cap = sizeof arena};
@@ -2272,7 +2334,8 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
     }
 #define IS(name) (op->len == strlen(name) && memcmp(op->s, name, op->len) == 0)
     if (IS("spawn")) {
-        op_spawn(&r, msg, fds, nfds);
+        if (add_sources(msg, fds, &nfds) == 0)
+            op_spawn(&r, msg, fds, nfds);
     } else if (IS("wait") || IS("poll")) {
         pid_t pid = (pid_t)dict_int(msg, "pid", 0);
         int st = 0, have = 0;
@@ -2690,11 +2753,36 @@ static void close_others(int a, int b)
     close_span((unsigned)hi + 1, ~0U);
 }
 
+/* Close every fd above 2 but the control socket, the owner's pidfd and the
+ * kept ones (keep=). */
+static void close_all_but(void)
+{
+    int keep[18], n = 0;
+    keep[n++] = K.ctl;
+    keep[n++] = K.ownerfd;
+    for (int k = 0; k < K.nkeep; k++)
+        keep[n++] = K.keep[k];
+    unsigned lo = 3;
+    for (;;) { /* each time: the lowest kept fd at or above lo */
+        int next = -1;
+        for (int k = 0; k < n; k++)
+            if (keep[k] >= 0 && (unsigned)keep[k] >= lo && (next < 0 || keep[k] < next))
+                next = keep[k];
+        if (next < 0) {
+            close_span(lo, ~0U);
+            return;
+        }
+        if ((unsigned)next > lo)
+            close_span(lo, (unsigned)next - 1);
+        lo = (unsigned)next + 1;
+    }
+}
+
 static int usage(void)
 {
     static const char text[] =
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
-        "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]\n"
+        "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET] [keep=FD,...]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
@@ -2898,7 +2986,17 @@ int main(int argc, char **argv)
             K.legacy = 1;
         else if (strcmp(argv[k], "owner_state=0") == 0)
             K.no_owner_state = 1;
-        else if (strncmp(argv[k], "beacon=", 7) == 0) {
+        else if (strncmp(argv[k], "keep=", 5) == 0) {
+            /* fds for children, named by a spawn's "inherit" (a peer that
+             * cannot pass fds: docs/protocol.md) */
+            for (char *p = argv[k] + 5; *p;) {
+                long fd = strtol(p, &end, 10);
+                if (end == p || fd < 0 || fd > 1 << 20 || K.nkeep == 16 || (*end && *end != ','))
+                    return usage();
+                K.keep[K.nkeep++] = (int)fd;
+                p = *end ? end + 1 : end;
+            }
+        } else if (strncmp(argv[k], "beacon=", 7) == 0) {
             if (beacon_map(argv[k] + 7) < 0)
                 return usage();
         } else
@@ -2906,7 +3004,12 @@ int main(int argc, char **argv)
     }
     /* nothing of the owner's but these two: a leaked pipe end would hold a
      * lifeline open for as long as the job lives */
-    close_others(K.ctl, K.ownerfd);
+    if (K.nkeep)
+        close_all_but();
+    else
+        close_others(K.ctl, K.ownerfd);
+    for (int k = 0; k < K.nkeep; k++) /* a child gets one only where a spawn maps it */
+        fcntl(K.keep[k], F_SETFD, FD_CLOEXEC);
     /* the fds the owner handed over must not reach any child */
     fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
     if (K.ownerfd >= 0)

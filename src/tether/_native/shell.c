@@ -37,13 +37,14 @@
 #include <sys/random.h>
 #include <sys/xattr.h>
 
-#define EXIT_USAGE 2
-#define EXIT_GUARD_LOST 123
-#define EXIT_INTERNAL 125
-#define EXIT_NOEXEC 126
-#define EXIT_NOT_FOUND 127
-#define MAX_GRACE 3600.0
-#define COOKIE_VAR "TETHER_JOB"
+/* shared with the Python side: tether_constants.h (from tether/_constants.py) */
+#define EXIT_USAGE TETHER_EXIT_USAGE
+#define EXIT_GUARD_LOST TETHER_EXIT_GUARD_LOST
+#define EXIT_INTERNAL TETHER_EXIT_INTERNAL
+#define EXIT_NOEXEC TETHER_EXIT_NOEXEC
+#define EXIT_NOT_FOUND TETHER_EXIT_NOT_FOUND
+#define MAX_GRACE TETHER_MAX_GRACE
+#define COOKIE_VAR TETHER_COOKIE_VAR
 #define KEEPER_DIED "tether: keeper died; the job is no longer guarded"
 #define FALLBACK_NAME "tether-shell-py"
 #define RUN_FALLBACK_NAME "tether-py"
@@ -427,7 +428,7 @@ static double parse_grace(const char *v)
 static double env_grace(void)
 {
     const char *v = getenv("TETHER_SHELL_GRACE");
-    return !v || !*v ? 0.5 : parse_grace(v);
+    return !v || !*v ? TETHER_SHELL_GRACE : parse_grace(v);
 }
 
 /* -- the audit log (tether.shell.ShellLog) ------------------------------------------ */
@@ -2174,7 +2175,7 @@ int main(int argc, char **argv)
         cli_front = 1;
         prog = "tether";
         honour_native_off();
-        R.grace = 2.0; /* tether.ending.DEFAULT_GRACE */
+        R.grace = TETHER_DEFAULT_GRACE;
         if (argc >= 2 && !strcmp(argv[1], "run"))
             return run_main(argc, argv);
         hand_over();

@@ -40,9 +40,10 @@ import sys
 
 from .. import identity
 
-# = tether.ending.KILL_BOUND, not imported: the one-command keeper starts its
-# command before it loads anything it may not need (the engine included).
-KILL_BOUND = 5.0
+# (from _constants, which imports nothing, not from tether.ending: the
+# one-command keeper starts its command before it loads anything it may not
+# need, the engine included)
+from .._constants import KILL_BOUND  # noqa: E402
 
 # Signals a keeper must survive: the caller may kill the owner's process
 # group or hang up the terminal; only the owner's death (or its request)

@@ -54,16 +54,31 @@ def _head(out: bytearray, major: int, n: int) -> None:
         out += n.to_bytes(8, "big")
 
 
+# The encoded form of the short strings every message repeats (keys, ops):
+# a spawn request is mostly them.
+_TEXT: dict[str, bytes] = {}
+
+
 def _enc(obj: object, out: bytearray) -> None:
     t = type(obj)
     if t is str:
+        done = _TEXT.get(obj)  # type: ignore[call-overload]
+        if done is not None:
+            out += done
+            return
+        item = bytearray()
         try:
             b = obj.encode()  # type: ignore[attr-defined]
-            _head(out, 0x60, len(b))
+            _head(item, 0x60, len(b))
         except UnicodeEncodeError:  # a name that is no UTF-8 (surrogateescape): its bytes
             b = obj.encode("utf-8", "surrogateescape")  # type: ignore[attr-defined]
-            _head(out, 0x40, len(b))
-        out += b
+            _head(item, 0x40, len(b))
+        item += b
+        if len(b) <= 16 and len(_TEXT) < 256:
+            _TEXT[obj] = bytes(item)  # type: ignore[index]
+        out += item
+    elif t is int and 0 <= obj < 24:  # type: ignore[operator]
+        out.append(obj)  # type: ignore[arg-type]
     elif t is bytes or t is bytearray:
         _head(out, 0x40, len(obj))  # type: ignore[arg-type]
         out += obj  # type: ignore[operator]
@@ -112,6 +127,9 @@ def _arg(data: bytes, i: int, ai: int) -> tuple[int, int]:
     return int.from_bytes(data[i:i + n], "big"), i + n
 
 
+_KEYS: dict[bytes, str] = {}  # the decoded short texts (keys), as _TEXT
+
+
 def _dec(data: bytes, i: int, depth: int) -> tuple[object, int]:
     if depth > 32:
         raise ValueError("nesting too deep")
@@ -156,7 +174,14 @@ def _dec(data: bytes, i: int, depth: int) -> tuple[object, int]:
         if i + n > len(data):
             raise ValueError("a string longer than the message")
         raw = data[i:i + n]
-        return (raw if major == 2 else raw.decode()), i + n
+        if major == 2:
+            return raw, i + n
+        text = _KEYS.get(raw)
+        if text is None:
+            text = raw.decode()
+            if n <= 16 and len(_KEYS) < 256:
+                _KEYS[raw] = text
+        return text, i + n
     if major == 4:
         if n > len(data) - i:
             raise ValueError("more items than the message has bytes")
