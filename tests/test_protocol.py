@@ -16,12 +16,15 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from procutil import poll_until
 
 from tether import _constants, cgroupfs, ending, identity
 from tether.platform import _proto, native
 
 pytestmark = [
+    pytest.mark.mechanism,  # (run again with the sanitizer build of the keeper in CI)
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only"),
     pytest.mark.timeout(120),
 ]
@@ -256,3 +259,69 @@ def test_a_sigkilled_node_owner_takes_its_child_along_and_without_a_keeper_it_st
             # Control: the same child, no keeper: it outlives Node (cleanup ends it).
             time.sleep(1.0)
             assert identity.is_alive(child), "control: the child died without a keeper"
+
+
+# -- random streams from any peer ----------------------------------------------
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def fuzz_keeper(request):
+    if request.param == "native" and not native.built():
+        pytest.skip("the native keeper is not built")
+    from test_native import Keeper
+
+    k = Keeper(python=request.param == "python")
+    yield k
+    k.close()
+
+
+def _channel(k) -> socket.socket:
+    mine, theirs = _proto.socketpair()
+    _proto.send(k.sock, {"op": "channel"}, [theirs.fileno()])
+    theirs.close()
+    mine.settimeout(10)
+    reply, _ = _proto.recv(mine)
+    assert reply == {"ok": True}, reply
+    return mine
+
+
+def _frames(draw_bytes: bytes, lengths: list[int]) -> bytes:
+    """Random bodies behind plausible lengths: some frames whole, the last
+    one perhaps cut short, lengths up to past MAX_MSG."""
+    out = b""
+    pos = 0
+    for n in lengths:
+        body = draw_bytes[pos:pos + n]
+        pos += n
+        out += n.to_bytes(4, "big") + body
+    return out
+
+
+@settings(max_examples=60, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(
+    st.binary(max_size=400),  # anything at all, its first 4 bytes a length
+    st.builds(_frames, st.binary(min_size=0, max_size=600),
+              st.lists(st.sampled_from([0, 1, 2, 7, 30, 200, _constants.MAX_MSG + 1, 2**32 - 1]),
+                       max_size=4))))
+def test_a_random_stream_on_a_channel_never_takes_the_keeper_down(fuzz_keeper, data):
+    """A forked child's channel that sends garbage, or frames with random
+    bodies, or half a frame, and closes: the keeper answers what it can
+    (errors), drops the channel, and serves its owner on."""
+    chan = _channel(fuzz_keeper)
+    try:
+        chan.sendall(data)
+        chan.shutdown(socket.SHUT_WR)  # the peer is done: an end of file mid-frame, maybe
+        chan.settimeout(10)
+        while True:  # replies until the keeper drops the channel (never a hang: bounded)
+            try:
+                reply, fds = _proto.recv(chan)
+            except _proto.Malformed:
+                pytest.fail("the keeper sent a malformed frame")
+            for fd in fds:
+                os.close(fd)
+            if reply is None:
+                break
+            assert reply.get("ok") in (True, False) or "exit" in reply, reply
+    finally:
+        chan.close()
+    assert fuzz_keeper.alive()

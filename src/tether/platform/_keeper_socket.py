@@ -418,7 +418,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                     os.chdir(cwd)
             except OSError as exc:
                 raise type(exc)(exc.errno, exc.strerror, cwd) from None
-            candidates = _candidates(executable, [os.fsencode(p) for p in msg["path"]])
+            candidates = _candidates(executable, [os.fsencode(p) for p in msg.get("path") or ()])
             if msg.get("umask", -1) >= 0:
                 old_umask = os.umask(msg["umask"])
             limits = _Limits(msg.get("rlimits") or ())

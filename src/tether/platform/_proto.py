@@ -54,38 +54,40 @@ def _head(out: bytearray, major: int, n: int) -> None:
         out += n.to_bytes(8, "big")
 
 
-# The encoded form of the short strings every message repeats (keys, ops):
-# a spawn request is mostly them.
+# The encoded form of the strings every message repeats (keys, ops, the
+# search path of each spawn), up to a bound: a spawn request is mostly them.
 _TEXT: dict[str, bytes] = {}
+
+
+def _text(obj: str) -> bytes:
+    try:
+        b = obj.encode()
+        major = 0x60
+    except UnicodeEncodeError:  # a name that is no UTF-8 (surrogateescape): its bytes
+        b = obj.encode("utf-8", "surrogateescape")
+        major = 0x40
+    item = bytearray()
+    _head(item, major, len(b))
+    item += b
+    done = bytes(item)
+    if len(b) <= 256 and len(_TEXT) < 512:
+        _TEXT[obj] = done
+    return done
 
 
 def _enc(obj: object, out: bytearray) -> None:
     t = type(obj)
     if t is str:
-        done = _TEXT.get(obj)  # type: ignore[call-overload]
-        if done is not None:
-            out += done
-            return
-        item = bytearray()
-        try:
-            b = obj.encode()  # type: ignore[attr-defined]
-            _head(item, 0x60, len(b))
-        except UnicodeEncodeError:  # a name that is no UTF-8 (surrogateescape): its bytes
-            b = obj.encode("utf-8", "surrogateescape")  # type: ignore[attr-defined]
-            _head(item, 0x40, len(b))
-        item += b
-        if len(b) <= 16 and len(_TEXT) < 256:
-            _TEXT[obj] = bytes(item)  # type: ignore[index]
-        out += item
-    elif t is int and 0 <= obj < 24:  # type: ignore[operator]
-        out.append(obj)  # type: ignore[arg-type]
+        out += _TEXT.get(obj) or _text(obj)  # type: ignore[arg-type, call-overload]
     elif t is bytes or t is bytearray:
         _head(out, 0x40, len(obj))  # type: ignore[arg-type]
         out += obj  # type: ignore[operator]
     elif t is bool:
         out.append(0xF5 if obj else 0xF4)
     elif t is int:
-        if obj >= 0:  # type: ignore[operator]
+        if 0 <= obj < 24:  # type: ignore[operator]
+            out.append(obj)  # type: ignore[arg-type]
+        elif obj >= 0:  # type: ignore[operator]
             _head(out, 0x00, obj)  # type: ignore[arg-type]
         else:
             _head(out, 0x20, -1 - obj)  # type: ignore[operator]
@@ -94,12 +96,18 @@ def _enc(obj: object, out: bytearray) -> None:
     elif t is dict:
         _head(out, 0xA0, len(obj))  # type: ignore[arg-type]
         for k, v in obj.items():  # type: ignore[attr-defined]
-            _enc(k, out)
+            if type(k) is str:
+                out += _TEXT.get(k) or _text(k)
+            else:
+                _enc(k, out)
             _enc(v, out)
     elif t is list or t is tuple:
         _head(out, 0x80, len(obj))  # type: ignore[arg-type]
         for v in obj:  # type: ignore[attr-defined]
-            _enc(v, out)
+            if type(v) is str:  # (a spawn's search path)
+                out += _TEXT.get(v) or _text(v)
+            else:
+                _enc(v, out)
     elif t is float:
         out.append(0xFB)
         out += _F64.pack(obj)
@@ -261,7 +269,10 @@ def _fds_lost(sock: socket.socket) -> str:
 
 
 _CMSG_SIZE = socket.CMSG_SPACE(MAX_FDS * 4)
-_CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+# (plain ints: an operator on the socket module's IntFlag members costs
+# microseconds per message)
+_CLOEXEC = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+_CTRUNC = int(socket.MSG_CTRUNC)
 
 
 def _take_fds(anc: list, fds: list[int]) -> None:
@@ -280,8 +291,9 @@ def _read_exact(sock: socket.socket, n: int, fds: list[int], flags: int = 0) -> 
     while got < n:
         data, anc, mflags, _ = sock.recvmsg(n - got, _CMSG_SIZE, _CLOEXEC | flags)
         flags = 0  # (only the first read may be non-blocking)
-        _take_fds(anc, fds)
-        lost = lost or bool(mflags & socket.MSG_CTRUNC)
+        if anc:
+            _take_fds(anc, fds)
+        lost = lost or bool(mflags & _CTRUNC)
         if not data:
             if got == 0:
                 return None
@@ -308,8 +320,12 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
         if size > MAX_MSG:
             _skip(sock, size, fds)
             raise Malformed("request larger than a message may be")
-        data = _read_exact(sock, size, fds) if size else b""
-        if data is None:
+        # The body: its fds, if any, came with the head (a frame's fds ride
+        # on its first bytes), so a plain read unless it comes in parts.
+        data = sock.recv(size) if size else b""
+        if 0 < len(data) < size:
+            data += _read_exact(sock, size - len(data), fds) or b""
+        if len(data) < size:
             raise Malformed("the message was cut short (end of file)")
         msg = decode(data)
         if isinstance(msg, dict) and "_memfd" in msg and fds:

@@ -542,12 +542,15 @@ class JobPopen(subprocess.Popen):
         # would, not the keeper's copy from when the job opened: the keeper
         # reads our ignored signals, umask and limits while we wait for its
         # reply (owner_state); the signal mask is this thread's, so it goes along.
+        exe_b = os.fsencode(executable)
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
-            "executable": os.fsencode(executable),
+            "executable": exe_b,
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
-            "path": _exec_path(env, env_b),
+            # searched only for a name without a slash (a dozen strings less
+            # to encode per spawn otherwise)
+            "path": _exec_path(env, env_b) if b"/" not in exe_b else [],
             "fdmap": fdmap,
             # (subprocess sets a process group only for one >= 0)
             "pgroup": process_group if process_group is not None and process_group >= 0 else -1,
