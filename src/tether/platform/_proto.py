@@ -26,8 +26,6 @@ from .._constants import INLINE_MAX, MAX_FDS, MAX_MSG, PROTOCOL_VERSION
 __all__ = ["INLINE_MAX", "MAX_FDS", "MAX_MSG", "PROTOCOL_VERSION", "Malformed", "decode",
            "encode", "recv", "send", "socketpair"]
 
-# (kept for callers that size a buffer by it: the largest frame body)
-RECV_SIZE = MAX_MSG
 _LEN = struct.Struct(">I")
 _F64 = struct.Struct(">d")
 
