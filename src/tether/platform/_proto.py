@@ -98,12 +98,26 @@ def _enc(obj: object, out: bytearray) -> None:
                 out += _TEXT.get(k) or _text(k)
             else:
                 _enc(k, out)
-            _enc(v, out)
+            tv = type(v)  # (the scalars of a request inline: a call each is most of its cost)
+            if tv is bool:
+                out.append(0xF5 if v else 0xF4)
+            elif v is None:
+                out.append(0xF6)
+            elif tv is int and 0 <= v < 24:
+                out.append(v)
+            else:
+                _enc(v, out)
     elif t is list or t is tuple:
         _head(out, 0x80, len(obj))  # type: ignore[arg-type]
         for v in obj:  # type: ignore[attr-defined]
-            if type(v) is str:  # (a spawn's search path)
+            tv = type(v)
+            if tv is str:  # (a spawn's search path)
                 out += _TEXT.get(v) or _text(v)
+            elif tv is int and 0 <= v < 24:
+                out.append(v)
+            elif tv is bytes and len(v) < 24:  # (argv)
+                out.append(0x40 | len(v))
+                out += v
             else:
                 _enc(v, out)
     elif t is float:
@@ -133,7 +147,9 @@ def _arg(data: bytes, i: int, ai: int) -> tuple[int, int]:
     return int.from_bytes(data[i:i + n], "big"), i + n
 
 
-_KEYS: dict[bytes, str] = {}  # the decoded short texts (keys), as _TEXT
+# the decoded short texts (keys), as _TEXT; a reply's keys known from the start
+_KEYS: dict[bytes, str] = {k.encode(): k for k in (
+    "ok", "pid", "exit", "status", "kind", "errno", "strerror", "filename", "keeper", "ident")}
 
 
 def _dec(data: bytes, i: int, depth: int) -> tuple[object, int]:
@@ -208,8 +224,55 @@ def _dec(data: bytes, i: int, depth: int) -> tuple[object, int]:
     raise ValueError("tags are not part of the protocol")
 
 
+def _flat_map(data: bytes) -> dict | None:
+    """The common message, fast: one map whose keys are short texts and
+    whose values are small integers, booleans, null or short texts (a reply,
+    an exit report); None for anything else (then _dec reads it). A call per
+    item is most of a small message's cost in Python."""
+    n = len(data)
+    if n < 2 or data[0] != 0xBF or data[-1] != 0xFF:
+        return None
+    out = {}
+    i = 1
+    keys = _KEYS
+    while i < n - 1:
+        b = data[i]
+        if not 0x60 <= b < 0x78:
+            return None
+        j = i + 1 + (b - 0x60)
+        key = keys.get(data[i + 1:j])
+        if key is None or j >= n - 1:
+            return None
+        b = data[j]
+        if b < 0x18:
+            v: object = b
+            i = j + 1
+        elif b == 0x1A and j + 5 <= n:  # a pid, a status
+            v = int.from_bytes(data[j + 1:j + 5], "big")
+            i = j + 5
+        elif b == 0x19 and j + 3 <= n:
+            v = int.from_bytes(data[j + 1:j + 3], "big")
+            i = j + 3
+        elif b == 0x18 and j + 2 <= n:
+            v = data[j + 1]
+            i = j + 2
+        elif b == 0xF5 or b == 0xF4:
+            v = b == 0xF5
+            i = j + 1
+        elif b == 0xF6:
+            v = None
+            i = j + 1
+        else:
+            return None
+        out[key] = v
+    return out if i == n - 1 else None
+
+
 def decode(data: bytes) -> object:
     """One CBOR item, the whole of data."""
+    fast = _flat_map(data)
+    if fast is not None:
+        return fast
     obj, i = _dec(data, 0, 0)
     if i != len(data):
         raise ValueError("bytes after the message")
@@ -281,50 +344,57 @@ def _take_fds(anc: list, fds: list[int]) -> None:
             fds.extend(arr)
 
 
-def _read_exact(sock: socket.socket, n: int, fds: list[int], flags: int = 0) -> bytes | None:
-    """n bytes (None at end of file before the first one), collecting fds."""
+def _read_exact(sock: socket.socket, n: int, fds: list[int]) -> tuple[bytes | None, bool]:
+    """n bytes (None at end of file before the first one), collecting fds;
+    and whether fds were lost (MSG_CTRUNC)."""
     parts = []
     got = 0
     lost = False
     while got < n:
-        data, anc, mflags, _ = sock.recvmsg(n - got, _CMSG_SIZE, _CLOEXEC | flags)
-        flags = 0  # (only the first read may be non-blocking)
+        data, anc, mflags, _ = sock.recvmsg(n - got, _CMSG_SIZE, _CLOEXEC)
         if anc:
             _take_fds(anc, fds)
         lost = lost or bool(mflags & _CTRUNC)
         if not data:
             if got == 0:
-                return None
+                return None, lost
             raise Malformed("the message was cut short (end of file)")
         parts.append(data)
         got += len(data)
-    if lost:
-        raise Malformed(_fds_lost(sock))
-    return b"".join(parts) if len(parts) > 1 else parts[0]
+    return (b"".join(parts) if len(parts) > 1 else parts[0]), lost
 
 
 def recv(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
     """One message, or (None, []) at end of file. Received fds are
     close-on-exec. ``flags=socket.MSG_DONTWAIT``: BlockingIOError when no
     message has begun."""
+    # The usual frame at the cost of two reads and no more Python than that:
+    # a whole head (with the frame's fds, if any), a whole small body.
+    head, anc, mflags, _ = sock.recvmsg(4, _CMSG_SIZE, _CLOEXEC | flags)
     fds: list[int] = []
+    if anc:
+        _take_fds(anc, fds)
+    if len(head) == 4 and not mflags & _CTRUNC:
+        size = int.from_bytes(head, "big")
+        if 0 < size <= INLINE_MAX:
+            try:
+                data = sock.recv(size)
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            if len(data) == size:
+                msg = _flat_map(data)
+                if msg is not None and "_memfd" not in msg:
+                    return msg, fds
+                return _finish(sock, data, fds)
+            head += data  # (a body in parts: read the rest as any other frame)
+    return _recv_rest(sock, head, mflags, fds)
+
+
+def _finish(sock: socket.socket, data: bytes, fds: list[int]) -> tuple[dict, list[int]]:
+    """A whole body: its message (a memfd's, where it says so)."""
     try:
-        head = _read_exact(sock, 4, fds, flags)
-        if head is None:
-            for fd in fds:
-                os.close(fd)
-            return None, []
-        (size,) = _LEN.unpack(head)
-        if size > MAX_MSG:
-            _skip(sock, size, fds)
-            raise Malformed("request larger than a message may be")
-        # The body: its fds, if any, came with the head (a frame's fds ride
-        # on its first bytes), so a plain read unless it comes in parts.
-        data = sock.recv(size) if size else b""
-        if 0 < len(data) < size:
-            data += _read_exact(sock, size - len(data), fds) or b""
-        if len(data) < size:
-            raise Malformed("the message was cut short (end of file)")
         msg = decode(data)
         if isinstance(msg, dict) and "_memfd" in msg and fds:
             mfd = fds.pop()
@@ -338,17 +408,50 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
         for fd in fds:
             os.close(fd)
         raise Malformed(str(exc) or type(exc).__name__) from None
+    return msg, fds
+
+
+def _recv_rest(sock: socket.socket, got: bytes, mflags: int,
+               fds: list[int]) -> tuple[dict | None, list[int]]:
+    """The rest of a frame of which ``got`` (head, maybe part of the body)
+    came: read to its end whatever is wrong with it, so the next is whole."""
+    try:
+        if not got:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        lost = bool(mflags & _CTRUNC)
+        if len(got) < 4:
+            more, lost2 = _read_exact(sock, 4 - len(got), fds)
+            if more is None:
+                raise Malformed("the message was cut short (end of file)")
+            got += more
+            lost = lost or lost2
+        head, part = got[:4], got[4:]
+        (size,) = _LEN.unpack(head)
+        if size > MAX_MSG:
+            _skip(sock, size - len(part), fds)
+            raise Malformed("request larger than a message may be")
+        data = part
+        if size > len(part):
+            more, lost2 = _read_exact(sock, size - len(part), fds)
+            data += more or b""
+            lost = lost or lost2
+        if len(data) < size:
+            raise Malformed("the message was cut short (end of file)")
+        if lost:  # (the frame is read: the stream goes on)
+            raise Malformed(_fds_lost(sock))
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
-    return msg, fds
+    return _finish(sock, data, fds)
 
 
 def _skip(sock: socket.socket, size: int, fds: list[int]) -> None:
     """Read a frame too large to take, and drop it: the next one is whole."""
     while size > 0:
-        data = _read_exact(sock, min(size, 1 << 16), fds)
+        data, _ = _read_exact(sock, min(size, 1 << 16), fds)
         if data is None:
             return
         size -= len(data)
