@@ -121,12 +121,31 @@ def _builds(out: str) -> list[tuple[str, list[str]]]:
     return ways
 
 
+def write_constants_header() -> None:
+    """src/tether/_native/tether_constants.h from src/tether/_constants.py,
+    the one definition of what the C and Python sides share (rewritten only
+    when it changed: a build from a read-only sdist finds it as it was)."""
+    import runpy
+
+    text = runpy.run_path(os.path.join("src", "tether", "_constants.py"))["c_header"]()
+    path = os.path.join("src", "tether", "_native", "tether_constants.h")
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def compile_program(out: str, source: str = SOURCE) -> str | None:
     """Compile the keeper (or, with ``source=SHELL_SOURCE``, the native
     tether-shell, which includes it) to ``out``; None when it was built, else why not."""
     if not LINUX:
         return "not Linux"
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    write_constants_header()
     ways = _builds(out)
     if not ways:
         return "no C compiler"

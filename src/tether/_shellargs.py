@@ -40,8 +40,8 @@ SHELL = "shell"
 COMSPEC = "comspec"
 INTERACTIVE = "interactive"
 
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 127
+from ._constants import EXIT_NOT_FOUND as EXIT_NOT_FOUND  # noqa: E402 - shared with C
+from ._constants import EXIT_USAGE as EXIT_USAGE  # noqa: E402
 
 # Login shells that only refuse logins; never use one as the real shell.
 _NOT_SHELLS = frozenset({"nologin", "false", "true", "sync", "halt", "shutdown"})

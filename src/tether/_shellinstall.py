@@ -19,8 +19,7 @@ from .errors import UsageError
 
 __all__ = ["install", "cli"]
 
-EXIT_USAGE = 2
-
+from ._constants import EXIT_USAGE  # noqa: E402 - shared with the C side
 
 _LAUNCHER_MARK = "made by `tether shell --install`"
 

@@ -53,7 +53,8 @@ SHELL_SCOPE_DIR = "shell-scope"
 #: every reader skips it. Its cgroup.procs is read-only, so only root (who can
 #: leave any cgroup anyway) could hide a member there; cgroup.kill of the job
 #: ends it too.
-PIN_DIR = "tether-pin"
+from ._constants import PIN_DIR  # noqa: E402 - shared with the C side
+
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
 _PIN_BATCH = 256  # pidfds held at once by a kill round (well below a 1024-fd limit)

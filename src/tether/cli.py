@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_TETHER_FAILURE = 125
+from ._constants import EXIT_INTERNAL as EXIT_TETHER_FAILURE  # noqa: E402 - shared with C
 
 _DELEGATED = {
     "shell": ("tether.shell", "Run a command through tether-shell (SHELL/COMSPEC drop-in)."),

@@ -41,8 +41,9 @@ from typing import Any
 from .errors import TetherError
 
 SI_KERNEL = 0x80
-EXIT_TETHER_FAILURE = 125
-EXIT_GUARD_LOST = 123  # the keeper died and the command's exit status went with it
+from ._constants import EXIT_GUARD_LOST  # noqa: E402 - the keeper died and the exit status with it
+from ._constants import EXIT_INTERNAL as EXIT_TETHER_FAILURE  # noqa: E402 - shared with C
+
 KEEPER_DIED = "tether: keeper died; the job is no longer guarded"
 # Windows has neither SIGHUP nor SIGQUIT: keep the ones this platform has.
 _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))

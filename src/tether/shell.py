@@ -56,13 +56,11 @@ import sys
 
 __all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
 
-DEFAULT_GRACE = 0.5
+from ._constants import EXIT_INTERNAL, EXIT_NOEXEC, EXIT_NOT_FOUND, EXIT_USAGE  # noqa: E402
+from ._constants import SHELL_GRACE as DEFAULT_GRACE  # noqa: E402
+
 DEFAULT_LOG_DAYS = 14
 DEFAULT_LOG_MAX_BYTES = 4 * 2**20
-EXIT_USAGE = 2
-EXIT_INTERNAL = 125
-EXIT_NOEXEC = 126
-EXIT_NOT_FOUND = 127
 _PROG = "tether-shell"
 _HANDED_ARGV0 = "_TETHER_SHELL_ARGV0"  # = shell.c's ARGV0_VAR
 _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")

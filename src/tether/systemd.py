@@ -108,7 +108,7 @@ def delegation(path: str, where: str | None = None, *,
 #: is a new directory, and is asked again. Only who may write the unit's
 #: cgroup (its owner) can set it, and the answer is about systemd's wishes
 #: for that owner's own cgroup, not about anyone else's processes.
-DELEGATION_MEMO = "user.tether.delegate"
+from ._constants import DELEGATION_MEMO  # noqa: E402 - shared with the native front ends
 
 
 def _remembered(udir: str) -> str | None:

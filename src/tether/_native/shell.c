@@ -37,19 +37,18 @@
 #include <sys/random.h>
 #include <sys/xattr.h>
 
-#define EXIT_USAGE 2
-#define EXIT_GUARD_LOST 123
-#define EXIT_INTERNAL 125
-#define EXIT_NOEXEC 126
-#define EXIT_NOT_FOUND 127
-#define MAX_GRACE 3600.0
-#define COOKIE_VAR "TETHER_JOB"
+/* shared with the Python side: tether_constants.h (from tether/_constants.py) */
+#define EXIT_USAGE TETHER_EXIT_USAGE
+#define EXIT_GUARD_LOST TETHER_EXIT_GUARD_LOST
+#define EXIT_INTERNAL TETHER_EXIT_INTERNAL
+#define EXIT_NOEXEC TETHER_EXIT_NOEXEC
+#define EXIT_NOT_FOUND TETHER_EXIT_NOT_FOUND
+#define MAX_GRACE TETHER_MAX_GRACE
+#define COOKIE_VAR TETHER_COOKIE_VAR
 #define KEEPER_DIED "tether: keeper died; the job is no longer guarded"
 #define FALLBACK_NAME "tether-shell-py"
 #define RUN_FALLBACK_NAME "tether-py"
 #define ARGV0_VAR "_TETHER_SHELL_ARGV0"
-/* tether.systemd.DELEGATION_MEMO: systemctl's answer, kept on the unit's cgroup */
-#define DELEGATION_MEMO "user.tether.delegate"
 
 static char **g_argv;
 static char self_exe[PATH_MAX];   /* this program, symlinks resolved */
@@ -429,7 +428,7 @@ static double parse_grace(const char *v)
 static double env_grace(void)
 {
     const char *v = getenv("TETHER_SHELL_GRACE");
-    return !v || !*v ? 0.5 : parse_grace(v);
+    return !v || !*v ? TETHER_SHELL_GRACE : parse_grace(v);
 }
 
 /* -- the audit log (tether.shell.ShellLog) ------------------------------------------ */
@@ -1474,7 +1473,7 @@ static int under_manager(const char *mnt, const char *udir, char *mgr, size_t si
 /* systemd's rule, as tether.systemd.delegation decides it (cheapest first):
  * only a unit started with Delegate=yes may be divided. 1 yes, 0 no. What
  * only systemctl can answer is the Python path's, which asks once per unit
- * and leaves the answer on the unit's cgroup (DELEGATION_MEMO): a new unit
+ * and leaves the answer on the unit's cgroup (TETHER_DELEGATION_MEMO): a new unit
  * of the same name is a new directory, and asks again. */
 static int systemd_delegated(const struct run *R)
 {
@@ -1513,7 +1512,7 @@ static int systemd_delegated(const struct run *R)
     snprintf(mine, sizeof mine, "user@%u.service", (unsigned)euid);
     if (managed && strcmp(strrchr(udir, '/') + 1, mine) && strcmp(mgr, mine))
         return 0; /* another user's manager */
-    if (unit_mark(udir, DELEGATION_MEMO, val, sizeof val)) {
+    if (unit_mark(udir, TETHER_DELEGATION_MEMO, val, sizeof val)) {
         if (!strcmp(val, "yes"))
             return 1;
         if (!strcmp(val, "no"))
@@ -2338,7 +2337,7 @@ int main(int argc, char **argv)
         cli_front = 1;
         prog = "tether";
         honour_native_off();
-        R.grace = 2.0; /* tether.ending.DEFAULT_GRACE */
+        R.grace = TETHER_DEFAULT_GRACE;
         if (argc >= 2 && !strcmp(argv[1], "run"))
             return run_main(argc, argv);
         hand_over();

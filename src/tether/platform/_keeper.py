@@ -18,7 +18,7 @@ something that outlives it must end the job. The keeper
 One keeper, two drivers:
 
 ``_keeper_socket.SocketKeeper.serve(ctl)``
-    for ``tether.Job``: requests on a SOCK_SEQPACKET socket (``_proto``):
+    for ``tether.Job``: requests on a SOCK_STREAM socket (``_proto``):
     spawn with file descriptors, wait, poll, kill_all, close, step_aside.
 ``Keeper.run_one(...)`` (here)
     for the one-command path (``oneshot``, what ``tether-shell`` runs on
@@ -44,9 +44,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # a hint only
     import socket
 
-# = tether.ending.KILL_BOUND, not imported: the one-command keeper starts its
-# command before it loads anything it may not need (the engine included).
-KILL_BOUND = 5.0
+# (from _constants, which imports nothing, not from tether.ending: the
+# one-command keeper starts its command before it loads anything it may not
+# need, the engine included)
+from .._constants import KILL_BOUND  # noqa: E402
 
 # Signals a keeper must survive: the caller may kill the owner's process
 # group or hang up the terminal; only the owner's death (or its request)

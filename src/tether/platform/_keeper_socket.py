@@ -1,7 +1,7 @@
 """The socket driver of the keeper: what a ``tether.Job``'s keeper does.
 
 The owner side is ``posix.KeeperJob``; this is the keeper side: requests on
-a SOCK_SEQPACKET socket (``_proto``: spawn with file descriptors, wait,
+a SOCK_STREAM socket (``_proto``: spawn with file descriptors, wait,
 poll, kill_all, close, step_aside, ping), exit statuses pushed to the owner
 as they happen, and the owner watched by pidfd. The keeper core it extends is
 ``_keeper.Keeper``, which the one-command path (``oneshot``) drives too.
@@ -147,7 +147,10 @@ class SocketKeeper(Keeper):
         try:
             if chan is None:
                 raise OSError
-            chan.send(_proto.encode({"exit": pid, "status": status}), socket.MSG_DONTWAIT)
+            data = _proto.frame(_proto.encode({"exit": pid, "status": status}))
+            n = chan.send(data, socket.MSG_DONTWAIT)
+            if n < len(data):  # (never half a frame: the rest at once)
+                chan.sendall(data[n:])
         except OSError:
             self.status[pid] = status
 
@@ -201,10 +204,10 @@ class SocketKeeper(Keeper):
                         raise OSError
                     chan = socket.socket(fileno=fds[0])
                 except OSError:
-                    raise ValueError("channel: no seqpacket socket") from None
-                if chan.type != socket.SOCK_SEQPACKET:
+                    raise ValueError("channel: no stream socket") from None
+                if chan.type != socket.SOCK_STREAM:
                     chan.detach()
-                    raise ValueError("channel: no seqpacket socket")
+                    raise ValueError("channel: no stream socket")
                 fds.pop(0)
                 chan.setblocking(True)
                 self.chans[chan.fileno()] = chan
@@ -417,7 +420,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                     os.chdir(cwd)
             except OSError as exc:
                 raise type(exc)(exc.errno, exc.strerror, cwd) from None
-            candidates = _candidates(executable, [os.fsencode(p) for p in msg["path"]])
+            candidates = _candidates(executable, [os.fsencode(p) for p in msg.get("path") or ()])
             if msg.get("umask", -1) >= 0:
                 old_umask = os.umask(msg["umask"])
             limits = _Limits(msg.get("rlimits") or ())

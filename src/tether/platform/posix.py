@@ -2,7 +2,7 @@
 
 ``KeeperJob`` is the ``JobBackend`` for cgroup, subreaper, pidns and pgroup.
 It forks the job's keeper (see ``_keeper``) and talks to it over a
-SOCK_SEQPACKET pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
+SOCK_STREAM pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
 keeper started. The child is not the owner's own child, so its exit status
 comes from the keeper; the owner holds a pidfd for it, which makes
 ``poll``/``wait`` cheap and ``send_signal`` immune to PID reuse.
@@ -220,16 +220,15 @@ class KeeperJob(JobBackend):
         False once the keeper's end is closed."""
         while True:
             try:
-                data = self._sock.recv(_proto.RECV_SIZE, socket.MSG_DONTWAIT)
+                msg, fds = _proto.recv(self._sock, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
-            except OSError:
+            except OSError:  # (Malformed among them: the stream is no longer to be trusted)
                 return False
-            if not data:
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
                 return False
-            import marshal
-
-            msg = marshal.loads(data)
             if "exit" in msg:
                 self._exits[msg["exit"]] = msg["status"]
 
@@ -550,12 +549,15 @@ class JobPopen(subprocess.Popen):
         # would, not the keeper's copy from when the job opened: the keeper
         # reads our ignored signals, umask and limits while we wait for its
         # reply (owner_state); the signal mask is this thread's, so it goes along.
+        exe_b = os.fsencode(executable)
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
-            "executable": os.fsencode(executable),
+            "executable": exe_b,
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
-            "path": _exec_path(env, env_b),
+            # searched only for a name without a slash (a dozen strings less
+            # to encode per spawn otherwise)
+            "path": _exec_path(env, env_b) if b"/" not in exe_b else [],
             "fdmap": fdmap,
             # (subprocess sets a process group only for one >= 0)
             "pgroup": process_group if process_group is not None and process_group >= 0 else -1,
