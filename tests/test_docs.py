@@ -45,9 +45,12 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 
 import pytest
 from procutil import ROOT, SRC
+
+from tether import cgroupfs
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the docs' examples are Linux transcripts")
@@ -174,12 +177,46 @@ def sandbox(tmp_path, procs):
             del env[k]
     work = tmp_path / "work"
     work.mkdir()
-    return work, env
+    cg = _own_cgroup()
+    _CGROUP[:] = [cg] if cg else []
+    yield work, env
+    _CGROUP[:] = []
+    if cg:  # what the examples left in it is theirs (this test's) alone
+        cgroupfs.kill(cg, 5.0)
+        assert cgroupfs.remove_tree(cg), f"the examples' cgroup was left behind: {cg}"
+
+
+#: The cgroup the current test's examples run in, if any (see _own_cgroup).
+_CGROUP: list[str] = []
+
+
+def _own_cgroup() -> str | None:
+    """A fresh cgroup of this test's, inside ours, where we may make one (root
+    here): the examples run in it, so their jobs' run directories are made
+    there, and an example's `tether reap` - whose stale-cgroup search looks in
+    its own cgroup - sees only this test's. Without it, a reap in a docs
+    example ended other tests' deliberately stale cgroups (their controls)
+    running beside it under pytest-xdist."""
+    base = cgroupfs.own_dir()
+    if base is None or not os.access(os.path.join(base, "cgroup.procs"), os.W_OK):
+        return None
+    path = os.path.join(base, f"doctest-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    return path
 
 
 def _run(args: list[str], cwd, env, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    if _CGROUP:
+        args = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', _CGROUP[0], *args]
+    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if _CGROUP:  # the page shows the cgroup a user's shell is in: ours
+        r.stdout = r.stdout.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
+        r.stderr = r.stderr.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
+    return r
 
 
 def _console(block: Block, cwd, env) -> None:
