@@ -477,8 +477,9 @@ class Job:
         return []
 
     def __del__(self) -> None:
-        # A job dropped without close(): its keeper sees the socket close and
-        # ends the members; nothing to do here but not to raise.
+        # A job dropped without close(): its backend asks the keeper to end
+        # the members (posix.KeeperJob.__del__); nothing to do here but not
+        # to raise.
         pass
 
 

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 
-from .errors import TetherError
+from .errors import StatusLost, TetherError
 
 SI_KERNEL = 0x80
 EXIT_GUARD_LOST = 123  # the keeper died and the command's exit status went with it
@@ -167,6 +167,8 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
                     if child_fd in ready:
                         break
             proc.wait()
+        except StatusLost:
+            pass  # returncode stays None: said below, with its own exit status
         finally:
             state["exited"] = True
             wake()

@@ -694,6 +694,12 @@ static struct {
 static int chans[MAX_CHANS];
 static size_t nchans;
 static int serving_chan = -1; /* the channel of the request being served, or -1: the owner's */
+/* Who sent the request being served, as the kernel vouches for it
+ * (SCM_CREDENTIALS, per message): a socket's SO_PEERCRED is its creator's,
+ * fixed at socketpair(), so it cannot tell the owner from a forked worker
+ * that dropped privileges and writes on the inherited end. */
+static struct ucred sender;
+static int have_sender;
 static struct ckid {
     pid_t pid;
     int chan;
@@ -1945,6 +1951,46 @@ static void drop_lifted(const int *lifted, const int *fds, int n)
             close(lifted[k]);
 }
 
+/* A child runs as this keeper (the owner, as of the job's opening): only a
+ * sender that runs as the same real uid and gid may start one, whatever its
+ * request claims (a request's "ids" must be the sender's own, too). Else
+ * refused, with the reason; 1 when it may. */
+static int sender_may_spawn(const value *ids)
+{
+    char why[512];
+    if (!have_sender) {
+        reply_error("refused", 0, "the request came without its sender's credentials "
+                    "(SCM_CREDENTIALS): the keeper starts nothing for a sender it cannot "
+                    "name", NULL);
+        return 0;
+    }
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    if (sender.uid != uid || sender.gid != gid) {
+        snprintf(why, sizeof why,
+                 "the request's sender (pid %d) runs as uid %u gid %u, the job's keeper as "
+                 "uid %u gid %u: it would start the child with more privilege than its "
+                 "sender has; open a job of its own in the process that changed user",
+                 (int)sender.pid, (unsigned)sender.uid, (unsigned)sender.gid, (unsigned)uid,
+                 (unsigned)gid);
+        reply_error("refused", 0, why, NULL);
+        return 0;
+    }
+    if (ids && ids->t == V_LIST && ids->len == 4 &&
+        (ids->items[0]->t != V_INT || ids->items[0]->i != (int64_t)sender.uid ||
+         ids->items[2]->t != V_INT || ids->items[2]->i != (int64_t)sender.gid)) {
+        snprintf(why, sizeof why,
+                 "the request asks for uid/gid %lld/%lld, but its sender (pid %d) runs as "
+                 "uid %u gid %u: a request starts children only as its sender",
+                 ids->items[0]->t == V_INT ? (long long)ids->items[0]->i : -1LL,
+                 ids->items[2]->t == V_INT ? (long long)ids->items[2]->i : -1LL,
+                 (int)sender.pid, (unsigned)sender.uid, (unsigned)sender.gid);
+        reply_error("refused", 0, why, NULL);
+        return 0;
+    }
+    return 1;
+}
+
 static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 {
     struct spawn_req *q = arena_alloc(r, sizeof *q);
@@ -1956,6 +2002,8 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     const value *argv = dict_get(msg, "argv"), *envd = dict_get(msg, "env");
     const value *path = dict_get(msg, "path"), *fdmap = dict_get(msg, "fdmap");
     const value *ids = dict_get(msg, "ids");
+    if (!sender_may_spawn(ids))
+        return;
     if (ids && ids->t == V_LIST && ids->len == 4) {
         /* a keeper that is no longer who the owner is starts nothing */
         static int64_t want[4] = {-1, -1, -1, -1}; /* ours never change: read once */
@@ -2241,6 +2289,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 /* ------------------------------------------------------------------------ */
 /* requests                                                                 */
 
+static void pass_creds(int fd);
 static char msgbuf[MAX_MSG];
 static char arena[4 << 20];
 
@@ -2378,6 +2427,7 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         } else {
             chans[nchans++] = fds[0];
             fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+            pass_creds(fds[0]); /* before the answer, which the child waits for */
             int ctl = K.ctl;
             K.ctl = fds[0];
             fds[0] = -1; /* kept */
@@ -2394,12 +2444,20 @@ out:
     return done;
 }
 
+/* Every message on fd carries its sender's credentials, filled in and
+ * checked by the kernel at each send (see sender). */
+static void pass_creds(int fd)
+{
+    int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
+}
+
 /* One message from owner channel fd (K.ctl is that channel meanwhile); 1
  * when that channel has closed (its process is gone). */
 static int serve_one(int fd)
 {
     union {
-        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * MAX_FDS)];
         struct cmsghdr align;
     } u;
     struct iovec iov = {msgbuf, sizeof msgbuf};
@@ -2413,7 +2471,13 @@ static int serve_one(int fd)
         return 0;
     int fds[MAX_FDS];
     int nfds = 0;
+    have_sender = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+            c->cmsg_len >= CMSG_LEN(sizeof sender)) {
+            memcpy(&sender, CMSG_DATA(c), sizeof sender);
+            have_sender = 1;
+        }
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
             for (int k = 0; k < cnt && nfds < MAX_FDS; k++)
@@ -2466,6 +2530,8 @@ static void drop_chan(size_t i)
             ckids[k].chan = -1;
 }
 
+static int owner_execd(void);
+
 static void serve(void) __attribute__((noreturn));
 static void serve(void)
 {
@@ -2489,8 +2555,16 @@ static void serve(void)
             drain_sigfd();
             reap_all(1);
         }
-        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl))
-            end_for_dead_owner(); /* the owner's end closed: it is gone */
+        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl)) {
+            /* The owner's end closed: it is gone, or it called execve (its
+             * sockets are close-on-exec) and lives on. The job lives as long
+             * as the process: from now on its pidfd (or polling) alone says
+             * when it dies. */
+            if (!owner_execd())
+                end_for_dead_owner();
+            close(K.ctl);
+            K.ctl = p[0].fd = -1;
+        }
         for (size_t i = nch; i-- > 0;) {
             if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= nchans ||
                 chans[i] != p[4 + i].fd)
@@ -2663,7 +2737,8 @@ static int usage(void)
 #define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
 
 static uint32_t *beacon_word; /* in the owner's memfd page, mapped here */
-static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive */
+static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive (also
+                                 * without a beacon: owner_execd reads it) */
 /* The waiter tells serve() through a pipe, not an eventfd: a pipe's write
  * wakes the reader as a sync wakeup, which puts it on the writer's CPU, free
  * a moment later when the waiter ends. An eventfd's wakeup could put it
@@ -2718,6 +2793,22 @@ static int owner_exiting(void)
     }
     close(w.fd);
     return all;
+}
+
+/* After the owner's end of the socket closed: 1 when the owner lives on
+ * (an exec), 0 when it is dying or gone. Its exit closes its files after
+ * every thread is marked exiting, so a live owner none of whose threads is
+ * exiting has exec'd. Unknown (no /proc of it): gone, as before. */
+static int owner_execd(void)
+{
+    if (K.ownerfd >= 0) {
+        struct pollfd o = {K.ownerfd, POLLIN, 0};
+        if (poll(&o, 1, 0) != 0)
+            return 0;
+    } else if (kill(K.owner, 0) < 0 && errno == ESRCH) {
+        return 0;
+    }
+    return beacon_proc >= 0 && !owner_exiting();
 }
 
 static void *beacon_wait(void *unused)
@@ -2848,9 +2939,10 @@ int main(int argc, char **argv)
     close_others(K.ctl, K.ownerfd);
     /* the fds the owner handed over must not reach any child */
     fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
+    pass_creds(K.ctl); /* before "ready": the owner sends nothing until it */
     if (K.ownerfd >= 0)
         fcntl(K.ownerfd, F_SETFD, FD_CLOEXEC);
-    if (beacon_word) { /* before a PID namespace would hide the owner's number */
+    { /* before a PID namespace would hide the owner's number */
         char proc[64];
         snprintf(proc, sizeof proc, "/proc/%d", (int)K.owner);
         beacon_proc = openat(AT_FDCWD, proc, O_PATH | O_DIRECTORY | O_CLOEXEC);
