@@ -204,3 +204,54 @@ def test_a_status_lost_with_the_keeper_is_an_error_not_a_kill(mech, procs):
             if fd != -1:
                 os.close(fd)
         job.close()
+
+
+FREEZER = "/sys/fs/cgroup/freezer"  # cgroup v1's freezer: its frozen tasks outlive SIGKILL
+
+
+@pytest.fixture
+def freezer():
+    """A v1 freezer cgroup of the test's own; thawed and removed at the end
+    (what it held dies then of the SIGKILL it has pending)."""
+    if os.geteuid() != 0 or not os.access(FREEZER, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 freezer hierarchy")
+    import uuid
+
+    path = os.path.join(FREEZER, f"tether-test-{uuid.uuid4().hex[:12]}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        with open(os.path.join(path, "freezer.state"), "w") as f:
+            f.write("THAWED")
+
+        def empty() -> bool:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                return not f.read().strip()
+
+        poll_until(empty, 5.0)
+        os.rmdir(path)
+
+
+@pytest.mark.parametrize("mech", MECHS)
+def test_close_names_a_member_it_could_not_end(mech, procs, freezer):
+    from tether import Job
+
+    job = Job(mechanism=mech)
+    try:
+        stuck = job.popen(["sleep", "300"], env=procs.env())
+        other = job.popen(["sleep", "301"], env=procs.env())
+        stuck_id = identity.read(stuck.pid)
+        with open(os.path.join(freezer, "cgroup.procs"), "w") as f:
+            f.write(str(stuck.pid))
+        with open(os.path.join(freezer, "freezer.state"), "w") as f:
+            f.write("FROZEN")
+        wait_until(lambda: open(os.path.join(freezer, "freezer.state")).read().strip() == "FROZEN")
+        with pytest.warns(RuntimeWarning, match=rf"could not be ended.*: pid {stuck.pid} \(sleep"):
+            result = job.close()
+        assert [i.pid for i in result.left] == [stuck.pid]
+        assert identity.is_alive(stuck_id)  # it is there, as the result says
+        # Control: the member that could be ended was, and is not named.
+        assert [i.pid for i in result] == [other.pid]
+    finally:
+        job.close()
