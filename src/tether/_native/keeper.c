@@ -1964,8 +1964,10 @@ static int sender_may_spawn(const value *ids)
                     "name", NULL);
         return 0;
     }
-    uid_t uid = getuid();
-    gid_t gid = getgid();
+    static uid_t uid = (uid_t)-1;
+    static gid_t gid;
+    if (uid == (uid_t)-1) /* ours never change: read once */
+        uid = getuid(), gid = getgid();
     if (sender.uid != uid || sender.gid != gid) {
         snprintf(why, sizeof why,
                  "the request's sender (pid %d) runs as uid %u gid %u, the job's keeper as "
