@@ -1953,9 +1953,10 @@ static void drop_lifted(const int *lifted, const int *fds, int n)
 
 /* A child runs as this keeper (the owner, as of the job's opening): only a
  * sender that runs as the same real uid and gid may start one, whatever its
- * request claims (a request's "ids" must be the sender's own, too). Else
- * refused, with the reason; 1 when it may. */
-static int sender_may_spawn(const value *ids)
+ * request claims (its "ids", checked before, must be the keeper's: so
+ * never other ids than the sender's). Else refused, with the reason; 1 when
+ * it may. */
+static int sender_may_spawn(void)
 {
     char why[512];
     if (!have_sender) {
@@ -1978,18 +1979,6 @@ static int sender_may_spawn(const value *ids)
         reply_error("refused", 0, why, NULL);
         return 0;
     }
-    if (ids && ids->t == V_LIST && ids->len == 4 &&
-        (ids->items[0]->t != V_INT || ids->items[0]->i != (int64_t)sender.uid ||
-         ids->items[2]->t != V_INT || ids->items[2]->i != (int64_t)sender.gid)) {
-        snprintf(why, sizeof why,
-                 "the request asks for uid/gid %lld/%lld, but its sender (pid %d) runs as "
-                 "uid %u gid %u: a request starts children only as its sender",
-                 ids->items[0]->t == V_INT ? (long long)ids->items[0]->i : -1LL,
-                 ids->items[2]->t == V_INT ? (long long)ids->items[2]->i : -1LL,
-                 (int)sender.pid, (unsigned)sender.uid, (unsigned)sender.gid);
-        reply_error("refused", 0, why, NULL);
-        return 0;
-    }
     return 1;
 }
 
@@ -2004,8 +1993,6 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
     const value *argv = dict_get(msg, "argv"), *envd = dict_get(msg, "env");
     const value *path = dict_get(msg, "path"), *fdmap = dict_get(msg, "fdmap");
     const value *ids = dict_get(msg, "ids");
-    if (!sender_may_spawn(ids))
-        return;
     if (ids && ids->t == V_LIST && ids->len == 4) {
         /* a keeper that is no longer who the owner is starts nothing */
         static int64_t want[4] = {-1, -1, -1, -1}; /* ours never change: read once */
@@ -2028,6 +2015,9 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
                 return;
             }
     }
+    /* (after that check: an owner that changed user is told so in its words) */
+    if (!sender_may_spawn())
+        return;
     q->exe = dup_cstr(r, dict_get(msg, "executable"));
     int env_same = dict_true(msg, "env_same");
     if (!argv || argv->t != V_LIST || !q->exe ||
@@ -2532,7 +2522,57 @@ static void drop_chan(size_t i)
             ckids[k].chan = -1;
 }
 
-static int owner_execd(void);
+#define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
+
+/* /proc/OWNER, opened at the start while the owner was alive: read by the
+ * beacon's waiter and by owner_execd */
+static int beacon_proc = -1;
+
+/* 1 when every thread of the owner is exiting or gone, else 0. */
+static int owner_exiting(void)
+{
+    struct dir_walk w;
+    if (dir_open_at(&w, beacon_proc, "task") < 0)
+        return errno == ENOENT || errno == ESRCH; /* reaped: gone */
+    int all = 1;
+    const struct dent64 *d;
+    while (all && (d = dir_next(&w))) {
+        if (d->name[0] == '.')
+            continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof path, "%s/stat", d->name);
+        ssize_t n = read_file_at(w.fd, path, buf, sizeof buf);
+        if (n <= 0) {
+            all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
+            continue;
+        }
+        /* field 9 is the flags, 31 the thread's pending signals (SIGKILL's
+         * bit: every thread gets it at a group exit or a kill -9, before its
+         * own exit starts) */
+        const char *flags = stat_field(buf, 9), *pending = stat_field(buf, 31);
+        if (!flags || !pending || (!(strtoull(flags, NULL, 10) & PF_EXITING_) &&
+                                   !(strtoull(pending, NULL, 10) & (1ULL << (SIGKILL - 1)))))
+            all = 0;
+    }
+    close(w.fd);
+    return all;
+}
+
+/* After the owner's end of the socket closed: 1 when the owner lives on
+ * (an exec), 0 when it is dying or gone. Its exit closes its files after
+ * every thread is marked exiting, so a live owner none of whose threads is
+ * exiting has exec'd. Unknown (no /proc of it): gone, as before. */
+static int owner_execd(void)
+{
+    if (K.ownerfd >= 0) {
+        struct pollfd o = {K.ownerfd, POLLIN, 0};
+        if (poll(&o, 1, 0) != 0)
+            return 0;
+    } else if (kill(K.owner, 0) < 0 && errno == ESRCH) {
+        return 0;
+    }
+    return beacon_proc >= 0 && !owner_exiting();
+}
 
 static void serve(void) __attribute__((noreturn));
 static void serve(void)
@@ -2736,11 +2776,7 @@ static int usage(void)
  * is exiting (PF_EXITING, or a SIGKILL pending, which nothing survives);
  * otherwise the waiter stops and the pidfd alone watches, as without one. */
 
-#define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
-
 static uint32_t *beacon_word; /* in the owner's memfd page, mapped here */
-static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive (also
-                                 * without a beacon: owner_execd reads it) */
 /* The waiter tells serve() through a pipe, not an eventfd: a pipe's write
  * wakes the reader as a sync wakeup, which puts it on the writer's CPU, free
  * a moment later when the waiter ends. An eventfd's wakeup could put it
@@ -2765,52 +2801,6 @@ static int beacon_map(const char *spec)
     if (m != MAP_FAILED)
         beacon_word = (uint32_t *)((char *)m + off);
     return 0;
-}
-
-/* 1 when every thread of the owner is exiting or gone, else 0. */
-static int owner_exiting(void)
-{
-    struct dir_walk w;
-    if (dir_open_at(&w, beacon_proc, "task") < 0)
-        return errno == ENOENT || errno == ESRCH; /* reaped: gone */
-    int all = 1;
-    const struct dent64 *d;
-    while (all && (d = dir_next(&w))) {
-        if (d->name[0] == '.')
-            continue;
-        char path[300], buf[1024];
-        snprintf(path, sizeof path, "%s/stat", d->name);
-        ssize_t n = read_file_at(w.fd, path, buf, sizeof buf);
-        if (n <= 0) {
-            all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
-            continue;
-        }
-        /* field 9 is the flags, 31 the thread's pending signals (SIGKILL's
-         * bit: every thread gets it at a group exit or a kill -9, before its
-         * own exit starts) */
-        const char *flags = stat_field(buf, 9), *pending = stat_field(buf, 31);
-        if (!flags || !pending || (!(strtoull(flags, NULL, 10) & PF_EXITING_) &&
-                                   !(strtoull(pending, NULL, 10) & (1ULL << (SIGKILL - 1)))))
-            all = 0;
-    }
-    close(w.fd);
-    return all;
-}
-
-/* After the owner's end of the socket closed: 1 when the owner lives on
- * (an exec), 0 when it is dying or gone. Its exit closes its files after
- * every thread is marked exiting, so a live owner none of whose threads is
- * exiting has exec'd. Unknown (no /proc of it): gone, as before. */
-static int owner_execd(void)
-{
-    if (K.ownerfd >= 0) {
-        struct pollfd o = {K.ownerfd, POLLIN, 0};
-        if (poll(&o, 1, 0) != 0)
-            return 0;
-    } else if (kill(K.owner, 0) < 0 && errno == ESRCH) {
-        return 0;
-    }
-    return beacon_proc >= 0 && !owner_exiting();
 }
 
 static void *beacon_wait(void *unused)

@@ -332,12 +332,13 @@ def _sender(sock: socket.socket) -> tuple[int, int, int] | None:
     return None
 
 
-def _check_sender(keeper: Keeper, msg: dict) -> None:
+def _check_sender(keeper: Keeper) -> None:
     """A child runs as this keeper (the owner, as of the job's opening):
     only a sender that runs as the same real uid and gid may start one,
-    whatever its request claims (a request's ``ids`` must be the sender's
-    own, too). Raises :class:`Unplaced` with the reason (keeper.c's
-    sender_may_spawn says the same)."""
+    whatever its request claims (its ``ids``, checked before, must be the
+    keeper's: so never other ids than the sender's). Raises
+    :class:`Unplaced` with the reason (keeper.c's sender_may_spawn says the
+    same)."""
     if _SCM_CREDS is None:
         return
     sender = getattr(keeper, "sender", None)
@@ -350,12 +351,6 @@ def _check_sender(keeper: Keeper, msg: dict) -> None:
                        f"job's keeper as uid {os.getuid()} gid {os.getgid()}: it would start "
                        "the child with more privilege than its sender has; open a job of "
                        "its own in the process that changed user")
-    ids = msg.get("ids")
-    if ids is not None and (len(ids) != 4 or ids[0] != uid or ids[2] != gid):
-        asked = f"{ids[0]}/{ids[2]}" if len(ids) == 4 else repr(ids)
-        raise Unplaced(f"the request asks for uid/gid {asked}, but its sender (pid {pid}) "
-                       f"runs as uid {uid} gid {gid}: a request starts children only as its "
-                       "sender")
 
 
 def _fsname(name: object) -> str | None:
@@ -455,13 +450,13 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
     the owner's (uid, euid, gid, egid); a keeper that is not who the owner is
     now starts nothing.
     """
-    _check_sender(keeper, msg)
     ids = msg.get("ids")
     if ids is not None and tuple(ids) != (os.getuid(), os.geteuid(), os.getgid(), os.getegid()):
         raise Unplaced(f"this process now runs as uid/euid/gid/egid {'/'.join(map(str, ids))}, "
                        f"not as the job's keeper ({os.getuid()}/{os.geteuid()}/{os.getgid()}/"
                        f"{os.getegid()}, since the job opened): it would start the child as "
                        "the wrong user; open the job after changing user")
+    _check_sender(keeper)  # (after that check: an owner that changed user is told so)
     if msg.get("owner_state"):
         msg = _owner_state(keeper, msg, fds)  # fds: handle() closes what it adds
     argv = msg["argv"]
