@@ -88,9 +88,10 @@ class SignalRefused(TetherError):
 class StatusLost(TetherError):
     """A child's real exit status cannot be had: the job's keeper, its
     parent, died (SIGKILL, OOM) before handing it over, and this process
-    could not wait for it itself. Raised by ``wait()`` and ``poll()`` of the
-    child's ``Popen`` (again at each call; ``returncode`` stays None) instead
-    of a made-up status. ``pid``: the child."""
+    could not wait for it itself. Raised by ``wait()`` of the child's
+    ``Popen`` (again at each call) instead of a made-up status; ``poll()``
+    and ``returncode`` say None, and ``tether_status_lost`` is True. ``pid``:
+    the child."""
 
 
 class UsageError(TetherError):

@@ -692,8 +692,8 @@ class JobPopen(subprocess.Popen):
         if st is None:
             if not backend.keeper_alive() and not backend.closed_cleanly:
                 #: True once the child's real exit status is known lost (its
-                #: keeper died and nothing here could wait for it): wait() and
-                #: poll() raise StatusLost, and returncode stays None.
+                #: keeper died and nothing here could wait for it): wait()
+                #: raises StatusLost, poll() and returncode say None.
                 self.tether_status_lost = True
                 if self._pidfd is not None:
                     os.close(self._pidfd)
@@ -727,8 +727,10 @@ class JobPopen(subprocess.Popen):
             if _deadstate is not None:
                 self.returncode = _deadstate
         except StatusLost:
-            if _deadstate is None:  # (set by __del__: nobody to tell)
-                raise
+            # poll() says None, never a made-up status; wait() raises. (A
+            # poll that raised would abort the loops that poll on their way,
+            # tether's own ending rounds and PTY close among them.)
+            pass
         finally:
             self._waitpid_lock.release()
         return self.returncode
