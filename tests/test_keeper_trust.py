@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from procutil import POSIX_MECHS, available, poll_until, read_line, wait_until
@@ -260,3 +261,19 @@ def test_close_names_a_member_it_could_not_end(mech, procs, freezer):
         assert [i.pid for i in result] == [other.pid]
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("mech", MECHS)
+def test_a_pty_session_closes_after_its_keeper_died(mech, procs):
+    """A lost status must not break what polls on its way: PtySession.close()
+    reads its root's returncode with poll() (it raised StatusLost out of
+    close() while poll() raised)."""
+    from tether import PtySession
+
+    s = PtySession(["sh", "-c", "sleep 0.3; exit 3"], mechanism=mech, env=procs.env())
+    keeper = identity.read(s.job.trace()["keeper_pid"])
+    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    wait_until(lambda: not identity.is_alive(keeper), 5.0)
+    time.sleep(0.5)  # the root has exited meanwhile: its status died with the keeper
+    res = s.close()
+    assert res.returncode is None and s.state == "closed"
