@@ -217,7 +217,10 @@ class SocketKeeper(Keeper):
                 self.mech.kill_all(self, timeout=float(msg.get("timeout", KILL_BOUND)))
                 self.reap()
                 self.mech.cleanup(self)
-                _proto.send(self.ctl, {"ok": True, "status": dict(self.status)})
+                try:
+                    _proto.send(self.ctl, {"ok": True, "status": dict(self.status)})
+                except OSError:  # a dropped job's owner asked and closed its end: close anyway
+                    pass
                 return True
             elif op == "step_aside":
                 self.mech.step_aside()
