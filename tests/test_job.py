@@ -13,7 +13,7 @@ import time
 import pytest
 from procutil import POSIX_MECHS, available
 
-from tether import Job, JobClosed, JobRefused, identity
+from tether import Job, JobClosed, JobRefused, StatusLost, identity
 from tether.platform import native
 
 pytestmark = pytest.mark.mechanism
@@ -861,7 +861,8 @@ def test_a_pin_dies_with_its_keeper(procs, monkeypatch):
         from tether import cgroupfs
 
         cgroupfs.kill(path, 5.0)
-        p.wait(timeout=5)
+        with pytest.raises(StatusLost):  # its parent, the keeper, is gone
+            p.wait(timeout=5)
         try:
             job.close()
         except Exception:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         SessionHeld,
         ShellNotFound,
         SignalRefused,
+        StatusLost,
         TetherError,
         Unavailable,
         UsageError,
@@ -53,8 +54,8 @@ __version__ = "0.2.0"  # the one version: pyproject.toml and setup.py read it he
 __all__ = [
     "Job", "run", "Popen", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
     "Guarantee", "probe_all", "choose", "TetherError", "JobRefused", "JobClosed",
-    "HostClosed", "SessionHeld", "JobExpired", "SignalRefused", "UsageError", "ShellNotFound",
-    "Unavailable", "__version__",
+    "HostClosed", "SessionHeld", "JobExpired", "SignalRefused", "StatusLost", "UsageError",
+    "ShellNotFound", "Unavailable", "__version__",
 ]
 
 _LAZY = {
@@ -73,7 +74,7 @@ _LAZY = {
     "choose": ("tether.platform", "choose"),
     **{name: ("tether.errors", name) for name in (
         "TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
-        "SignalRefused", "UsageError", "ShellNotFound", "Unavailable")},
+        "SignalRefused", "StatusLost", "UsageError", "ShellNotFound", "Unavailable")},
 }
 
 

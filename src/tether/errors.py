@@ -17,6 +17,7 @@ The tree::
     ├── SessionHeld      a live run of the same app holds this session key
     ├── JobExpired       a background job is past its timeout
     ├── SignalRefused    the identity gate would not signal this process
+    ├── StatusLost       a child's real exit status was lost with its job's keeper
     ├── UsageError       a bad invocation or TETHER_* value (exit status 2)
     ├── ShellNotFound    no real shell to run (exit status 127)
     └── Unavailable      the one-command path cannot run here (nothing started)
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # a hint only: no typing import at start-up
     from typing import Any
 
 __all__ = ["TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
-           "SignalRefused", "UsageError", "ShellNotFound", "Unavailable"]
+           "SignalRefused", "StatusLost", "UsageError", "ShellNotFound", "Unavailable"]
 
 
 class TetherError(Exception):
@@ -86,6 +87,15 @@ class JobExpired(TetherError):
 class SignalRefused(TetherError):
     """The identity gate refused: the target is not provably the process meant
     (or it is PID <= 1, this process, an ancestor, another user's)."""
+
+
+class StatusLost(TetherError):
+    """A child's real exit status cannot be had: the job's keeper, its
+    parent, died (SIGKILL, OOM) before handing it over, and this process
+    could not wait for it itself. Raised by ``wait()`` of the child's
+    ``Popen`` (again at each call) instead of a made-up status; ``poll()``
+    and ``returncode`` say None, and ``tether_status_lost`` is True. ``pid``:
+    the child."""
 
 
 class UsageError(TetherError):

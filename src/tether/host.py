@@ -87,7 +87,7 @@ from . import job as _job
 from .ending import DEFAULT_GRACE, check_grace
 from .errors import HostClosed, JobClosed, JobExpired, JobRefused, SessionHeld, TetherError
 from .identity import Identity
-from .job import Job
+from .job import Closed, Job
 from .ledger import Ledger, Task, Work, live_work
 from .platform import base as _base
 from .stops import (
@@ -168,7 +168,7 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
-    def close(self) -> list[Identity]:
+    def close(self) -> Closed:
         ended = super().close()
         # Its job-close is its last record: its log's two fds go now, not when
         # the garbage collector breaks the session's reference cycles.

@@ -44,6 +44,17 @@ def run_id() -> str:
         return _run_id[1]
 
 
+class Closed(list[Identity]):
+    """What ``Job.close()`` returns: the identities of the members it ended
+    (a list, as before), and ``left``: the members it could not end (a
+    process in a frozen cgroup, or in uninterruptible sleep, outlives even
+    SIGKILL until it wakes), each also named in a ``RuntimeWarning``."""
+
+    def __init__(self, ended: Sequence[Identity] = (), left: Sequence[Identity] = ()) -> None:
+        super().__init__(ended)
+        self.left: list[Identity] = list(left)
+
+
 class Job:
     """A job: every process started through it, and everything those start.
 
@@ -429,17 +440,21 @@ class Job:
                      kill_name=self.mechanism, polite=getattr(backend, "polite", None))
         return ending.identities()
 
-    def close(self) -> list[Identity]:
+    def close(self) -> Closed:
         """End every member now (no grace) and release the job. Idempotent.
+
+        Returns the members it ended (a list of identities); a member it
+        could not end within the bound (frozen, or in uninterruptible sleep)
+        is in the result's ``left`` and named in a ``RuntimeWarning``.
 
         In a forked child of the process that opened the job it ends nothing:
         it lets go of the child's copy (the job stays its owner's), as does
         the end of a ``with`` block the child inherited (say, on ``sys.exit``)."""
         if self._forked():
-            return self._let_go()
+            return Closed(self._let_go())
         with self._lock:
             if self._closed:
-                return []
+                return Closed()
             for child in list(self._children):
                 child.close()
             before = self.members()
@@ -450,7 +465,16 @@ class Job:
                 self._log("job-close", ended=len(before))
                 if self._parent is not None and self in self._parent._children:
                     self._parent._children.remove(self)
-        return [i for i in before if not identity.is_alive(i)]
+        left = [i for i in before if identity.is_alive(i)]
+        if left:
+            import warnings
+
+            names = ", ".join(f"pid {i.pid} ({i.comm or '?'}, state {i.state or '?'})"
+                              for i in left[:10]) + (" ..." if len(left) > 10 else "")
+            warnings.warn(f"tether: job {self.name!r} closed, but {len(left)} of its members "
+                          f"could not be ended (frozen, or in uninterruptible sleep?): {names}",
+                          RuntimeWarning, stacklevel=2)
+        return Closed([i for i in before if i not in left], left)
 
     def __enter__(self) -> Job:
         return self
@@ -478,8 +502,9 @@ class Job:
         return []
 
     def __del__(self) -> None:
-        # A job dropped without close(): its keeper sees the socket close and
-        # ends the members; nothing to do here but not to raise.
+        # A job dropped without close(): its backend asks the keeper to end
+        # the members (posix.KeeperJob.__del__); nothing to do here but not
+        # to raise.
         pass
 
 

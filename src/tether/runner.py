@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .errors import TetherError
+from .errors import StatusLost, TetherError
 
 SI_KERNEL = 0x80
 from ._constants import EXIT_GUARD_LOST  # noqa: E402 - the keeper died and the exit status with it
@@ -288,6 +288,8 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
                     if child_fd in ready:
                         break
             proc.wait()
+        except StatusLost:
+            pass  # returncode stays None: said below, with its own exit status
         finally:
             state["exited"] = True
             wake()

@@ -639,6 +639,12 @@ static struct {
 static int chans[MAX_CHANS];
 static size_t nchans;
 static int serving_chan = -1; /* the channel of the request being served, or -1: the owner's */
+/* Who sent the request being served, as the kernel vouches for it
+ * (SCM_CREDENTIALS, per message): a socket's SO_PEERCRED is its creator's,
+ * fixed at socketpair(), so it cannot tell the owner from a forked worker
+ * that dropped privileges and writes on the inherited end. */
+static struct ucred sender;
+static int have_sender;
 static struct ckid {
     pid_t pid;
     int chan;
@@ -1911,6 +1917,37 @@ static void drop_lifted(const int *lifted, const int *fds, int n)
             close(lifted[k]);
 }
 
+/* A child runs as this keeper (the owner, as of the job's opening): only a
+ * sender that runs as the same real uid and gid may start one, whatever its
+ * request claims (its "ids", checked before, must be the keeper's: so
+ * never other ids than the sender's). Else refused, with the reason; 1 when
+ * it may. */
+static int sender_may_spawn(void)
+{
+    char why[512];
+    if (!have_sender) {
+        reply_error("refused", 0, "the request came without its sender's credentials "
+                    "(SCM_CREDENTIALS): the keeper starts nothing for a sender it cannot "
+                    "name", NULL);
+        return 0;
+    }
+    static uid_t uid = (uid_t)-1;
+    static gid_t gid;
+    if (uid == (uid_t)-1) /* ours never change: read once */
+        uid = getuid(), gid = getgid();
+    if (sender.uid != uid || sender.gid != gid) {
+        snprintf(why, sizeof why,
+                 "the request's sender (pid %d) runs as uid %u gid %u, the job's keeper as "
+                 "uid %u gid %u: it would start the child with more privilege than its "
+                 "sender has; open a job of its own in the process that changed user",
+                 (int)sender.pid, (unsigned)sender.uid, (unsigned)sender.gid, (unsigned)uid,
+                 (unsigned)gid);
+        reply_error("refused", 0, why, NULL);
+        return 0;
+    }
+    return 1;
+}
+
 static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 {
     struct spawn_req *q = arena_alloc(r, sizeof *q);
@@ -1944,6 +1981,9 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
                 return;
             }
     }
+    /* (after that check: an owner that changed user is told so in its words) */
+    if (!sender_may_spawn())
+        return;
     q->exe = dup_cstr(r, dict_get(msg, "executable"));
     int env_same = dict_true(msg, "env_same");
     if (!argv || argv->t != V_LIST || !q->exe ||
@@ -2207,6 +2247,7 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 /* ------------------------------------------------------------------------ */
 /* requests                                                                 */
 
+static void pass_creds(int fd);
 static char arena[4 << 20];
 
 /* One request; 1 when the job is closed and the keeper leaves. */
@@ -2403,6 +2444,7 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         } else {
             chans[nchans++] = fds[0];
             fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+            pass_creds(fds[0]); /* before the answer, which the child waits for */
             int ctl = K.ctl;
             K.ctl = fds[0];
             fds[0] = -1; /* kept */
@@ -2419,6 +2461,14 @@ out:
     return done;
 }
 
+/* Every message on fd carries its sender's credentials, filled in and
+ * checked by the kernel at each send (see sender). */
+static void pass_creds(int fd)
+{
+    int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
+}
+
 /* What has come of the frame being read on one channel: the stream is
  * read frame by frame, never past the end of the current one, so the fds
  * that rode on a frame's first bytes are that frame's. Never blocks: a peer
@@ -2431,6 +2481,8 @@ struct inbox {
     int fds[MAX_FDS];
     int nfds;
     const char *why;     /* set: the frame is refused whole once read */
+    struct ucred cred;   /* its sender, as the kernel vouches for it (SCM_CREDENTIALS) */
+    int have_cred;
     unsigned char *body; /* MAX_MSG bytes */
 };
 
@@ -2446,6 +2498,7 @@ static void inbox_reset(struct inbox *in)
     in->len = 0;
     in->nfds = 0;
     in->why = NULL;
+    in->have_cred = 0;
 }
 
 /* Why fds that came did not all arrive (MSG_CTRUNC): too many, or no room
@@ -2466,6 +2519,22 @@ static const char *fds_lost(int fd)
     return why;
 }
 
+/* The sender of the bytes just read: a stream read never spans two
+ * senders' writes (the kernel stops at a change of credentials), but a frame
+ * may span two reads, and all of it must come from one sender. */
+static void frame_sender(struct inbox *in, const unsigned char *data)
+{
+    struct ucred c;
+    memcpy(&c, data, sizeof c);
+    if (!in->have_cred) {
+        in->cred = c;
+        in->have_cred = 1;
+    } else if ((c.pid != in->cred.pid || c.uid != in->cred.uid || c.gid != in->cred.gid) &&
+               !in->why) {
+        in->why = "a frame written by two processes";
+    }
+}
+
 /* One read of the current frame: -1 nothing more now, 0 progress, 1 the
  * channel closed (its process is gone). */
 static int inbox_read(int fd, struct inbox *in)
@@ -2483,7 +2552,7 @@ static int inbox_read(int fd, struct inbox *in)
             want = sizeof skip;
     }
     union {
-        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * MAX_FDS)];
         struct cmsghdr align;
     } u;
     struct iovec iov = {to, want};
@@ -2500,6 +2569,9 @@ static int inbox_read(int fd, struct inbox *in)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(struct ucred)) && got > 0)
+            frame_sender(in, CMSG_DATA(c));
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
             for (int k = 0; k < cnt; k++) {
@@ -2551,8 +2623,11 @@ static int serve_one(int fd, struct inbox *in)
             for (int k = 0; k < nfds; k++)
                 close(in->fds[k]);
             reply_error("ValueError", 0, in->why, NULL);
-        } else if (handle(in->body, in->len, in->fds, nfds)) {
-            _exit(0);
+        } else {
+            sender = in->cred;
+            have_sender = in->have_cred;
+            if (handle(in->body, in->len, in->fds, nfds))
+                _exit(0);
         }
         inbox_reset(in);
         return 0;
@@ -2573,6 +2648,58 @@ static void drop_chan(size_t i)
     for (size_t k = 0; k < nckids; k++)
         if (ckids[k].chan == fd)
             ckids[k].chan = -1;
+}
+
+#define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
+
+/* /proc/OWNER, opened at the start while the owner was alive: read by the
+ * beacon's waiter and by owner_execd */
+static int beacon_proc = -1;
+
+/* 1 when every thread of the owner is exiting or gone, else 0. */
+static int owner_exiting(void)
+{
+    struct dir_walk w;
+    if (dir_open_at(&w, beacon_proc, "task") < 0)
+        return errno == ENOENT || errno == ESRCH; /* reaped: gone */
+    int all = 1;
+    const struct dent64 *d;
+    while (all && (d = dir_next(&w))) {
+        if (d->name[0] == '.')
+            continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof path, "%s/stat", d->name);
+        ssize_t n = read_file_at(w.fd, path, buf, sizeof buf);
+        if (n <= 0) {
+            all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
+            continue;
+        }
+        /* field 9 is the flags, 31 the thread's pending signals (SIGKILL's
+         * bit: every thread gets it at a group exit or a kill -9, before its
+         * own exit starts) */
+        const char *flags = stat_field(buf, 9), *pending = stat_field(buf, 31);
+        if (!flags || !pending || (!(strtoull(flags, NULL, 10) & PF_EXITING_) &&
+                                   !(strtoull(pending, NULL, 10) & (1ULL << (SIGKILL - 1)))))
+            all = 0;
+    }
+    close(w.fd);
+    return all;
+}
+
+/* After the owner's end of the socket closed: 1 when the owner lives on
+ * (an exec), 0 when it is dying or gone. Its exit closes its files after
+ * every thread is marked exiting, so a live owner none of whose threads is
+ * exiting has exec'd. Unknown (no /proc of it): gone, as before. */
+static int owner_execd(void)
+{
+    if (K.ownerfd >= 0) {
+        struct pollfd o = {K.ownerfd, POLLIN, 0};
+        if (poll(&o, 1, 0) != 0)
+            return 0;
+    } else if (kill(K.owner, 0) < 0 && errno == ESRCH) {
+        return 0;
+    }
+    return beacon_proc >= 0 && !owner_exiting();
 }
 
 static void serve(void) __attribute__((noreturn));
@@ -2598,8 +2725,16 @@ static void serve(void)
             drain_sigfd();
             reap_all(1);
         }
-        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl, &ctl_in))
-            end_for_dead_owner(); /* the owner's end closed: it is gone */
+        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl, &ctl_in)) {
+            /* The owner's end closed: it is gone, or it called execve (its
+             * sockets are close-on-exec) and lives on. The job lives as long
+             * as the process: from now on its pidfd (or polling) alone says
+             * when it dies. */
+            if (!owner_execd())
+                end_for_dead_owner();
+            close(K.ctl);
+            K.ctl = p[0].fd = -1;
+        }
         for (size_t i = nch; i-- > 0;) {
             if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= nchans ||
                 chans[i] != p[4 + i].fd)
@@ -2813,10 +2948,7 @@ static int usage(void)
  * is exiting (PF_EXITING, or a SIGKILL pending, which nothing survives);
  * otherwise the waiter stops and the pidfd alone watches, as without one. */
 
-#define PF_EXITING_ 0x4 /* include/linux/sched.h: not in the uapi headers */
-
 static uint32_t *beacon_word; /* in the owner's memfd page, mapped here */
-static int beacon_proc = -1;  /* /proc/OWNER, opened while the owner was alive */
 /* The waiter tells serve() through a pipe, not an eventfd: a pipe's write
  * wakes the reader as a sync wakeup, which puts it on the writer's CPU, free
  * a moment later when the waiter ends. An eventfd's wakeup could put it
@@ -2841,36 +2973,6 @@ static int beacon_map(const char *spec)
     if (m != MAP_FAILED)
         beacon_word = (uint32_t *)((char *)m + off);
     return 0;
-}
-
-/* 1 when every thread of the owner is exiting or gone, else 0. */
-static int owner_exiting(void)
-{
-    struct dir_walk w;
-    if (dir_open_at(&w, beacon_proc, "task") < 0)
-        return errno == ENOENT || errno == ESRCH; /* reaped: gone */
-    int all = 1;
-    const struct dent64 *d;
-    while (all && (d = dir_next(&w))) {
-        if (d->name[0] == '.')
-            continue;
-        char path[300], buf[1024];
-        snprintf(path, sizeof path, "%s/stat", d->name);
-        ssize_t n = read_file_at(w.fd, path, buf, sizeof buf);
-        if (n <= 0) {
-            all = n < 0 && (errno == ENOENT || errno == ESRCH); /* that thread is gone */
-            continue;
-        }
-        /* field 9 is the flags, 31 the thread's pending signals (SIGKILL's
-         * bit: every thread gets it at a group exit or a kill -9, before its
-         * own exit starts) */
-        const char *flags = stat_field(buf, 9), *pending = stat_field(buf, 31);
-        if (!flags || !pending || (!(strtoull(flags, NULL, 10) & PF_EXITING_) &&
-                                   !(strtoull(pending, NULL, 10) & (1ULL << (SIGKILL - 1)))))
-            all = 0;
-    }
-    close(w.fd);
-    return all;
 }
 
 static void *beacon_wait(void *unused)
@@ -3017,9 +3119,10 @@ int main(int argc, char **argv)
         fcntl(K.keep[k], F_SETFD, FD_CLOEXEC);
     /* the fds the owner handed over must not reach any child */
     fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
+    pass_creds(K.ctl); /* before "ready": the owner sends nothing until it */
     if (K.ownerfd >= 0)
         fcntl(K.ownerfd, F_SETFD, FD_CLOEXEC);
-    if (beacon_word) { /* before a PID namespace would hide the owner's number */
+    { /* before a PID namespace would hide the owner's number */
         char proc[64];
         snprintf(proc, sizeof proc, "/proc/%d", (int)K.owner);
         beacon_proc = openat(AT_FDCWD, proc, O_PATH | O_DIRECTORY | O_CLOEXEC);

@@ -13,6 +13,7 @@ import errno
 import os
 import select
 import socket
+import sys
 
 from .. import identity
 from .._prctl import name_process
@@ -63,6 +64,9 @@ class SocketKeeper(Keeper):
         self.ctl = ctl
         self.chans: dict[int, socket.socket] = {}  # forked children's own channels, by fd
         self.kid_chan: dict[int, socket.socket | None] = {}  # a child spawned from one: its exit goes there
+        self.sender: tuple[int, int, int] | None = None  # (pid, uid, gid) of the request served
+        _pass_creds(ctl)  # before "ready": the owner sends nothing until it
+        self.owner_proc = _open_proc(self.owner_pid)  # before a PID namespace hides it
         os.chdir("/")  # never pin a mount point; spawns chdir to the owner's cwd
         self.setup()
         poller = self.poller = select.poll()
@@ -92,14 +96,43 @@ class SocketKeeper(Keeper):
                     done = self._serve_one(sock)
                     if done is None and sock is ctl:
                         # The owner closed its end (or a send to it failed):
-                        # it is gone. End the job, never leave it unkept.
-                        return self.end_for_dead_owner()
+                        # it is gone - or it called execve (its sockets are
+                        # close-on-exec) and lives on, and the job with it,
+                        # watched from now on by its pidfd (or polling).
+                        if not self._owner_execd():
+                            return self.end_for_dead_owner()
+                        poller.unregister(ctl.fileno())
+                        continue
                     if done is None:
                         self._drop_chan(sock)
                     elif done:
                         return 0
             if period is not None and not self.owner_alive():
                 return self.end_for_dead_owner()
+
+    def _owner_execd(self) -> bool:
+        """After the owner's end of the socket closed: True when the owner
+        lives on (an exec), False when it is dying or gone. Its exit closes
+        its files after every thread is marked exiting, so a live owner none
+        of whose threads is exiting has exec'd. Unknown (no /proc): gone."""
+        if not self.owner_alive() or self.owner_proc is None:
+            return False
+        try:
+            tasks = os.listdir(f"/proc/self/fd/{self.owner_proc}/task")
+        except OSError:
+            return False
+        for tid in tasks:
+            try:
+                with open(f"/proc/self/fd/{self.owner_proc}/task/{tid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # that thread is gone
+            # field 9 the flags (PF_EXITING 0x4), 31 the pending signals:
+            # SIGKILL's bit is set in every thread before its exit starts
+            flags, pending = int(fields[6]), int(fields[28])
+            if not flags & 0x4 and not pending & (1 << 8):
+                return True
+        return False
 
     def _serve_one(self, sock: socket.socket) -> bool | None:
         """One request from ``sock``, the owner's socket or a forked child's
@@ -112,6 +145,7 @@ class SocketKeeper(Keeper):
         main, self.ctl = self.ctl, sock
         self.serving_chan = sock is not main
         try:
+            self.sender = _sender(sock)
             msg, fds = _proto.recv(sock)
             if msg is None:
                 return None
@@ -188,7 +222,10 @@ class SocketKeeper(Keeper):
                 self.mech.kill_all(self, timeout=float(msg.get("timeout", KILL_BOUND)))
                 self.reap()
                 self.mech.cleanup(self)
-                _proto.send(self.ctl, {"ok": True, "status": dict(self.status)})
+                try:
+                    _proto.send(self.ctl, {"ok": True, "status": dict(self.status)})
+                except OSError:  # a dropped job's owner asked and closed its end: close anyway
+                    pass
                 return True
             elif op == "step_aside":
                 self.mech.step_aside()
@@ -210,6 +247,7 @@ class SocketKeeper(Keeper):
                     raise ValueError("channel: no stream socket")
                 fds.pop(0)
                 chan.setblocking(True)
+                _pass_creds(chan)  # before the answer, which the child waits for
                 self.chans[chan.fileno()] = chan
                 self.poller.register(chan.fileno(), select.POLLIN)
                 _proto.send(chan, {"ok": True})
@@ -261,6 +299,66 @@ class SocketKeeper(Keeper):
         _proto.send(self.ctl, reply, [pidfd] if pidfd is not None else [])
         if pidfd is not None:
             os.close(pidfd)
+
+
+# -- who sent a request ----------------------------------------------------------------
+# A socket's SO_PEERCRED is its creator's, fixed at socketpair(): it cannot
+# tell the owner from a forked worker that dropped privileges and writes on
+# the inherited end. SCM_CREDENTIALS (Linux) are per message, filled in and
+# checked by the kernel at each send. Elsewhere there is no such thing for a
+# socketpair: docs/limits.md says what that leaves.
+_PASSCRED = getattr(socket, "SO_PASSCRED", None)
+_SCM_CREDS = getattr(socket, "SCM_CREDENTIALS", None)
+
+
+def _pass_creds(sock: socket.socket) -> None:
+    if _PASSCRED is not None:
+        sock.setsockopt(socket.SOL_SOCKET, _PASSCRED, 1)
+
+
+def _open_proc(pid: int) -> int | None:
+    try:
+        return os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, AttributeError):  # gone, no /proc, or no O_PATH
+        return None
+
+
+def _sender(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the next message's sender, as the kernel wrote
+    them, or None (none attached, or no such thing here). Peeked, with no
+    room for file descriptors: the message and its fds stay queued."""
+    if _SCM_CREDS is None:
+        return None
+    try:
+        _, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(12), socket.MSG_PEEK)
+    except OSError:
+        return None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == _SCM_CREDS and len(data) >= 12:
+            pid, uid, gid = (int.from_bytes(data[k:k + 4], sys.byteorder) for k in (0, 4, 8))
+            return pid, uid, gid
+    return None
+
+
+def _check_sender(keeper: Keeper) -> None:
+    """A child runs as this keeper (the owner, as of the job's opening):
+    only a sender that runs as the same real uid and gid may start one,
+    whatever its request claims (its ``ids``, checked before, must be the
+    keeper's: so never other ids than the sender's). Raises
+    :class:`Unplaced` with the reason (keeper.c's sender_may_spawn says the
+    same)."""
+    if _SCM_CREDS is None:
+        return
+    sender = getattr(keeper, "sender", None)
+    if sender is None:
+        raise Unplaced("the request came without its sender's credentials (SCM_CREDENTIALS): "
+                       "the keeper starts nothing for a sender it cannot name")
+    pid, uid, gid = sender
+    if (uid, gid) != (os.getuid(), os.getgid()):
+        raise Unplaced(f"the request's sender (pid {pid}) runs as uid {uid} gid {gid}, the "
+                       f"job's keeper as uid {os.getuid()} gid {os.getgid()}: it would start "
+                       "the child with more privilege than its sender has; open a job of "
+                       "its own in the process that changed user")
 
 
 def _fsname(name: object) -> str | None:
@@ -366,6 +464,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                        f"not as the job's keeper ({os.getuid()}/{os.geteuid()}/{os.getgid()}/"
                        f"{os.getegid()}, since the job opened): it would start the child as "
                        "the wrong user; open the job after changing user")
+    _check_sender(keeper)  # (after that check: an owner that changed user is told so)
     if msg.get("owner_state"):
         msg = _owner_state(keeper, msg, fds)  # fds: handle() closes what it adds
     argv = msg["argv"]

@@ -22,7 +22,7 @@ import time
 
 from .. import identity
 from ..ending import KILL_BOUND
-from ..errors import JobClosed, JobRefused, SignalRefused
+from ..errors import JobClosed, JobRefused, SignalRefused, StatusLost
 from . import _proto, keeper_mechanism, native
 from ._keeper import child_ignores
 from ._keeper_socket import fork_keeper
@@ -66,6 +66,10 @@ class KeeperJob(JobBackend):
         self._lock = threading.Lock()
         self._closed = False
         self._final_status: dict[int, int] = {}
+        # The keeper answered close(): every status it had is in _final_status
+        # (a child missing there was ended by that close). Not so when the
+        # keeper died: a status it never handed over is lost.
+        self.closed_cleanly = False
         self._exits: dict[int, int] = {}  # exit statuses the keeper pushed
         self._env_sent: dict | None = None  # the environment the keeper holds (env_same)
         # Whether to let the keeper read our state from our /proc (owner_state):
@@ -248,6 +252,7 @@ class KeeperJob(JobBackend):
 
     def _abandon(self) -> None:
         self._closed = True
+        self._ask_close()
         self._sock.close()
         self._reap_children(block=True)
 
@@ -387,6 +392,7 @@ class KeeperJob(JobBackend):
                 self._final_status.update(self._exits)
                 if reply:
                     self._final_status.update(reply.get("status", {}))
+                    self.closed_cleanly = True
             except OSError:
                 pass
             finally:
@@ -396,6 +402,23 @@ class KeeperJob(JobBackend):
                     self._keeper_fd = None
         self._reap_children(block=True)
         self.mech.owner_cleanup()
+
+    def _ask_close(self) -> None:
+        """Tell the keeper to end the job, without waiting for its answer.
+        The socket's closing alone does not say so: an exec of the owner
+        closes it too, and a job lives on across its owner's exec."""
+        try:
+            if self._sock_pid == os.getpid() == self.mech.owner_pid:
+                # one small frame: all of it fits, or (a full buffer) none of it
+                self._sock.send(_proto.frame(_proto.encode({"op": "close", "timeout": KILL_BOUND})),
+                                socket.MSG_DONTWAIT)
+        except (AttributeError, OSError):  # half-built, or the keeper is gone
+            pass
+
+    def __del__(self) -> None:
+        # Dropped without close() (the owner's own copy, not a forked child's).
+        if not getattr(self, "_closed", True):
+            self._ask_close()
 
     def has_status(self, inner_pid: int) -> bool:
         """Whether the keeper already handed over this child's exit status."""
@@ -419,7 +442,7 @@ class KeeperJob(JobBackend):
                 try:
                     self._own_channel()
                 except JobClosed:
-                    return self._final_status.pop(inner_pid, signal.SIGKILL)
+                    return self._final_status.pop(inner_pid, None)
                 open_ = inner_pid in self._exits or self._drain_exits()
                 # block: the child's pidfd said it exited, so its status is on
                 # its way (the keeper pushes it as it reaps): wait for that
@@ -436,7 +459,7 @@ class KeeperJob(JobBackend):
             reply, fds = self.request({"op": "wait" if block else "poll", "pid": inner_pid})
         except JobClosed:
             st = self._exits.pop(inner_pid, None)
-            return st if st is not None else self._final_status.pop(inner_pid, signal.SIGKILL)
+            return st if st is not None else self._final_status.pop(inner_pid, None)
         st = reply.get("status")
         if st is None:
             st = self._exits.pop(inner_pid, None)
@@ -656,12 +679,16 @@ class JobPopen(subprocess.Popen):
 
     def _collect(self, block: bool) -> None:
         backend = self._tether_backend
+        if self.tether_status_lost:
+            raise self._lost()
+        st = None
         if backend.keeper_alive() or backend.has_status(self._inner_pid):
             st = backend.wait_status(self._inner_pid, block)
-        else:
-            # The keeper died. If this process is a child subreaper (tether run
-            # makes itself one), the child was re-parented here: its status
-            # is ours to take. Otherwise it is lost with the keeper.
+        if st is None and not backend.keeper_alive() and not backend.closed_cleanly:
+            # The keeper died (before or while we asked). If this process is a
+            # child subreaper (tether run makes itself one), the child was
+            # re-parented here: its status is ours to take. Otherwise it is
+            # lost with the keeper.
             try:
                 pid, st = os.waitpid(self.pid, 0 if block else os.WNOHANG)
             except ChildProcessError:
@@ -673,14 +700,26 @@ class JobPopen(subprocess.Popen):
         if st is None and not block:
             return
         if st is None:
-            st = signal.SIGKILL  # reaped behind our back (job closed): report a kill
-            #: True when the child's real exit status was lost (its keeper died
-            #: and nothing here could wait for it): returncode says SIGKILL.
-            self.tether_status_lost = not backend.keeper_alive()
+            if not backend.keeper_alive() and not backend.closed_cleanly:
+                #: True once the child's real exit status is known lost (its
+                #: keeper died and nothing here could wait for it): wait()
+                #: raises StatusLost, poll() and returncode say None.
+                self.tether_status_lost = True
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
+                    self._pidfd = None
+                raise self._lost()
+            st = signal.SIGKILL  # reaped by the job's close, which killed it
         self.returncode = os.waitstatus_to_exitcode(st) if st >= 0 else st
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+
+    def _lost(self) -> StatusLost:
+        backend = self._tether_backend
+        why = (f"the exit status of pid {self.pid} was lost: the job's keeper (pid "
+               f"{backend.keeper_pid}), its parent, died before handing it over")
+        return StatusLost(why, reason=why, mechanism=backend.mechanism, pid=self.pid)
 
     def _internal_poll(self, _deadstate=None, **_ignored):
         if self.returncode is not None:
@@ -697,6 +736,11 @@ class JobPopen(subprocess.Popen):
         except JobClosed:
             if _deadstate is not None:
                 self.returncode = _deadstate
+        except StatusLost:
+            # poll() says None, never a made-up status; wait() raises. (A
+            # poll that raised would abort the loops that poll on their way,
+            # tether's own ending rounds and PTY close among them.)
+            pass
         finally:
             self._waitpid_lock.release()
         return self.returncode

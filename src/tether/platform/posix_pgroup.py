@@ -49,7 +49,9 @@ def guarantee(options: JobOptions | None = None) -> Guarantee:
             "a pid-hopper that changes pid every millisecond or so: the keeper's look at the "
             "newest pids catches it most of the time, not always",
             "anything, if the keeper is SIGKILLed before the owner",
-        ),
+        ) + (() if os.path.isdir("/proc/self/task") else (
+            "an exec() of the owner: without /proc the keeper cannot tell it from the "
+            "owner's exit, and ends the job then",)),
     )
 
 
