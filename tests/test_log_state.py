@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_reaper import Log, _dead_owner, do_reap
 
-from tether import identity, reaper
+from tether import Job, identity, reaper
 from tether.identity import Identity
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -141,9 +141,13 @@ def test_empty_or_blank_keys_in_the_api_are_value_errors(tmp_path: Path) -> None
             reaper.reap(tmp_path / "s", app=bad)
         with pytest.raises(UsageError):
             _shellinstall.install(bad)
+        with pytest.raises(ValueError):
+            Job(session=bad)
     assert not (tmp_path / "s").exists()
     # Control: a real key and directory are accepted.
     assert reaper.reap(tmp_path / "s", session="k", cgroups=False).ok
+    with Job(session="k") as job:
+        assert job.session == "k"
     made = _shellinstall.install(str(tmp_path / "bin"), ("sh",))
     assert made == [str(tmp_path / "bin" / "sh")]
 

@@ -102,6 +102,8 @@ class Job:
         self.name: str = name or f"job-{n}"
         self.id = f"j{os.getpid()}-{n}"
         self.grace = float(grace)
+        if session is not None and (not isinstance(session, str) or not session.strip()):
+            raise ValueError(f"session must be a non-empty key, not {session!r}")
         self.session = session
         self.background = background
         self.mechanism = choose(mechanism, require)
