@@ -575,13 +575,13 @@ def test_failed_signal_is_retried(sessions, procs):
     calls: list[tuple[int, int]] = []
     real_send = s._send
 
-    def flaky_send(ident, sig, member=False):
+    def flaky_send(ident, sig, member=False, **kw):
         # A transient failure (as from pidfd_open under EMFILE/ENOMEM) on the
         # first attempt at each process; then the real, identity-checked call.
         calls.append((ident.pid, sig))
         if calls.count((ident.pid, sig)) == 1:
             raise OSError(errno.EAGAIN, "injected transient failure")
-        return real_send(ident, sig, member=member)
+        return real_send(ident, sig, member=member, **kw)
 
     s._send = flaky_send
     r = s.close("immediate")
@@ -603,10 +603,10 @@ def test_signal_failing_every_time_is_reported_and_the_job_still_ends(sessions, 
     wait_until(lambda: _comm(bg.pid) == "sleep")
     real_send = s._send
 
-    def broken_for_bg(ident, sig, member=False):
+    def broken_for_bg(ident, sig, member=False, **kw):
         if ident.pid == bg.pid:
             raise OSError(errno.EAGAIN, "injected persistent failure")
-        return real_send(ident, sig, member=member)
+        return real_send(ident, sig, member=member, **kw)
 
     s._send = broken_for_bg
     r = s.close("immediate")
@@ -665,7 +665,13 @@ def test_fake_pids_of_the_runner_are_refused(sessions, procs, sigurg_seen):
 def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, procs, sigurg_seen,
                                                                    control):
     s = _sh_session(sessions, procs, "read x")
-    victim = procs.popen(["sleep", "120"])  # real, ours, and must survive: its start is faked
+    # real, ours, and must survive: its start is faked. Control: it carries the
+    # session's cookie and keeps its real start, so the gate's proof lets a
+    # signal land (without the cookie the proof alone would spare it).
+    env = procs.env()
+    if control:
+        env[COOKIE_VAR] = s.token
+    victim = procs.popen(["sleep", "120"], env=env)
     v = identity.read(victim.pid)
     assert v is not None
     me = identity.read(os.getpid())
@@ -688,13 +694,13 @@ def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, proc
         cap._kids = None
         return cap
 
-    def guarded_send(ident, sig, member=False):
+    def guarded_send(ident, sig, member=False, **kw):
         sent.append((ident.pid, sig))
         if ident.pid in identity.own_ancestors() or ident.pid <= 1:
             # Tripwire: the real refusal is exercised with a harmless signal,
             # never with the close's SIGTERM/SIGKILL.
-            return real_send(ident, signal.SIGURG, member=member)
-        return real_send(ident, sig, member=member)
+            return real_send(ident, signal.SIGURG, member=member, **kw)
+        return real_send(ident, sig, member=member, **kw)
 
     _wrap_captures(s, capture_with_fakes)
     s._send = guarded_send

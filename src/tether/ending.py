@@ -338,7 +338,10 @@ def end(
             for i in frozen:
                 if _key(i) not in how and identity.is_alive(i):
                     try:
-                        send(i, _SIGCONT, member=member)
+                        if proof is not None:
+                            send(i, _SIGCONT, member=vouched(i), proof=proof(i))
+                        else:
+                            send(i, _SIGCONT, member=vouched(i))
                     except (SignalRefused, OSError):
                         pass
         out.elapsed = time.monotonic() - t0

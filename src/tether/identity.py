@@ -1249,19 +1249,44 @@ class Proof:
     :func:`send_signal` also asks its cgroup (a member of the job's cgroup is
     proven) or else its environment (it must carry the cookie). Where neither
     can be read, the process is spared: "identity ambiguous".
+
+    ``groups`` and ``parents`` (the ``pgroup`` mechanism and PTY close,
+    where no cgroup holds the job): ids of process groups or sessions, and
+    pids, proven to be the job's a moment ago. A process that is a member,
+    not the leader, of one of those groups or sessions, or whose parent is
+    one of those pids, is proven too (read while the pidfd pins it): a group
+    or session id is not reused while it has members, and a stranger handed
+    a dead member's pid in the same tick has its own parent and, leading a
+    group of its own, leads it - so only the cookie proves a leader.
     """
 
-    __slots__ = ("cookie", "cgroup")
+    __slots__ = ("cookie", "cgroup", "groups", "parents")
 
-    def __init__(self, cookie: "bytes | None" = None, cgroup: "str | None" = None) -> None:
+    def __init__(self, cookie: "bytes | None" = None, cgroup: "str | None" = None,
+                 groups: "frozenset[int] | set[int]" = frozenset(),
+                 parents: "frozenset[int] | set[int]" = frozenset()) -> None:
         self.cookie = cookie
         self.cgroup = cgroup
+        self.groups = groups
+        self.parents = parents
 
     def __repr__(self) -> str:
-        return f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r})"
+        return (f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r}, "
+                f"groups={len(self.groups)}, parents={len(self.parents)})")
 
-    def check(self, pid: int) -> "str | None":
-        """None when ``pid`` is proven to be the job's, else why not."""
+    def _related(self, pid: int, cur: "Identity | None") -> bool:
+        if cur is None or not (self.groups or self.parents):
+            return False
+        if cur[3] in self.parents and cur[3] > 1:
+            return True
+        return any(v != pid and v > 1 and v in self.groups for v in (cur[4], cur[5]))
+
+    def check(self, pid: int, cur: "Identity | None" = None) -> "str | None":
+        """None when ``pid`` is proven to be the job's, else why not.
+        ``cur``: the process as read while pinned (its ppid, pgid and sid
+        are asked of ``groups`` and ``parents``)."""
+        if self._related(pid, cur):
+            return None
         if self.cgroup:
             from . import cgroupfs  # only here: the wrapper's hot path never proves
 
@@ -1278,6 +1303,8 @@ class Proof:
             if has is False:
                 return "it does not carry its job's cookie"
         if not self.cgroup and not self.cookie:
+            if self.groups or self.parents:
+                return "neither a member of its job's groups nor a child of its processes"
             return None  # nothing to prove with: pid + start + boot is all there is
         return "identity ambiguous: neither its cgroup nor its environment can be read"
 
@@ -1346,7 +1373,7 @@ def send_signal(ident: "Identity", sig: int, *, member: bool = False,
         if cur is None or cur[1] != ident[1]:
             return False
         if proof is not None and cur[7] not in ("Z", "X", "x"):
-            why = proof.check(pid)
+            why = proof.check(pid, cur)
             # A process inside exit has no environment left to read: a signal
             # cannot hurt it any more, so it is sent (and counts) as to any.
             if why is not None and not _exiting(pid):

@@ -109,7 +109,13 @@ class Keeper:
         self.owner_pidfd = owner_pidfd
         self.ctl = None  # the socket driver's control socket (a pidns keeper reports on it)
         self.children: set[int] = set()  # direct children we spawned, not yet reaped
-        self.spawned: set[int] = set()  # every child ever spawned, if mech.keeps_spawned
+        # pid -> start ticks of each child spawned, if mech.keeps_spawned (pgroup:
+        # the group it leads); forgotten once reaped with its group empty, or
+        # when the mechanism can no longer prove the group is the job's
+        self.spawned: dict[int, int] = {}
+        # a spawned child reaped while its group lived on: who was in that group
+        # (and session) then, (pid, start) - the id was not free while they were
+        self.spawn_reaped: dict[int, frozenset] = {}
         self.status: dict[int, int] = {}  # raw wait statuses, until collected
         self.wake_r = self.wake_w = -1
         # What this keeper ignores, where its driver knows without a look at
@@ -151,6 +157,19 @@ class Keeper:
         if pid in self.children:
             self.children.discard(pid)
             self.on_exit(pid, status)
+        if pid in self.spawned:
+            if _group_alive(pid):
+                self.spawn_reaped[pid] = self._group_members(pid)
+            else:
+                del self.spawned[pid]  # its pid, free now, may lead a stranger's group next
+
+    def _group_members(self, g: int) -> frozenset:
+        """(pid, start) of the live members of group and session ``g`` now
+        (one capture: only when a spawned child's group outlives it)."""
+        born = self.mech.born_after
+        cap = identity.capture(born_after=born)
+        return frozenset((i.pid, i.start) for i in cap.by_pgid(g, born) + cap.by_session(g, born)
+                         if i.state not in "ZXx")
 
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
@@ -182,7 +201,8 @@ class Keeper:
             ctx.__exit__(None, None, None)
         self.children.add(pid)
         if self.mech.keeps_spawned:
-            self.spawned.add(pid)
+            # read before we reap it: until then the pid is surely this child's
+            self.spawned[pid] = identity.start_ticks(pid) or 0
         return pid
 
     def end_for_dead_owner(self) -> int:
@@ -451,6 +471,20 @@ def _scope_keeper(path: str, caller_fd: int, lock: int) -> None:
         os.rmdir(os.path.dirname(path))  # the caller's run directory, when nothing else is in it
     except OSError:
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member: an existence probe
+    (signal 0 sends nothing; EPERM means a member exists)."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _readable(fd: int) -> bool:

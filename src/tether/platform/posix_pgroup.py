@@ -57,22 +57,99 @@ class Mechanism(KeeperMechanism):
     name = PGROUP
     keeps_spawned = True  # each child leads a group that may outlive it
     joins_owner_group = False
+    proof: identity.Proof | None = None  # what proved the last look's members
 
-    def note_spawn(self, pid: int) -> None:
-        self.params.setdefault("groups", []).append(pid)
+    # -- what it remembers, and how it proves it still holds ----------------------------
+    #
+    # Each spawned child leads a group (or, asked for, a session) whose id is
+    # its pid. That id means "ours" only while it is: the kernel does not
+    # reuse a pid while a process, group or session still holds it, but once
+    # the leader is reaped and the last member is gone, the id is free and a
+    # stranger may lead a group of that number. So a remembered id is used
+    # only while its leader is the keeper's unreaped child, or a live member
+    # carries the job's cookie, or (keeper side) a live member was in it when
+    # the leader was reaped (the id was never free since); else it is
+    # forgotten for good. A spawned child reaped while its group is empty is
+    # forgotten at once (``Keeper.reaped``).
+
+    def note_spawn(self, pid: int, start: int | None = None) -> None:
+        if start is None:
+            ident = identity.read(pid)
+            if ident is None or ident.start < self.born_after:
+                return  # gone already (its pid may name another): nothing to remember
+            start = ident.start
+        self._leaders()[pid] = start
+
+    def _leaders(self) -> dict[int, int]:
+        leaders = self.__dict__.get("leaders")
+        if leaders is None:
+            leaders = self.__dict__["leaders"] = {}
+        return leaders
 
     def spawn_attrs(self, msg: dict) -> dict:
         if msg.get("setsid"):
             return {}
         return {"setpgroup": 0} if msg.get("pgroup", -1) == -1 else {}
 
-    def _related(self, keeper_pid: int, groups=(), sessions=()) -> list[identity.Identity]:
+    def _carries(self, i: identity.Identity, cookie: bytes | None) -> bool:
+        """Whether ``i`` carries the job's cookie; each identity's environment
+        is read once per job (a kill loop asks again and again)."""
+        if cookie is None:
+            return False
+        seen = self.__dict__.setdefault("env_seen", {})
+        k = (i.pid, i.start)
+        has = seen.get(k)
+        if has is None:
+            has = bool(identity.environ_has(i.pid, cookie))
+            if len(seen) > 100_000:
+                seen.clear()
+            seen[k] = has
+            self.__dict__["env_reads"] = self.__dict__.get("env_reads", 0) + 1
+        return has
+
+    def _proven_ids(self, cap: identity.Capture, leaders: dict[int, int], keeper,
+                    cookie: bytes | None) -> set[int]:
+        """The remembered group and session ids that are still the job's
+        (see above); the others are dropped from ``leaders``. ``keeper``
+        (keeper side): its unreaped children and when the others were reaped."""
+        proven = set()
+        for g in list(leaders):
+            held = frozenset()
+            if keeper is not None:
+                if g in keeper.children:  # our child, not yet reaped: its pid is still its
+                    proven.add(g)
+                    continue
+                held = keeper.spawn_reaped.get(g, held)
+            # (Seen from the owner, pid + start ticks + boot of the leader are
+            # not enough: a stranger handed its pid within the same clock tick
+            # matches them. A member with the cookie is; the leader is one.)
+            members = [i for i in cap.by_pgid(g, self.born_after) + cap.by_session(g, self.born_after)
+                       if i.state not in "ZXx"]
+            # A member that was in it when its leader was reaped (so its id was
+            # never free since), or one carrying the cookie.
+            if any((i.pid, i.start) in held for i in members) \
+                    or any(self._carries(i, cookie) for i in members):
+                proven.add(g)
+            else:  # empty, or nothing in it proves it ours: never used again
+                del leaders[g]
+                if keeper is not None:
+                    keeper.spawn_reaped.pop(g, None)
+        return proven
+
+    def _related(self, keeper_pid: int, leaders: dict[int, int] | None = None,
+                 keeper=None) -> list[identity.Identity]:
+        """The job's live members: the keeper's descendants, the members of
+        every remembered group and session that is still the job's, what
+        those started, and every process born since the job opened that
+        carries its cookie (what those started too). Another user's process
+        only under a root owner, and then only with the cookie. Sets
+        ``self.proof`` to what proves them at the signal."""
         cookie = self._cookie()
         uid = os.geteuid()
+        leaders = self._leaders() if leaders is None else leaders
 
-        def carries(i: identity.Identity) -> bool:
-            return (i.pid > 2 and (i.uid == uid or uid == 0) and i.state not in "ZX"
-                    and bool(identity.environ_has(i.pid, cookie)))
+        def own(i: identity.Identity) -> bool:
+            return i.pid > 2 and i.state not in "ZXx" and (i.uid == uid or uid == 0)
 
         # First the newest pids, at once: a pid-hopper lives about a
         # millisecond at each pid, less than a scan of the table takes.
@@ -80,45 +157,57 @@ class Mechanism(KeeperMechanism):
         if cookie is not None:
             for pid in identity.newest_pids():
                 i = identity.read(pid)
-                if i is not None and i.start >= self.born_after and carries(i):
+                if i is not None and i.start >= self.born_after and own(i) \
+                        and self._carries(i, cookie):
                     hot.append(i)
         cap = identity.capture(born_after=self.born_after)
+        proven = self._proven_ids(cap, leaders, keeper, cookie)
         found = {i.pid: i for i in cap.descendants([keeper_pid], born_after=self.born_after)}
-        for g in groups:
+        for g in proven:
             found.update((i.pid, i) for i in cap.by_pgid(g, self.born_after))
-        for s in sessions:
-            found.update((i.pid, i) for i in cap.by_session(s, self.born_after))
-        for g in groups:  # descendants of group members that changed group
-            found.update((i.pid, i) for i in cap.descendants([g], born_after=self.born_after))
+            found.update((i.pid, i) for i in cap.by_session(g, self.born_after))
         # Escapees that left parentage, group and session kept the cookie:
-        # every process of ours born since the job opened is asked.
+        # every process of ours born since the job opened is asked (each once).
         if cookie is not None:
             for i in hot:
                 found.setdefault(i.pid, i)
             for i in cap.procs.values():
-                if i.pid not in found and carries(i):
+                if i.pid not in found and own(i) and self._carries(i, cookie):
                     found[i.pid] = i
-            found.update((d.pid, d) for d in cap.descendants(
-                [p for p in found if p != keeper_pid], born_after=self.born_after))
+        # What those started, in any group or session (parentage is the proof).
+        found.update((d.pid, d) for d in cap.descendants(
+            [p for p in found if p != keeper_pid], born_after=self.born_after))
         found.pop(keeper_pid, None)
-        # A zombie is dead (PID 1 here reaps orphans only every ~2 s).
-        return sorted((i for i in found.values() if i.state not in "ZX"), key=lambda i: i.pid)
+        out = []
+        for i in found.values():
+            if i.state in "ZXx":  # a zombie is dead (PID 1 here reaps orphans only every ~2 s)
+                continue
+            if i.uid != uid and (uid != 0 or not self._carries(i, cookie)):
+                continue  # another user's: never for a user's job; for root's, with the cookie
+            out.append(i)
+        out.sort(key=lambda i: i.pid)
+        self.proof = identity.Proof(cookie, groups=frozenset(proven),
+                                    parents=frozenset({keeper_pid, *(i.pid for i in out)}))
+        return out
 
     def _cookie(self) -> bytes | None:
         o = self.options
         return f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None
 
     def member_pids(self, keeper_pid: int) -> list[int]:
-        groups = self.params.get("groups", ())
-        return [i.pid for i in self._related(keeper_pid, groups, groups)]
+        return [i.pid for i in self._related(keeper_pid)]
 
     def kill_all(self, keeper, timeout: float) -> None:
         from ..ending import end
 
         me = os.getpid()
-        groups = set(keeper.spawned)
+        spawned = keeper.spawned
         # Frozen first, and found again a while after the last find: a
         # pid-hopper forks its successor between a look and a kill, and only
         # the cookie (no parentage, group or session) links that one to us.
-        end(lambda: self._related(me, groups, groups), born_after=self.born_after, grace=0,
-            freeze=True, quiet=0.05, on_round=keeper.reap, bound=timeout)
+        # Every signal carries the proof of the last look (the cookie, or a
+        # proven group, session or parent) and the gate checks it on the
+        # pinned process: a stranger handed a member's pid is spared.
+        end(lambda: self._related(me, spawned, keeper), born_after=self.born_after,
+            grace=0, freeze=True, quiet=0.05, on_round=keeper.reap, bound=timeout,
+            proof=lambda _i: self.proof)
