@@ -562,12 +562,8 @@ def newest_pids(span: int = 64) -> list[int]:
     last-pid field of /proc/loadavg, wrapping at pid_max); [] elsewhere. A
     pid-hopper lives a millisecond at a pid: a scan of the whole table never
     reaches it in time, a look at the newest pids does."""
-    if not _LINUX:
-        return []
-    try:
-        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
-        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
-    except (OSError, ValueError, IndexError):
+    last, pid_max = last_pid()
+    if last <= 0:
         return []
     out = []
     for back in range(span):
@@ -576,6 +572,35 @@ def newest_pids(span: int = 64) -> list[int]:
             p += pid_max - 300  # wrapped: the kernel reuses from 300 on
         out.append(p)
     return out
+
+
+def last_pid() -> tuple[int, int]:
+    """(the pid the kernel handed out last in this PID namespace, pid_max),
+    from /proc/loadavg; (0, 0) where it cannot be read. Unchanged between two
+    looks: no process was created in between."""
+    if not _LINUX:
+        return 0, 0
+    try:
+        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
+        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return last, pid_max
+
+
+def pids_since(last: int, now: int, pid_max: int, cap: int = 4096) -> list[int] | None:
+    """The pids handed out after ``last`` up to ``now`` (wrapping at
+    ``pid_max``; the kernel reuses from 300 on), oldest first; None when more
+    than ``cap`` (then read the whole table instead)."""
+    if now == last:
+        return []
+    if now > last:
+        n = now - last
+        return list(range(last + 1, now + 1)) if n <= cap else None
+    n = (pid_max - last - 1) + (now - 300 + 1)
+    if n > cap or pid_max <= 0:
+        return None
+    return list(range(last + 1, pid_max)) + list(range(300, now + 1))
 
 
 def proc_is_ours() -> bool:

@@ -113,9 +113,8 @@ class Keeper:
         # the group it leads); forgotten once reaped with its group empty, or
         # when the mechanism can no longer prove the group is the job's
         self.spawned: dict[int, int] = {}
-        # a spawned child reaped while its group lived on: who was in that group
-        # (and session) then, (pid, start) - the id was not free while they were
-        self.spawn_reaped: dict[int, frozenset] = {}
+        # a spawned child reaped while its group lived on: the tick it was reaped
+        self.spawn_reaped: dict[int, int] = {}
         self.status: dict[int, int] = {}  # raw wait statuses, until collected
         self.wake_r = self.wake_w = -1
         # What this keeper ignores, where its driver knows without a look at
@@ -159,17 +158,9 @@ class Keeper:
             self.on_exit(pid, status)
         if pid in self.spawned:
             if _group_alive(pid):
-                self.spawn_reaped[pid] = self._group_members(pid)
+                self.spawn_reaped[pid] = identity.now_ticks()
             else:
                 del self.spawned[pid]  # its pid, free now, may lead a stranger's group next
-
-    def _group_members(self, g: int) -> frozenset:
-        """(pid, start) of the live members of group and session ``g`` now
-        (one capture: only when a spawned child's group outlives it)."""
-        born = self.mech.born_after
-        cap = identity.capture(born_after=born)
-        return frozenset((i.pid, i.start) for i in cap.by_pgid(g, born) + cap.by_session(g, born)
-                         if i.state not in "ZXx")
 
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status

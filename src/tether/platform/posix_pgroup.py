@@ -58,6 +58,7 @@ class Mechanism(KeeperMechanism):
     keeps_spawned = True  # each child leads a group that may outlive it
     joins_owner_group = False
     proof: identity.Proof | None = None  # what proved the last look's members
+    complete = True  # whether the last look's capture was complete
 
     # -- what it remembers, and how it proves it still holds ----------------------------
     #
@@ -67,8 +68,9 @@ class Mechanism(KeeperMechanism):
     # the leader is reaped and the last member is gone, the id is free and a
     # stranger may lead a group of that number. So a remembered id is used
     # only while its leader is the keeper's unreaped child, or a live member
-    # carries the job's cookie, or (keeper side) a live member was in it when
-    # the leader was reaped (the id was never free since); else it is
+    # carries the job's cookie, or (keeper side) a live member other than pid
+    # g was born by the tick the leader was reaped (the id was never free
+    # since); else it is
     # forgotten for good. A spawned child reaped while its group is empty is
     # forgotten at once (``Keeper.reaped``).
 
@@ -114,21 +116,30 @@ class Mechanism(KeeperMechanism):
         (keeper side): its unreaped children and when the others were reaped."""
         proven = set()
         for g in list(leaders):
-            held = frozenset()
+            reaped_at = None
             if keeper is not None:
                 if g in keeper.children:  # our child, not yet reaped: its pid is still its
                     proven.add(g)
                     continue
-                held = keeper.spawn_reaped.get(g, held)
+                reaped_at = keeper.spawn_reaped.get(g)
             # (Seen from the owner, pid + start ticks + boot of the leader are
             # not enough: a stranger handed its pid within the same clock tick
             # matches them. A member with the cookie is; the leader is one.)
             members = [i for i in cap.by_pgid(g, self.born_after) + cap.by_session(g, self.born_after)
                        if i.state not in "ZXx"]
-            # A member that was in it when its leader was reaped (so its id was
-            # never free since), or one carrying the cookie.
-            if any((i.pid, i.start) in held for i in members) \
-                    or any(self._carries(i, cookie) for i in members):
+            # A member born by the tick its leader was reaped (the group had
+            # members then: the kernel had not freed the id), or one carrying
+            # the cookie. Only the process with pid g can found a group or
+            # session g, and after our leader's reap any such is a stranger,
+            # born after that reap; a process born before cannot join the
+            # stranger's group (not its session: sessions are inherited) -
+            # hence "not the pid g" and "born by the reap". Born in the very
+            # tick of the reap, it must also not be a child of a member (a
+            # stranger's child born in that tick would be).
+            inside = {i.pid for i in members} | {g}
+            if any(reaped_at is not None and i.pid != g and (
+                    i.start < reaped_at or (i.start == reaped_at and i.ppid not in inside))
+                   for i in members) or any(self._carries(i, cookie) for i in members):
                 proven.add(g)
             else:  # empty, or nothing in it proves it ours: never used again
                 del leaders[g]
@@ -137,7 +148,7 @@ class Mechanism(KeeperMechanism):
         return proven
 
     def _related(self, keeper_pid: int, leaders: dict[int, int] | None = None,
-                 keeper=None) -> list[identity.Identity]:
+                 keeper=None, hot: bool = False) -> list[identity.Identity]:
         """The job's live members: the keeper's descendants, the members of
         every remembered group and session that is still the job's, what
         those started, and every process born since the job opened that
@@ -151,28 +162,35 @@ class Mechanism(KeeperMechanism):
         def own(i: identity.Identity) -> bool:
             return i.pid > 2 and i.state not in "ZXx" and (i.uid == uid or uid == 0)
 
-        # First the newest pids, at once: a pid-hopper lives about a
-        # millisecond at each pid, less than a scan of the table takes.
-        hot = []
-        if cookie is not None:
+        # First the newest pids, at once (a kill loop's first look): a
+        # pid-hopper lives about a millisecond at each pid, less than a scan
+        # of the table takes.
+        hopped = []
+        if cookie is not None and hot:
             for pid in identity.newest_pids():
                 i = identity.read(pid)
                 if i is not None and i.start >= self.born_after and own(i) \
                         and self._carries(i, cookie):
-                    hot.append(i)
+                    hopped.append(i)
         cap = identity.capture(born_after=self.born_after)
         proven = self._proven_ids(cap, leaders, keeper, cookie)
         found = {i.pid: i for i in cap.descendants([keeper_pid], born_after=self.born_after)}
         for g in proven:
             found.update((i.pid, i) for i in cap.by_pgid(g, self.born_after))
             found.update((i.pid, i) for i in cap.by_session(g, self.born_after))
-        # Escapees that left parentage, group and session kept the cookie:
-        # every process of ours born since the job opened is asked (each once).
+        # Escapees that left parentage, group and session kept the cookie.
+        # Such an orphan was re-parented to the nearest subreaper above it or
+        # to init: an ancestor of this process, the keeper, or init (a job
+        # member that is a subreaper holds its orphans as descendants). So only
+        # those processes of ours born since the job opened are asked, each
+        # once: the cost follows the job, not the machine.
         if cookie is not None:
-            for i in hot:
+            for i in hopped:
                 found.setdefault(i.pid, i)
+            adopters = identity.own_ancestors() | {os.getpid(), keeper_pid, 1}
             for i in cap.procs.values():
-                if i.pid not in found and own(i) and self._carries(i, cookie):
+                if i.pid not in found and i.ppid in adopters and own(i) \
+                        and self._carries(i, cookie):
                     found[i.pid] = i
         # What those started, in any group or session (parentage is the proof).
         found.update((d.pid, d) for d in cap.descendants(
@@ -188,7 +206,52 @@ class Mechanism(KeeperMechanism):
         out.sort(key=lambda i: i.pid)
         self.proof = identity.Proof(cookie, groups=frozenset(proven),
                                     parents=frozenset({keeper_pid, *(i.pid for i in out)}))
+        self.complete = cap.complete
         return out
+
+    def _finder(self, keeper_pid: int, leaders: dict[int, int] | None = None, keeper=None):
+        """``_related`` for a kill loop, which looks again and again: after a
+        complete look, a look reads only the processes created since (the
+        pids handed out after the last look's; none at all when the kernel's
+        last pid has not moved) and reads the table again only when one of
+        them may be the job's (a child of a member or the keeper, in a group
+        or session of the job, or carrying the cookie). Sound because nothing
+        that existed at a complete look and was not the job's can become the
+        job's later: a process joins the job only by being born into it."""
+        cookie = self._cookie()
+        uid = os.geteuid()
+        st: dict = {"last": None}
+
+        def maybe_ours(pid: int) -> bool:
+            i = identity.read(pid)
+            if i is None or i.start < self.born_after or i.state in "ZXx":
+                return False
+            if i.ppid in st["known"] or i.pgid in st["groups"] or i.sid in st["groups"]:
+                st["known"].add(i.pid)
+                return True
+            return (i.uid == uid or uid == 0) and self._carries(i, cookie)
+
+        def find() -> list[identity.Identity]:
+            if st["last"] is not None:
+                now, pid_max = identity.last_pid()
+                new = identity.pids_since(st["last"], now, pid_max) if now else None
+                if new is not None:
+                    st["last"] = now
+                    if not any([maybe_ours(p) for p in new]):
+                        self.looks_saved = getattr(self, "looks_saved", 0) + 1
+                        return []  # (the loop keeps what it found before, by identity)
+            last = identity.last_pid()[0]  # before the look: what is born after it is "new"
+            out = self._related(keeper_pid, leaders, keeper, hot=st["last"] is None)
+            if self.complete and last:
+                st["last"] = last
+                st["known"] = {keeper_pid, *(i.pid for i in out)}
+                st["groups"] = set(self.proof.groups if self.proof else ()) \
+                    | {v for i in out for v in (i.pgid, i.sid) if v > 1}
+            else:
+                st["last"] = None
+            return out
+
+        return find
 
     def _cookie(self) -> bytes | None:
         o = self.options
@@ -208,6 +271,6 @@ class Mechanism(KeeperMechanism):
         # Every signal carries the proof of the last look (the cookie, or a
         # proven group, session or parent) and the gate checks it on the
         # pinned process: a stranger handed a member's pid is spared.
-        end(lambda: self._related(me, spawned, keeper), born_after=self.born_after,
+        end(self._finder(me, spawned, keeper), born_after=self.born_after,
             grace=0, freeze=True, quiet=0.05, on_round=keeper.reap, bound=timeout,
             proof=lambda _i: self.proof)
