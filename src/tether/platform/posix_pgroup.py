@@ -46,6 +46,9 @@ def guarantee(options: JobOptions | None = None) -> Guarantee:
         not_covered=(
             "a double-forked daemon that also clears its environment (outside every group "
             "and session of the job, and without the job's cookie)",
+            "a process that clears its environment, whose parent and group leader have "
+            "exited, born after that leader was reaped (its group can no longer be proven "
+            "the job's: the leader's pid may name a stranger's group by then)",
             "a pid-hopper that changes pid every millisecond or so: the keeper's look at the "
             "newest pids catches it most of the time, not always",
             "anything, if the keeper is SIGKILLed before the owner",
