@@ -127,9 +127,9 @@ def trial(variant, cookie_in_stranger, natural=False):
             owner.kill(); owner.wait()
         return None
     t0 = time.monotonic()
-    while (identity.read(s.pid) or identity.Identity(0, 0, "")).comm != argv[0] \
-            and time.monotonic() - t0 < 5:
-        time.sleep(0.002)  # exec'd: its environment is the one it runs with
+    while ((identity.read(s.pid) or identity.Identity(0, 0, "")).comm != argv[0]
+           or identity.environ_value(s.pid, b"PATH") is None) and time.monotonic() - t0 < 5:
+        time.sleep(0.002)  # exec'd, its environment set up: the one it runs with
     watch = [identity.read(s.pid)]
     if variant in ("ancestor", "group_child"):
         t0 = time.monotonic()

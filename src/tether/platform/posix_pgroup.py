@@ -21,6 +21,7 @@ is killed first.
 from __future__ import annotations
 
 import os
+import time
 
 from .. import identity
 from .base import PGROUP, Availability, Guarantee, JobOptions, KeeperMechanism
@@ -73,9 +74,8 @@ class Mechanism(KeeperMechanism):
     # only while its leader is the keeper's unreaped child, or a live member
     # carries the job's cookie, or (keeper side) a live member other than pid
     # g was born by the tick the leader was reaped (the id was never free
-    # since); else it is
-    # forgotten for good. A spawned child reaped while its group is empty is
-    # forgotten at once (``Keeper.reaped``).
+    # since); else it is forgotten for good. A spawned child reaped while its
+    # group is empty is forgotten at once (``Keeper.reaped``).
 
     def note_spawn(self, pid: int, start: int | None = None) -> None:
         if start is None:
@@ -98,18 +98,29 @@ class Mechanism(KeeperMechanism):
 
     def _carries(self, i: identity.Identity, cookie: bytes | None) -> bool:
         """Whether ``i`` carries the job's cookie; each identity's environment
-        is read once per job (a kill loop asks again and again)."""
+        is read once per job (a kill loop asks again and again), unless it
+        could not be read (exiting, or between fork and exec): asked again."""
         if cookie is None:
             return False
         seen = self.__dict__.setdefault("env_seen", {})
         k = (i.pid, i.start)
         has = seen.get(k)
         if has is None:
-            has = bool(identity.environ_has(i.pid, cookie))
+            has = identity.environ_has(i.pid, cookie)
+            # Unreadable: exiting, or inside exec (its new environment is not
+            # set up yet - its name may already be the new program's). Asked
+            # again for a few milliseconds (one look may be all a kill loop
+            # makes), within a budget per look.
+            while has is None and self.__dict__.get("env_wait", 0.0) < 0.05 \
+                    and identity.is_alive(i):
+                time.sleep(0.001)
+                self.__dict__["env_wait"] = self.__dict__.get("env_wait", 0.0) + 0.001
+                has = identity.environ_has(i.pid, cookie)
+            if has is None:
+                return False
             if len(seen) > 100_000:
                 seen.clear()
             seen[k] = has
-            self.__dict__["env_reads"] = self.__dict__.get("env_reads", 0) + 1
         return has
 
     def _proven_ids(self, cap: identity.Capture, leaders: dict[int, int], keeper,
@@ -161,6 +172,7 @@ class Mechanism(KeeperMechanism):
         cookie = self._cookie()
         uid = os.geteuid()
         leaders = self._leaders() if leaders is None else leaders
+        self.env_wait = 0.0  # this look's budget for environments being set up
 
         def own(i: identity.Identity) -> bool:
             return i.pid > 2 and i.state not in "ZXx" and (i.uid == uid or uid == 0)
