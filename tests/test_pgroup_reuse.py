@@ -112,7 +112,7 @@ def trial(variant, cookie_in_stranger, natural=False):
     kw = {}
     argv = ["sleep", "300"]
     if variant in ("group", "group_child", "other_user", "owner_killed", "terminate"):
-        kw["process_group"] = 0
+        kw["preexec_fn"] = os.setpgrp  # (process_group= needs Python 3.11)
     if variant == "session":
         kw["start_new_session"] = True
     if variant == "other_user":
