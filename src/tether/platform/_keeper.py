@@ -156,11 +156,17 @@ class Keeper:
         if pid in self.children:
             self.children.discard(pid)
             self.on_exit(pid, status)
+        self.forget_spawned(pid)
+
+    def forget_spawned(self, pid: int) -> None:
+        """A spawned child was reaped (by any path): forget its group if it
+        is empty - its pid, free now, may lead a stranger's group next - else
+        note the tick (see posix_pgroup)."""
         if pid in self.spawned:
             if _group_alive(pid):
                 self.spawn_reaped[pid] = identity.now_ticks()
             else:
-                del self.spawned[pid]  # its pid, free now, may lead a stranger's group next
+                del self.spawned[pid]
 
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
@@ -334,6 +340,7 @@ class Keeper:
         if status is None:
             try:
                 _, status = os.waitpid(child, 0)  # dead: it was killed above
+                self.forget_spawned(child)
             except ChildProcessError:
                 status = None
         linger = shared and not stop and leftovers and not mech.keeper_inside \

@@ -97,9 +97,12 @@ class Mechanism(KeeperMechanism):
         return {"setpgroup": 0} if msg.get("pgroup", -1) == -1 else {}
 
     def _carries(self, i: identity.Identity, cookie: bytes | None) -> bool:
-        """Whether ``i`` carries the job's cookie; each identity's environment
-        is read once per job (a kill loop asks again and again), unless it
-        could not be read (exiting, or between fork and exec): asked again."""
+        """Whether ``i`` carries the job's cookie. A "no" is remembered per
+        identity for the job's life (a kill loop asks again and again, and
+        most processes asked are not the job's); a "yes" is read afresh each
+        time - a stranger handed a pid within the same clock tick has the same
+        pid and start, and must not inherit a "yes". Unreadable (exiting, or
+        between fork and exec): asked again."""
         if cookie is None:
             return False
         seen = self.__dict__.setdefault("env_seen", {})
@@ -118,9 +121,10 @@ class Mechanism(KeeperMechanism):
                 has = identity.environ_has(i.pid, cookie)
             if has is None:
                 return False
-            if len(seen) > 100_000:
-                seen.clear()
-            seen[k] = has
+            if not has:
+                if len(seen) > 100_000:
+                    seen.clear()
+                seen[k] = False
         return has
 
     def _proven_ids(self, cap: identity.Capture, leaders: dict[int, int], keeper,
