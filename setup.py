@@ -3,10 +3,10 @@
 ``pip install .``, ``pip install -e .`` and ``python -m build`` compile
 ``src/tether/_native/keeper.c`` into the program ``tether/_native/tether-keeper``
 (Linux only) with the C compiler of this machine: libc and kernel headers
-only, warnings as errors, nothing downloaded. Where it cannot be built (no
-compiler, no Linux headers, ``TETHER_NATIVE_BUILD=0``) the install goes on
-without it and says so once; tether then runs its Python keeper, with the
-same behaviour (``tether doctor`` says which keeper runs).
+only, warnings as errors, nothing downloaded. On Linux the native programs
+are not optional: where they cannot be built (no compiler, no Linux headers)
+the build stops with one line that names the packages to install, rather
+than make a wheel that lacks them.
 
 Which libc: where ``musl-gcc`` exists (Debian's ``musl-tools``), the programs
 are linked statically against musl - a keeper then costs ~170 KiB PSS where
@@ -18,6 +18,13 @@ they are linked dynamically against the system's libc.
 
 The wheel is platform-specific because it carries that program (it needs no
 compiler to install); the Python code in it is the same everywhere.
+
+For the wheels an index accepts (scripts/build-wheels.sh): ``TETHER_NATIVE_CC``
+is the one compiler to use (e.g. ``python -m ziglang cc -target
+aarch64-linux-musl``: a cross compiler, no other tried), and
+``TETHER_WHEEL_PLATFORM`` the wheel's platform tag (e.g.
+``manylinux_2_17_x86_64.manylinux2014_x86_64.musllinux_1_1_x86_64`` for
+programs linked statically; ``win_amd64`` with ``TETHER_BUILD_PLATFORM=win32``).
 """
 
 import os
@@ -90,8 +97,17 @@ def _kernel_headers(tmp: str) -> str | None:
     return tmp
 
 
+#: One line, for a Linux build that cannot compile the native programs.
+NEEDS = ("install a C compiler and the Linux headers (Debian, Ubuntu: apt-get install gcc "
+         "libc6-dev musl-tools; Fedora: dnf install gcc kernel-headers; Alpine: apk add gcc "
+         "musl-dev linux-headers), or install a tether wheel")
+
+
 def _builds(out: str) -> list[tuple[str, list[str]]]:
     """How to build, best first: (what, compiler argv with its own flags)."""
+    given = os.environ.get("TETHER_NATIVE_CC")
+    if given:  # the wheels' pinned (cross) compiler: that one, or none
+        return [(given, [*shlex.split(given), "-static", "-s"])]
     ways = []
     libc = os.environ.get("TETHER_NATIVE_LIBC", "auto")
     musl = shutil.which("musl-gcc") if libc in ("auto", "musl") else None
@@ -105,17 +121,34 @@ def _builds(out: str) -> list[tuple[str, list[str]]]:
     return ways
 
 
+def write_constants_header() -> None:
+    """src/tether/_native/tether_constants.h from src/tether/_constants.py,
+    the one definition of what the C and Python sides share (rewritten only
+    when it changed: a build from a read-only sdist finds it as it was)."""
+    import runpy
+
+    text = runpy.run_path(os.path.join("src", "tether", "_constants.py"))["c_header"]()
+    path = os.path.join("src", "tether", "_native", "tether_constants.h")
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def compile_program(out: str, source: str = SOURCE) -> str | None:
     """Compile the keeper (or, with ``source=SHELL_SOURCE``, the native
     tether-shell, which includes it) to ``out``; None when it was built, else why not."""
     if not LINUX:
         return "not Linux"
-    if os.environ.get("TETHER_NATIVE_BUILD", "1") == "0":
-        return "TETHER_NATIVE_BUILD=0"
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    write_constants_header()
     ways = _builds(out)
     if not ways:
-        return "no C compiler (install gcc)"
+        return "no C compiler"
     tmp = out + ".tmp"
     whys = []
     try:
@@ -138,6 +171,11 @@ def compile_program(out: str, source: str = SOURCE) -> str | None:
             pass
 
 
+def _stop(what: str) -> None:
+    """End a Linux build that cannot make the native programs: one line."""
+    sys.exit(f"tether: {what}: {NEEDS}")
+
+
 class build_native(build_ext):
     """Compile the keeper program (not a Python extension)."""
 
@@ -148,10 +186,8 @@ class build_native(build_ext):
         out = os.path.join(base, "_native", PROGRAM)
         why = compile_program(out)
         if why is not None:
-            print(f"tether: the native keeper is not built ({why}); tether will run its "
-                  "Python keeper (the same behaviour, slower)", file=sys.stderr)
-        else:
-            self._outputs = [out]
+            _stop(f"the native keeper cannot be built ({why})")
+        self._outputs = [out]
 
     def get_outputs(self) -> list[str]:
         return list(getattr(self, "_outputs", []))
@@ -187,9 +223,7 @@ class build_shell_scripts(build_scripts):
         first = os.path.join(self.build_dir, names[0])
         why = compile_program(first, SHELL_SOURCE)
         if why is not None:
-            print(f"tether: the native tether-shell and tether are not built ({why}); they are "
-                  "the Python ones (the same behaviour, slower start-up)", file=sys.stderr)
-            return
+            _stop(f"the native tether-shell and tether cannot be built ({why})")
         for name in names[1:]:
             shutil.copy2(first, os.path.join(self.build_dir, name))
 
@@ -199,6 +233,9 @@ if bdist_wheel is not None:
         """py3-none-<platform>: the program needs this platform, not this Python."""
 
         def get_tag(self) -> tuple[str, str, str]:
+            given = os.environ.get("TETHER_WHEEL_PLATFORM")
+            if given:  # the platforms the wheel is for (build-wheels.sh)
+                return ("py3", "none", given)
             plat = super().get_tag()[2]
             return ("py3", "none", plat) if plat != "any" else ("py3", "none", "any")
 

@@ -11,7 +11,8 @@
 #   * pytest, pytest-timeout, pytest-rerunfailures, psutil (win_amd64 wheels)
 #     into its site-packages;
 #   * tether's programs as a Windows user gets them: this checkout's wheel
-#     (built by pip from a copy of the tree) installed by Windows pip itself,
+#     (built by pip from a copy of the tree; or the wheel WINE_LANE_WHEEL
+#     names: scripts/check-wheels.sh) installed by Windows pip itself,
 #     so Scripts\ holds pip's own tether.exe / tether-cmd.exe launchers, in a
 #     folder whose path has a space; and a stand-in pwsh.exe behind the same
 #     launcher (tests/windows/_lane_setup.py, _pwsh.py). Remade when
@@ -121,11 +122,16 @@ case "$ver" in *" 64") ;; *) die "Windows Python did not start: $ver" ;; esac
 # The key: what decides the installed names and the stand-in.
 PROGS="$LANE/programs/with space"
 key="$(cat "$REPO/pyproject.toml" "$REPO/setup.py" "$REPO"/bin/* "$REPO/tests/windows/_lane_setup.py" \
-        "$REPO/tests/windows/_pwsh.py" | sha256sum | cut -c1-16)-$PYEMBED_VERSION"
+        "$REPO/tests/windows/_pwsh.py" ${WINE_LANE_WHEEL:+"$WINE_LANE_WHEEL"} \
+        | sha256sum | cut -c1-16)-$PYEMBED_VERSION"
 if [ "$(cat "$PROGS/.key" 2>/dev/null)" != "$key" ]; then
     say "installing tether's wheel with Windows pip (its console-script launchers) and a stand-in pwsh"
     rm -rf "$LANE/programs" "$LANE/wheel-src" "$LANE/wheel"
     mkdir -p "$PROGS" "$LANE/wheel-src/src" "$LANE/pip"
+    if [ -n "${WINE_LANE_WHEEL:-}" ]; then
+        mkdir -p "$LANE/wheel" && cp "$WINE_LANE_WHEEL" "$LANE/wheel/" \
+            || die "cannot copy $WINE_LANE_WHEEL"
+    else
     # A copy of the tree, without caches: building in the checkout would leave
     # build/ and src/tether.egg-info there, and importlib.metadata (pytest's
     # plugin loader) would then find a second "tether" on PYTHONPATH=src.
@@ -136,6 +142,7 @@ if [ "$(cat "$PROGS/.key" 2>/dev/null)" != "$key" ]; then
     # (the Windows wheel, built here: Windows' console scripts, nothing compiled)
     TETHER_BUILD_PLATFORM=win32 "$LINUX_PYTHON" -m pip wheel -q --no-deps \
         --disable-pip-version-check -w "$LANE/wheel" "$LANE/wheel-src" >"$LANE/wheel.log" 2>&1 || die "pip wheel failed (see $LANE/wheel.log)"
+    fi
     ls "$LANE"/pip/pip-*.whl >/dev/null 2>&1 \
         || pip_quiet download --no-deps --only-binary=:all: -d "$LANE/pip" pip
     pipwhl="$(ls "$LANE"/pip/pip-*.whl 2>/dev/null | tail -n1)"

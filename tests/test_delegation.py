@@ -103,6 +103,8 @@ def test_unit_property_is_asked_and_every_unknown_answer_refuses(sim, tmp_path):
         fake.chmod(0o755)
         ok, why = delegation(sim["svc"], systemctl=str(fake))
         assert ok is want, (answer, why)
+        os.rmdir(sim["svc"])  # the next answer is for a new unit (an answer is kept per unit)
+        os.mkdir(sim["svc"])
     failing = tmp_path / "systemctl-fails"
     failing.write_text("#!/bin/sh\necho 'Failed to connect to bus' >&2\nexit 1\n")
     failing.chmod(0o755)
@@ -251,3 +253,96 @@ def test_doctor_fix_for_an_unprivileged_user_names_its_manager():
     lines = json.loads(r.stdout)
     assert f"uid {NOBODY}" in lines[0] or "systemd" in lines[0], lines
     assert lines[-1] == "until then jobs use subreaper (tether doctor lists what it does not cover)"
+
+
+# -- asked once per unit: systemctl's answer kept on the unit's cgroup (issue 32) -------
+
+def _counting_systemctl(tmp_path, answer: str):
+    """A systemctl that answers ``answer`` and counts its calls in a file
+    (stands in for systemd's own answer: systemd does not run here)."""
+    calls = tmp_path / f"calls-{answer}"
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\necho {answer}\n")
+    fake.chmod(0o755)
+    return fake, calls
+
+
+def _ncalls(calls) -> int:
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def test_systemctl_is_asked_once_per_unit_and_again_for_a_new_unit(sim, tmp_path):
+    from tether.systemd import DELEGATION_MEMO
+
+    fake, calls = _counting_systemctl(tmp_path, "yes")
+    for _ in range(3):
+        ok, why = delegation(sim["svc"], systemctl=str(fake))
+        assert ok, why
+    assert _ncalls(calls) == 1 and "remembered" in why
+    assert os.getxattr(sim["svc"], DELEGATION_MEMO) == b"yes"
+    # A new unit of the same name is a new directory: asked again.
+    os.rmdir(sim["svc"])
+    os.mkdir(sim["svc"])
+    assert delegation(sim["svc"], systemctl=str(fake))[0] and _ncalls(calls) == 2
+    # An answer that is no answer is not remembered: asked every time (fail closed).
+    os.removexattr(sim["svc"], DELEGATION_MEMO)
+    (tmp_path / "v").mkdir()
+    vague, vcalls = _counting_systemctl(tmp_path / "v", "maybe")
+    for _ in range(2):
+        assert not delegation(sim["svc"], systemctl=str(vague))[0]
+    assert _ncalls(vcalls) == 2
+    with pytest.raises(OSError):
+        os.getxattr(sim["svc"], DELEGATION_MEMO)
+
+
+def _native_shell_in(cgroup: str, tmp_path, answer: str) -> tuple[dict, int]:
+    """Run the native ``tether-shell -c`` in ``cgroup`` under the simulated
+    systemd, systemctl answering ``answer``: which program kept the job (its
+    keeper's exe), whose cgroup the command ran in, and how often systemctl ran."""
+    from procutil import native_shell
+
+    shell = native_shell(honour_off=True)
+    if shell is None:
+        pytest.skip("the native tether-shell is not built here")
+    fake, calls = _counting_systemctl(tmp_path, answer)
+    script = 'readlink /proc/$PPID/exe; sed -n "s/^0:://p" /proc/self/cgroup'
+    code = (f"import os, subprocess, sys; r = subprocess.run([{shell!r}, '-c', {script!r}], "
+            "capture_output=True, text=True, timeout=30); sys.stdout.write(r.stdout); "
+            "sys.exit(r.returncode)")
+    env_path = f"{fake.parent}:{os.environ.get('PATH', '')}"
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = env_path
+    try:
+        r = _under_systemd(cgroup, code)
+    finally:
+        os.environ["PATH"] = old or ""
+    assert r.returncode == 0, r.stderr
+    keeper, where = r.stdout.split()
+    return {"native": keeper == os.path.realpath(shell), "cgroup": where}, _ncalls(calls)
+
+
+@pytest.mark.parametrize("unit,answer,delegated", [
+    ("deleg", "no", True),   # marked Delegate=yes: systemctl's word is never needed
+    ("plain", "yes", False),  # marked, not delegated: the same
+    ("svc", "yes", True),    # no marks: asked once, then remembered
+    ("svc", "no", False),
+])
+def test_the_native_tether_shell_decides_delegation_without_an_interpreter(
+        sim, tmp_path, unit, answer, delegated):
+    """On systemd the native front end handed every start in a writable
+    cgroup to the Python one, which ran systemctl each time (36-45 ms a start
+    under a real systemd 252). Now the marks decide natively; where only
+    systemctl can tell, the first start asks it once and the rest read the
+    answer kept on the unit's cgroup. The control is the first start of an
+    unmarked unit: served by the Python one (the check can see it)."""
+    runs = [_native_shell_in(sim[unit], tmp_path, answer) for _ in range(3)]
+    asked = runs[-1][1]
+    for res, _ in runs:
+        under_job = res["cgroup"].startswith(sim[unit][len(cgroupfs.mount() or ""):] + "/tether-")
+        assert under_job is delegated, res
+    if unit == "svc":
+        assert asked == 1
+        assert not runs[0][0]["native"] and runs[1][0]["native"] and runs[2][0]["native"], runs
+    else:
+        assert asked == 0 and all(res["native"] for res, _ in runs), runs

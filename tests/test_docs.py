@@ -14,6 +14,14 @@ rendered page):
 ``<!-- run: output -->``
     run the python block and compare what it prints with the fenced block
     that follows it.
+``<!-- run: name=NAME, ... -->`` and ``<!-- output: NAME -->``
+    the fenced block under ``output: NAME`` (anywhere on the page) is what
+    the run block named NAME prints, compared as above.
+``<!-- shown: WHERE -->``
+    an output that cannot be made on this machine (another OS, a systemd
+    desktop): WHERE says where it was run. Every other example whose output
+    a page shows (a ``$ `` transcript, a python block followed by an output
+    block) must be run: ``test_every_shown_output_is_run``.
 ``<!-- run: console -->``
     a transcript: every ``$ `` line is run, in order, in one bash (variables,
     the working directory and background jobs carry over); what each printed
@@ -21,10 +29,11 @@ rendered page):
     transcript's lines as a multiset (for background output).
 
 Comparison is loose only where output must vary: each run of digits matches
-any run of digits (pids, times) and a UUID any UUID (a boot id) - but an exit status (``exit=N``, ``exit N``,
+any run of digits (pids, times), a UUID any UUID (a boot id) and the
+directories above an installed ``tether/`` package any directories - but an exit status (``exit=N``, ``exit N``,
 ``status N``) must match exactly -, runs of blanks are one blank, and a line
 ``...`` in the page matches any number of lines. Every page runs in a fresh temporary
-directory with ``tether`` and ``tether-shell`` on PATH from this checkout;
+directory, which a transcript's output names as ``/tmp/demo``, with ``tether`` and ``tether-shell`` on PATH from this checkout;
 every process carries the test's mark, so the ``procs`` fixture ends any
 leftover.
 """
@@ -36,9 +45,12 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 
 import pytest
 from procutil import ROOT, SRC
+
+from tether import cgroupfs
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the docs' examples are Linux transcripts")
@@ -49,7 +61,7 @@ DOCS = os.path.join(ROOT, "docs")
 _NAMES = sorted(os.listdir(DOCS)) if os.path.isdir(DOCS) else []
 PAGES = [p for p in ("README.md", *(f"docs/{n}" for n in _NAMES if n.endswith(".md")))
          if os.path.exists(os.path.join(ROOT, p))]
-MARK = re.compile(r"^<!--\s*(run|file)(?::\s*(.*?))?\s*-->\s*$")
+MARK = re.compile(r"^<!--\s*(run|file|output|shown)(?::\s*(.*?))?\s*-->\s*$")
 FENCE = re.compile(r"^(```+)\s*(\S*)")
 
 
@@ -120,6 +132,7 @@ def blocks(page: str) -> list[Block]:
 
 
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_INSTALLED = re.compile(r"(?:/[^\s/()'\"]+)+/(?=tether/)")
 _EXACT = re.compile(r"(?<=exit=)\d+|(?<=exit )\d+|(?<=status )\d+|(?<=\$\? = )\d+")
 
 
@@ -127,6 +140,7 @@ def _norm(line: str) -> str:
     # Exit statuses stay exact (spelt as letters, out of the digits' way).
     line = _EXACT.sub(lambda m: "#" + "".join(chr(97 + int(c)) for c in m.group(0)), line)
     line = _UUID.sub("<uuid>", line)  # a boot id
+    line = _INSTALLED.sub("<dir>/", line)  # where tether is installed (a checkout, a venv)
     return re.sub(r"[ \t]+", " ", re.sub(r"\d+", "0", line)).strip()
 
 
@@ -163,12 +177,46 @@ def sandbox(tmp_path, procs):
             del env[k]
     work = tmp_path / "work"
     work.mkdir()
-    return work, env
+    cg = _own_cgroup()
+    _CGROUP[:] = [cg] if cg else []
+    yield work, env
+    _CGROUP[:] = []
+    if cg:  # what the examples left in it is theirs (this test's) alone
+        cgroupfs.kill(cg, 5.0)
+        assert cgroupfs.remove_tree(cg), f"the examples' cgroup was left behind: {cg}"
+
+
+#: The cgroup the current test's examples run in, if any (see _own_cgroup).
+_CGROUP: list[str] = []
+
+
+def _own_cgroup() -> str | None:
+    """A fresh cgroup of this test's, inside ours, where we may make one (root
+    here): the examples run in it, so their jobs' run directories are made
+    there, and an example's `tether reap` - whose stale-cgroup search looks in
+    its own cgroup - sees only this test's. Without it, a reap in a docs
+    example ended other tests' deliberately stale cgroups (their controls)
+    running beside it under pytest-xdist."""
+    base = cgroupfs.own_dir()
+    if base is None or not os.access(os.path.join(base, "cgroup.procs"), os.W_OK):
+        return None
+    path = os.path.join(base, f"doctest-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    return path
 
 
 def _run(args: list[str], cwd, env, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    if _CGROUP:
+        args = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', _CGROUP[0], *args]
+    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if _CGROUP:  # the page shows the cgroup a user's shell is in: ours
+        r.stdout = r.stdout.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
+        r.stderr = r.stderr.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
+    return r
 
 
 def _console(block: Block, cwd, env) -> None:
@@ -185,7 +233,8 @@ def _console(block: Block, cwd, env) -> None:
     for n, cmd in enumerate(cmds):
         script += [f"echo '@@tether-doc {n}'", cmd]
     r = _run(["bash", "-c", "\n".join(script)], cwd, env)
-    parts = re.split(r"^@@tether-doc \d+\n", r.stdout, flags=re.M)[1:]
+    parts = re.split(r"^@@tether-doc \d+\n", r.stdout.replace(str(cwd), "/tmp/demo"),
+                     flags=re.M)[1:]
     assert len(parts) == len(cmds), f"{block.id}: the transcript stopped early:\n{r.stdout}"
     if "unordered" in block.opts:
         wanted = sorted(_norm(x) for w in want for x in w)
@@ -216,9 +265,12 @@ def _check(block: Block, r: subprocess.CompletedProcess[str]) -> None:
 
 def run_page(page: str, cwd, env) -> int:
     ran = 0
+    printed: dict[str, str] = {}  # what each named run block printed
     for block in blocks(page):
         if block.kind == "file":
             (cwd / block.name).write_text(block.text)
+            continue
+        if block.kind in ("output", "shown"):
             continue
         if "console" in block.opts:
             _console(block, cwd, env)
@@ -231,10 +283,48 @@ def run_page(page: str, cwd, env) -> int:
                     f"{block.id}: printed\n{r.stdout}--- the page says\n{block.after}")
             else:
                 _check(block, r)
+            if "name" in block.opts:
+                printed[block.opts["name"][0]] = r.stdout
         else:
             _check(block, _run(["bash", "-c", block.text], cwd, env))
         ran += 1
+    for block in blocks(page):
+        if block.kind == "output":
+            assert block.name in printed, f"{block.id}: no run block named {block.name!r}"
+            got = printed[block.name]
+            assert _matches(block.text.splitlines(), got.splitlines()), (
+                f"{block.id}: {block.name} printed\n{got}--- the page says\n{block.text}")
     return ran
+
+
+def shown_outputs(page: str) -> list[tuple[int, str, str]]:
+    """The examples ``page`` shows the output of: (line, marker above it or
+    ``""``, what must run it) for each fence holding a ``$ `` transcript line
+    (``console``) and each python/sh block that an unlabelled block, its
+    output, follows with only blank lines between (``output``)."""
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    fences = []
+    i = 0
+    while i < len(lines):
+        found = _fences(lines, i)
+        if found is None:
+            i += 1
+            continue
+        lang, text, nxt = found
+        fences.append((i, lang, text, nxt))
+        i = nxt
+    out = []
+    for n, (i, lang, text, nxt) in enumerate(fences):
+        mark = lines[i - 1] if i and MARK.match(lines[i - 1]) else ""
+        follower = fences[n + 1] if n + 1 < len(fences) else None
+        output_follows = (follower is not None and follower[1] in ("", "text")
+                          and not any(ln.strip() for ln in lines[nxt:follower[0]]))
+        if any(ln.startswith("$ ") for ln in text.splitlines()):
+            out.append((i + 1, mark, "console"))
+        elif lang in ("python", "sh", "bash", "console") and output_follows:
+            out.append((i + 1, mark, "output"))
+    return out
 
 
 RUNNABLE = [p for p in PAGES if any(b.kind == "run" for b in blocks(p))]
@@ -257,6 +347,25 @@ def test_the_runner_sees_a_broken_example(sandbox, tmp_path):
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_page_examples_run(page, sandbox):
     assert run_page(page, *sandbox) > 0
+
+
+@needs_docs
+@pytest.mark.parametrize("page", PAGES)
+def test_every_shown_output_is_run(page):
+    """An output on a page comes from a run that test_page_examples_run
+    repeats, or says where it was made (``shown: WHERE``): none can go stale
+    unseen."""
+    unrun = [f"{page}:{line}" for line, mark, how in shown_outputs(page)
+             if not re.match(rf"<!--\s*(run:.*\b{how}\b|shown:\s*\S)", mark)]
+    assert not unrun, f"outputs shown but never run (mark them run, or shown: WHERE): {unrun}"
+
+
+def test_the_check_sees_an_unrun_output(tmp_path):
+    # The control: a page showing an unmarked transcript is caught.
+    page = tmp_path / "unrun.md"
+    page.write_text("```\n$ tether run -- true\n```\n\n<!-- run: console -->\n```\n$ true\n```\n")
+    assert shown_outputs(os.path.relpath(page, ROOT)) == [(1, "", "console"),
+                                                          (6, "<!-- run: console -->", "console")]
 
 
 @needs_docs

@@ -5,7 +5,6 @@ with a sanitizer build in CI: scripts/native-tests.sh)."""
 
 from __future__ import annotations
 
-import marshal
 import os
 import select
 import socket
@@ -76,21 +75,22 @@ class Keeper:
         assert msg is not None, "the keeper closed its socket"
         return msg
 
-    def raw(self, data: bytes, fds: tuple[int, ...] = ()) -> dict:
+    def raw(self, body: bytes, fds: tuple[int, ...] = ()) -> dict:
+        data = _proto.frame(body)  # a whole frame: the body is what is under test
         if fds:
             import array
 
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                         array.array("i", fds).tobytes())])
         else:
-            self.sock.send(data)
+            self.sock.sendall(data)
         while True:
             reply = self.recv()
             if "exit" not in reply:
                 return reply
 
     def ask(self, msg: dict, fds: tuple[int, ...] = ()) -> dict:
-        return self.raw(marshal.dumps(msg), fds)
+        return self.raw(_proto.encode(msg), fds)
 
     def alive(self) -> bool:
         reply = self.ask({"op": "ping"})
@@ -125,35 +125,40 @@ SPAWN = {"op": "spawn", "argv": [b"true"], "executable": b"/bin/true", "env": {b
          "cwd": "/", "path": ["/usr/bin", "/bin"], "fdmap": {}, "pgroup": -1, "setsid": False,
          "owner_pgid": os.getpgrp(), "umask": 0o22, "ignored": [], "sigmask": [],
          "rlimits": [], "ident": True, "timeout": 1.5}
-GOOD = marshal.dumps(SPAWN)
+GOOD = _proto.encode(SPAWN)
+enc = _proto.encode
 
 BAD = {
     "empty": b"",
-    "not marshal": b"\xff\x00garbage",
-    "a bare int": marshal.dumps(5),
-    "a list, not a dict": marshal.dumps([1, 2]),
-    "no op": marshal.dumps({"pid": 3}),
-    "unknown op": marshal.dumps({"op": "format-disk"}),
-    "op of the wrong type": marshal.dumps({"op": 7}),
-    "dict without its end": GOOD[:-1],
-    "a string longer than the message": b"{" + b"u" + (1 << 30).to_bytes(4, "little") + b"ab",
-    "a list of 2**31-1 items": b"[" + (2**31 - 1).to_bytes(4, "little") + b"N",
-    "negative length": b"{u" + (2**32 - 5).to_bytes(4, "little") + b"op",
-    "nesting too deep": b"[\x01\x00\x00\x00" * 200 + b"N",
-    "a back reference to nothing": b"{" + b"r" + (99).to_bytes(4, "little") + b"N0",
-    "a huge long": b"{" + marshal.dumps("op")[0:0] + b"u\x02\x00\x00\x00op" + b"l"
-                   + (40).to_bytes(4, "little") + b"\xff\x7f" * 40 + b"0",
-    "argv is not a list": marshal.dumps({**SPAWN, "argv": b"true"}),
-    "argv with a NUL": marshal.dumps({**SPAWN, "argv": [b"tr\0ue"]}),
-    "env with a NUL": marshal.dumps({**SPAWN, "env": {b"A": b"x\0y"}}),
-    "env name with =": marshal.dumps({**SPAWN, "env": {b"A=B": b"1"}}),
+    "not CBOR (a stray break)": b"\xff\x00garbage",
+    "a bare int": enc(5),
+    "a list, not a map": enc([1, 2]),
+    "no op": enc({"pid": 3}),
+    "unknown op": enc({"op": "format-disk"}),
+    "op of the wrong type": enc({"op": 7}),
+    "op a huge integer": b"\xa1" + enc("op") + b"\x1b" + b"\xff" * 8,
+    "op as bytes": enc({"op": b"ping"}),
+    "map without its last value": GOOD[:-1],
+    "indefinite map without its break": b"\xbf" + enc("op") + enc("ping"),
+    "a string longer than the message": b"\xa1\x7a" + (1 << 30).to_bytes(4, "big") + b"ab",
+    "a list of 2**31-1 items": b"\x9a" + (2**31 - 1).to_bytes(4, "big") + b"\xf6",
+    "a map of 2**64-1 pairs": b"\xbb" + b"\xff" * 8 + b"\xf6",
+    "nesting too deep": b"\x81" * 200 + b"\xf6",
+    "a tag": b"\xc1\x00",
+    "reserved additional information": b"\xa1" + enc("op") + b"\x1c",
+    "an indefinite-length string": b"\xa1\x7f\x62op\xff" + enc("ping"),
+    "undefined": b"\xa1" + enc("op") + b"\xf7",
+    "bytes after the map": enc({"op": "ping"}) + b"\xf6",
+    "argv is not a list": enc({**SPAWN, "argv": b"true"}),
+    "argv with a NUL": enc({**SPAWN, "argv": [b"tr\0ue"]}),
+    "env with a NUL": enc({**SPAWN, "env": {b"A": b"x\0y"}}),
+    "env name with =": enc({**SPAWN, "env": {b"A=B": b"1"}}),
     # (it ran the child in the keeper's own directory instead)
-    "cwd with a NUL": marshal.dumps({**SPAWN, "cwd": "/tmp/\0x"}),
-    "no executable": marshal.dumps({k: v for k, v in SPAWN.items() if k != "executable"}),
-    "fd index out of range": marshal.dumps({**SPAWN, "fdmap": {0: 5}}),
-    "memfd without its fd": marshal.dumps({"_memfd": 100}),
-    "unknown type code": b"{u\x02\x00\x00\x00op?0",
-    "a channel that is no socket": marshal.dumps({"op": "channel"}),  # (the fd: a pipe)
+    "cwd with a NUL": enc({**SPAWN, "cwd": "/tmp/\0x"}),
+    "no executable": enc({k: v for k, v in SPAWN.items() if k != "executable"}),
+    "fd index out of range": enc({**SPAWN, "fdmap": {0: 5}}),
+    "memfd without its fd": enc({"_memfd": 100}),
+    "a channel that is no socket": enc({"op": "channel"}),  # (the fd: a pipe)
 }
 
 
@@ -182,12 +187,12 @@ def test_every_truncation_of_a_good_request_is_an_error(keeper):
 
 
 def test_a_memfd_shorter_than_it_says_is_an_error(keeper):
-    payload = marshal.dumps({"op": "ping"})
+    payload = enc({"op": "ping"})
     fd = os.memfd_create("short", os.MFD_CLOEXEC)
     try:
         os.write(fd, payload)
         os.lseek(fd, 0, os.SEEK_SET)
-        reply = keeper.raw(marshal.dumps({"_memfd": len(payload) + 50}), (fd,))
+        reply = keeper.raw(enc({"_memfd": len(payload) + 50}), (fd,))
     finally:
         os.close(fd)
     assert reply["ok"] is False and "truncated" in reply["strerror"]
@@ -196,14 +201,14 @@ def test_a_memfd_shorter_than_it_says_is_an_error(keeper):
     try:
         os.write(fd, payload)
         os.lseek(fd, 0, os.SEEK_SET)
-        assert keeper.raw(marshal.dumps({"_memfd": len(payload)}), (fd,)) == {
+        assert keeper.raw(enc({"_memfd": len(payload)}), (fd,)) == {
             "ok": True, "keeper": keeper.pid}
     finally:
         os.close(fd)
 
 
-def test_a_datagram_larger_than_the_buffer_is_refused_whole(keeper):
-    big = marshal.dumps({"op": "ping", "pad": b"x" * (_proto.RECV_SIZE + 10)})
+def test_a_frame_larger_than_the_limit_is_refused_whole(keeper):
+    big = enc({"op": "ping", "pad": b"x" * (_proto.MAX_MSG + 10)})
     reply = keeper.raw(big)
     assert reply["ok"] is False and "larger" in reply["strerror"]
     assert keeper.alive()

@@ -21,9 +21,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the native programs are built on Linux only")
 
+def _version() -> str:
+    """tether.__version__ as the checkout says (the one source of the version)."""
+    import ast
+
+    with open(os.path.join(ROOT, "src", "tether", "__init__.py")) as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__version__":
+                return node.value.value  # type: ignore[attr-defined]
+    raise AssertionError("no __version__ in tether/__init__.py")
+
+
+VERSION = _version()
+DATA = f"tether-{VERSION}.data/scripts"
 #: What the wheel must carry as compiled programs (path in the wheel).
-PROGRAMS = ("tether/_native/tether-keeper", "tether-0.1.0.data/scripts/tether",
-            "tether-0.1.0.data/scripts/tether-shell")
+PROGRAMS = ("tether/_native/tether-keeper", f"{DATA}/tether", f"{DATA}/tether-shell")
 
 
 #: What the build reads from the checkout (pyproject.toml's readme, setup.py's
@@ -35,11 +47,7 @@ def _compiler_here() -> bool:
     return any(shutil.which(c) for c in ("musl-gcc", "cc", "gcc", "clang"))
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> str:
-    if not _compiler_here():
-        pytest.skip("no C compiler here: the wheel would carry no programs (tested elsewhere)")
-    tmp = tmp_path_factory.mktemp("wheel")
+def _source_copy(tmp) -> str:
     src = tmp / "src-copy"
     # A copy: the build must not write into the checkout (build/, the programs
     # beside keeper.c) that an editable install is running from. Only what the
@@ -61,11 +69,24 @@ def wheel(tmp_path_factory) -> str:
             shutil.copytree(path, src / name, ignore=ignore, symlinks=True)
         else:
             shutil.copy2(path, src / name, follow_symlinks=False)
+    return str(src)
+
+
+def _pip_wheel(src: str, out: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "_TETHER_"))}
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                           "--disable-pip-version-check", "-w", out, src],
+                          capture_output=True, text=True, timeout=300, env={**base, **env})
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> str:
+    if not _compiler_here():
+        pytest.skip("no C compiler here: the wheel would carry no programs (tested elsewhere)")
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _source_copy(tmp)
     out = tmp / "dist"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "_TETHER_"))}
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--disable-pip-version-check", "-w", str(out), str(src)],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = _pip_wheel(src, str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     wheels = sorted(out.glob("tether-*.whl"))
     assert len(wheels) == 1, wheels
@@ -85,11 +106,13 @@ def test_the_wheel_is_for_this_platform_and_carries_the_programs(wheel):
             mode = z.getinfo(prog).external_attr >> 16
             assert mode & 0o111, f"{prog} is not executable in the wheel ({oct(mode)})"
         # The Python launchers the native programs hand over to are there too.
-        assert "tether-0.1.0.data/scripts/tether-py" in names
-        assert "tether-0.1.0.data/scripts/tether-shell-py" in names
-        with z.open("tether-0.1.0.dist-info/WHEEL") as f:
+        assert f"{DATA}/tether-py" in names
+        assert f"{DATA}/tether-shell-py" in names
+        with z.open(f"tether-{VERSION}.dist-info/WHEEL") as f:
             meta = f.read().decode()
         assert "Root-Is-Purelib: false" in meta, meta
+        with z.open(f"tether-{VERSION}.dist-info/METADATA") as f:
+            assert f"\nVersion: {VERSION}\n" in f.read().decode()
 
 
 def test_the_wheel_installs_with_nothing_built_and_runs_natively(wheel, tmp_path, procs):
@@ -118,8 +141,8 @@ def test_the_wheel_installs_with_nothing_built_and_runs_natively(wheel, tmp_path
     pkg = where.stdout.strip()
     assert pkg.startswith(str(venv)), pkg  # this venv's copy, not the checkout's
     installed = {"tether/_native/tether-keeper": os.path.join(pkg, "_native", "tether-keeper"),
-                 "tether-0.1.0.data/scripts/tether": str(bindir / "tether"),
-                 "tether-0.1.0.data/scripts/tether-shell": str(bindir / "tether-shell")}
+                 f"{DATA}/tether": str(bindir / "tether"),
+                 f"{DATA}/tether-shell": str(bindir / "tether-shell")}
     with zipfile.ZipFile(wheel) as z:
         for member, path in installed.items():
             with open(path, "rb") as f:
@@ -143,3 +166,31 @@ def test_the_wheel_installs_with_nothing_built_and_runs_natively(wheel, tmp_path
     r = subprocess.run([str(bindir / "tether-shell"), "-c", "exit 7"], capture_output=True,
                        text=True, timeout=60, env=env, cwd=tmp_path)
     assert r.returncode == 7, r.stdout + r.stderr
+
+    # One version: the native tether hands --version to the wheel's tether-py,
+    # which says the wheel's version.
+    r = subprocess.run([str(bindir / "tether"), "--version"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, f"tether {VERSION}\n"), r.stdout + r.stderr
+
+
+def test_a_linux_build_without_a_c_compiler_stops_with_one_line(tmp_path):
+    """No wheel that silently lacks the keeper: pip's build of the source with
+    no C compiler on PATH fails, saying in one line what to install (the
+    module's other tests are the control: the same build with one succeeds)."""
+    src = _source_copy(tmp_path)
+    bindir = tmp_path / "no-cc"
+    bindir.mkdir()
+    for tool in ("sh", "uname", "ls", "cat", "rm", "mkdir", "tar", "gzip"):  # no cc, gcc, musl-gcc
+        if shutil.which(tool):
+            os.symlink(shutil.which(tool), bindir / tool)
+    os.symlink(sys.executable, bindir / "python3")
+    r = _pip_wheel(src, str(tmp_path / "dist"), PATH=str(bindir), CC="")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert not list((tmp_path / "dist").glob("*.whl"))
+    lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines()
+             if ln.strip().startswith("tether: ")]
+    assert lines == ["tether: the native keeper cannot be built (no C compiler): install a C "
+                     "compiler and the Linux headers (Debian, Ubuntu: apt-get install gcc "
+                     "libc6-dev musl-tools; Fedora: dnf install gcc kernel-headers; Alpine: "
+                     "apk add gcc musl-dev linux-headers), or install a tether wheel"], lines

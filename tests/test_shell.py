@@ -288,7 +288,7 @@ def test_command_killed_by_signal_kills_wrapper_by_it(procs, ts, env, sig):
 # [] and ["-l"] were bad invocations until tether-shell served interactive
 # shells (issue 14): they are tested in section 10 now; "--" alone is still bad.
 @pytest.mark.parametrize("args", [
-    ["--"], ["-c"], ["-l", "--"], ["-k", "-c", "true"], ["-i", "-c", "true"], ["-ic", "true"],
+    ["--"], ["-c"], ["-l", "--"], ["-k", "-c", "true"], ["-i", "-c"], ["-i", "script.sh"],
     ["-e"], ["-x", "script.sh"], ["-c", "-o"], ["+c", "true"], ["-c", "+i", "true"],
     ["--norc", "-c", "true"], ["script.sh"], ["-l", "script.sh"], ["/k", "dir"], ["/c"],
     ["/c", "echo hi"], ["/d", "/s", "/c", "echo hi"], ["/D", "/S", "/C", "echo hi"],
@@ -339,6 +339,46 @@ def test_set_options_are_handed_to_the_real_shell(procs, ts, env, tmp_path, form
                          + b" [echo hi] [a0]\n")
 
 
+@pytest.mark.parametrize("form,shell_gets", [
+    (["-i", "-c"], ["-i", "-c"]), (["-ic"], ["-i", "-c"]), (["-ci"], ["-i", "-c"]),
+    (["-i", "-l", "-c"], ["-l", "-i", "-c"]), (["-lic"], ["-l", "-i", "-c"]),
+    (["--login", "-i", "-c"], ["-l", "-i", "-c"]), (["-i", "-e", "-c"], ["-i", "-e", "-c"]),
+], ids=repr)
+def test_interactive_command_forms_run_the_real_shell_with_i(procs, ts, env, tmp_path, form,
+                                                             shell_gets):
+    # OMP runs `$SHELL -i -c CMD` for zsh and fish users: refused before
+    # (exit 2, every `!` command failed under the zsh launcher, issue 35);
+    # now the real shell gets -i (and -l) as the caller gave them
+    env["TETHER_SHELL"] = fake_shell(tmp_path)
+    rc, out, err = run(procs, ts, [*form, "echo hi", "a0"], env)
+    assert (rc, out, err) == (0, b"FAKE " + b" ".join(b"[%s]" % w.encode() for w in shell_gets)
+                              + b" [echo hi] [a0]\n", b"")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_interactive_command_runs_in_its_own_job(procs, ts, env, tmp_path, shell):
+    # `-i -c CMD` in a real bash/zsh: the shell is interactive ($- has i),
+    # the status is the command's, and what the command leaves behind is
+    # ended when it returns, as with -c. Control: the real shell run the same
+    # way directly leaves the sleep running.
+    real = shutil.which(shell)
+    if real is None:
+        pytest.skip(f"no {shell}")
+    env["TETHER_SHELL"] = real
+    cmd = "case $- in *i*) echo interactive;; esac; sleep 600 >/dev/null 2>&1 & exit 3"
+    for direct in (False, True):
+        argv = [real, "-i", "-c", cmd] if direct else [ts, "-i", "-c", cmd]
+        p = procs.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                        stdin=subprocess.DEVNULL, start_new_session=True)
+        out, _ = p.communicate(timeout=30)
+        assert (p.returncode, out) == (3, b"interactive\n")
+        if direct:
+            # control: the sleep is left (zsh forks, then execs it: wait for the exec)
+            wait_until(lambda: [i.comm for i in procs.alive()] == ["sleep"])
+        else:
+            assert procs.wait_all_dead(timeout=5) == [], "the job ends what -i -c CMD left"
+
+
 @pytest.mark.parametrize("name", ["pwsh", "powershell", "cmd"])
 def test_a_powershell_or_cmd_real_shell_gets_its_own_argv_and_no_set_options(procs, ts, env,
                                                                             tmp_path, name):
@@ -350,9 +390,11 @@ def test_a_powershell_or_cmd_real_shell_gets_its_own_argv_and_no_set_options(pro
     want = {"cmd": b"[/d] [/c]"}.get(name, b"[-NoLogo] [-Command]")
     assert (rc, out) == (0, b"FAKE " + want + b" [echo hi]\n")
     marker = tmp_path / "ran"
-    rc, out, err = run(procs, ts, ["-e", "-c", f"touch {marker}"], env)
-    assert rc == 2 and out == b"" and err.count(b"\n") == 1 and name.encode() in err
-    assert not marker.exists()
+    for form in (["-e", "-c"], ["-i", "-c"]):  # -i too: PowerShell and cmd.exe have none
+        rc, out, err = run(procs, ts, [*form, f"touch {marker}"], env)
+        assert rc == 2 and out == b"" and err.count(b"\n") == 1 and name.encode() in err
+        assert form[0].encode() + b" is a POSIX shell's option" in err
+        assert not marker.exists()
 
 
 @pytest.mark.parametrize("cmd", ["-q", "+x", "--version"])
@@ -1075,6 +1117,26 @@ def test_caller_sigkilled_mid_command_ends_the_tree(procs, ts, env, mech, how):
     caller.wait(timeout=5)
     assert wait_dead(tree, 3.0) == []
     assert wait_dead([wrapper], 3.0) == []  # and the wrapper follows (not needed for the above)
+    assert procs.wait_all_dead(3.0) == []
+
+
+@pytest.mark.mechanism
+def test_caller_sigkilled_under_pgroup_keeps_the_exit_record(procs, ts, env):
+    # The generic Job path (pgroup) on the caller's death: it ended the job with
+    # Job.kill_all(), which does not exist - the wrapper died of AttributeError
+    # (its job still closed by `finally`) and wrote no exit record. Now it ends
+    # the job at once and records how the command ended, as on the fast path.
+    # Control: the same run before the fix had a start record and no exit record.
+    use(env, "pgroup")
+    caller, wrapper = start_caller(procs, ts, env, TREE)
+    tree = read_pids(env["P"], TREE_N)
+    caller.kill()
+    caller.wait(timeout=5)
+    assert wait_dead(tree, 3.0) == []
+    assert wait_dead([wrapper], 5.0) == []
+    recs = [r for r in log_records(env["XDG_STATE_HOME"]) if r.get("child") == tree[0].pid]
+    assert [r["event"] for r in recs] == ["start", "exit"], recs
+    assert recs[1]["mechanism"] == "pgroup" and recs[1]["detail"].get("signal") == signal.SIGKILL, recs[1]
     assert procs.wait_all_dead(3.0) == []
 
 

@@ -17,7 +17,8 @@ from tether import _shellargs as sa
 
 # -- SHELL mode -----------------------------------------------------------------------
 
-OPTS = st.sampled_from(["-c", "-l", "-lc", "-cl", "-lcl", "-cc", "--login", "-ll"])
+OPTS = st.sampled_from(["-c", "-l", "-lc", "-cl", "-lcl", "-cc", "--login", "-ll",
+                        "-i", "-ic", "-il", "-lic", "-ci"])  # -i with -c: OMP's form (issue 35)
 TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=30)
 
 
@@ -54,9 +55,18 @@ def test_valid_shell_forms_parse_to_command_and_dollar_args(opts, dashdash, cmd,
     assert p.mode == sa.SHELL
     assert p.command == cmd and p.args == tuple(rest)
     assert p.login == any(o == "--login" or (not o.startswith("--") and "l" in o) for o in opts)
+    assert p.interactive == any(not o.startswith("--") and "i" in o for o in opts)
+    real = sa.shell_argv("/bin/zsh", p)  # the real shell gets the same -l and -i
+    c = real.index("-c")
+    assert real[1:c] == ["-l"] * p.login + ["-i"] * p.interactive
+    assert real[c + 1:] == (["--"] if cmd[:1] in ("-", "+") else []) + [cmd, *rest]
+    if p.interactive:  # PowerShell and cmd.exe have no -i: refused with the reason
+        for other in ("/usr/bin/pwsh", "cmd.exe"):
+            with pytest.raises(sa.UsageError, match="-i is a POSIX shell's option"):
+                sa.shell_argv(other, p)
 
 
-@given(st.lists(OPTS, max_size=3), st.sampled_from("dgijkpqrstwyzABDLZ0123456789"),
+@given(st.lists(OPTS, max_size=3), st.sampled_from("dgjkpqrstwyzABDLZ0123456789"),
        st.lists(TEXT, max_size=3))
 def test_unknown_option_letter_is_refused(before, letter, rest):
     with pytest.raises(sa.UsageError, match="unrecognised"):
@@ -85,10 +95,10 @@ def test_set_options_reach_the_real_shell_in_order(words, opts, cmd, rest):
     assert list(p.options) == want
     real = sa.shell_argv("/bin/sh", p)
     c = real.index("-c")
-    assert real[1:c] == (["-l"] if p.login else []) + want
+    assert real[1:c] == ["-l"] * p.login + ["-i"] * p.interactive + want
     assert real[c + 1:] == (["--"] if cmd[:1] in ("-", "+") else []) + [cmd, *rest]
     with pytest.raises(sa.UsageError):  # never given to PowerShell, which reads -e otherwise
-        if want:
+        if want or p.interactive:
             sa.shell_argv("/usr/bin/pwsh", p)
         else:
             raise sa.UsageError("nothing to refuse")

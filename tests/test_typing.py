@@ -51,3 +51,27 @@ def test_mypy_flags_each_misuse(tmp_path):
     got = {int(m.group(1)) for m in re.finditer(r"misuse\.py:(\d+): error:", r.stdout)}
     assert r.returncode == 1, r.stdout + r.stderr
     assert got == want, r.stdout
+
+
+def test_mypy_is_clean_on_tethers_own_source(tmp_path):
+    # The gate CI's lint step runs ([tool.mypy] in pyproject.toml: src/tether,
+    # as Linux sees it, against Python 3.10; the public API modules with
+    # --strict's checks). test_mypy_flags_each_misuse shows the checker reports.
+    r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success: no issues found" in r.stdout
+
+
+def test_mypy_config_makes_the_public_api_modules_strict():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib: Python 3.11+")
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        cfg = tomllib.load(f)["tool"]["mypy"]
+    strict = [o for o in cfg["overrides"] if o.get("disallow_untyped_defs")]
+    assert len(strict) == 1
+    assert {"tether", "tether.job", "tether.errors", "tether.host"} <= set(strict[0]["module"])
+    for flag in ("disallow_any_generics", "disallow_untyped_calls", "disallow_incomplete_defs",
+                 "warn_return_any", "no_implicit_reexport", "strict_equality"):
+        assert strict[0][flag] is True, flag
+    assert cfg["files"] == ["src/tether"] and cfg["python_version"] == "3.10"

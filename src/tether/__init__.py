@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .reaper import ReapReport, reap
     from .stops import EndedWork
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version: pyproject.toml and setup.py read it here
 __all__ = [
     "Job", "run", "Popen", "Host", "Session", "PtySession", "reap", "ReapReport", "EndedWork", "Identity",
     "Guarantee", "probe_all", "choose", "TetherError", "JobRefused", "JobClosed",

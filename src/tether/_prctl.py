@@ -29,7 +29,8 @@ def set_subreaper() -> None:
     try:
         import _ctypes
 
-        fn = _ctypes.dlsym(_ctypes.dlopen(None, 0), "prctl")
+        # dlopen(NULL): the program itself (typeshed's stub wants a path)
+        fn = _ctypes.dlsym(_ctypes.dlopen(None, 0), "prctl")  # type: ignore[arg-type]
         if _ctypes.call_function(fn, (PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0:
             return
     except (ImportError, AttributeError, OSError):

@@ -7,6 +7,7 @@ nothing heavy: only ``os`` and ``sys``, which the interpreter has loaded anyway.
 SHELL mode (what ``$SHELL -c CMD`` callers pass)::
 
     -c CMD [ARG0 [ARG...]]        -lc CMD    -l -c CMD    -lc -c CMD    -c -l CMD
+    -i -c CMD    -ic CMD    -i -l -c CMD    --login -i -c CMD    (the real shell gets -i too)
     --login, -, -- accepted as bash does; ARG0 ARG... become $0 $1 ... as with sh -c
 
 INTERACTIVE mode (what a terminal that starts ``$SHELL`` passes)::
@@ -39,8 +40,8 @@ SHELL = "shell"
 COMSPEC = "comspec"
 INTERACTIVE = "interactive"
 
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 127
+from ._constants import EXIT_NOT_FOUND as EXIT_NOT_FOUND  # noqa: E402 - shared with C
+from ._constants import EXIT_USAGE as EXIT_USAGE  # noqa: E402
 
 # Login shells that only refuse logins; never use one as the real shell.
 _NOT_SHELLS = frozenset({"nologin", "false", "true", "sync", "halt", "shutdown"})
@@ -62,18 +63,22 @@ class Parsed:
     the arguments as given, which the real shell gets unchanged.
     ``options``: the POSIX ``set`` options given with ``-c`` (``-e``, ``+x``,
     ``-o pipefail`` ...), one per word, in order, for the real shell.
+    ``interactive``: ``-i`` given with ``-c`` (OMP runs ``$SHELL -i -c CMD``
+    for zsh and fish users): the real shell gets ``-i`` too.
     """
 
-    __slots__ = ("mode", "login", "command", "args", "flags", "options")
+    __slots__ = ("mode", "login", "command", "args", "flags", "options", "interactive")
 
     def __init__(self, mode: str, command: str, args: "Sequence[str]" = (), login: bool = False,
-                 flags: "Sequence[str]" = (), options: "Sequence[str]" = ()) -> None:
+                 flags: "Sequence[str]" = (), options: "Sequence[str]" = (),
+                 interactive: bool = False) -> None:
         self.mode = mode
         self.command = command
         self.args = tuple(args)
         self.login = login
         self.flags = tuple(flags)
         self.options = tuple(options)
+        self.interactive = interactive
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Parsed):
@@ -82,7 +87,8 @@ class Parsed:
 
     def __repr__(self) -> str:
         return (f"Parsed(mode={self.mode!r}, command={self.command!r}, args={self.args!r}, "
-                f"login={self.login!r}, flags={self.flags!r}, options={self.options!r})")
+                f"login={self.login!r}, flags={self.flags!r}, options={self.options!r}, "
+                f"interactive={self.interactive!r})")
 
 
 def is_comspec_flag(arg: str) -> bool:
@@ -102,6 +108,7 @@ def is_glued_c(arg: str) -> bool:
 USAGE = """\
 usage: tether-shell -c CMD [ARG0 [ARG...]]   run CMD in the real shell, in a job of its own
        tether-shell -lc CMD ...               the same as a login shell (-l -c, --login -c, -c -l)
+       tether-shell -ic CMD ...               the same, the real shell interactive (-i -c, -i -l -c)
        tether-shell -eu -o pipefail -c CMD    sh's set options, given with -c, go to the real shell
        tether-cmd /c CMD | /d /s /c CMD       Windows COMSPEC mode: CMD runs in cmd.exe
        tether shell ARGS                      the same as tether-shell ARGS
@@ -136,8 +143,9 @@ def parse(argv: "Sequence[str]") -> "Parsed":
     return _parse_shell(argv)
 
 
-_SUPPORTED = ("supported: -c CMD, -l, --login, and with -c the POSIX set options -abCefhmnuvx, "
-              "-o NAME and their + forms; -i, -l or --login alone for an interactive shell")
+_SUPPORTED = ("supported: -c CMD, -l, --login, -i, and with -c the POSIX set options "
+              "-abCefhmnuvx, -o NAME and their + forms; -i, -l or --login alone for an "
+              "interactive shell")
 
 #: The option letters of POSIX ``sh`` that ``set`` takes too (errexit,
 #: nounset, xtrace...): given with ``-c`` they are handed to the real shell as
@@ -185,9 +193,6 @@ def _parse_shell(argv: "Sequence[str]") -> "Parsed":
     if options and not saw_c:
         raise UsageError(f"{options[0]} needs -c CMD: set options are taken with a command "
                          "string; an interactive shell takes only -i, -l, --login")
-    if saw_c and saw_i:
-        raise UsageError("unrecognised option '-i' with -c: tether-shell runs a command "
-                         "(-c CMD) or an interactive shell (-i, -l, --login alone)")
     if not saw_c:
         if i < len(argv):
             raise UsageError("missing -c: tether-shell runs a command string (-c CMD) or an "
@@ -198,7 +203,7 @@ def _parse_shell(argv: "Sequence[str]") -> "Parsed":
         return Parsed(INTERACTIVE, "", (), login=login, flags=argv)
     if i >= len(argv):
         raise UsageError("-c requires a command")
-    return Parsed(SHELL, argv[i], argv[i + 1:], login=login, options=options)
+    return Parsed(SHELL, argv[i], argv[i + 1:], login=login, options=options, interactive=saw_i)
 
 
 def as_login(parsed: "Parsed") -> "Parsed":
@@ -209,7 +214,7 @@ def as_login(parsed: "Parsed") -> "Parsed":
         return parsed
     flags = ("-l", *parsed.flags) if parsed.mode == INTERACTIVE else parsed.flags
     return Parsed(parsed.mode, parsed.command, parsed.args, login=True, flags=flags,
-                  options=parsed.options)
+                  options=parsed.options, interactive=parsed.interactive)
 
 
 def _parse_comspec(argv: "Sequence[str]") -> "Parsed":
@@ -390,6 +395,7 @@ def windows_command_line(shell: str, parsed: "Parsed") -> str:
         raise UsageError(f"{os.path.basename(shell.replace(chr(92), '/'))} takes no arguments "
                          f"after -c CMD ({len(parsed.args)} given); put them into CMD")
     if flavour == "cmd":
+        shell_argv(shell, parsed, windows=True)  # refuses -i and set options, as elsewhere
         return f'"{shell}" /d /s /c "{parsed.command}"'
     return list2cmdline(shell_argv(shell, parsed, windows=True))
 
@@ -629,15 +635,16 @@ def shell_flavour(path: str) -> str:
 def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]:
     """The real shell's argv for a SHELL-mode invocation.
 
-    POSIX shells get ``[shell, -l, OPTIONS..., -c, CMD, ARG0, ...]`` (``-l``
-    and the set options only when asked; ``--`` before a CMD that starts
+    POSIX shells get ``[shell, -l, -i, OPTIONS..., -c, CMD, ARG0, ...]`` (``-l``,
+    ``-i`` and the set options only when asked; ``--`` before a CMD that starts
     with ``-`` or ``+``): argv[0] is the real shell's path, as when a caller runs it
     directly. PowerShell gets ``-Command CMD`` (its ``-Login`` is
     Linux/macOS-only, so dropped on Windows); cmd.exe gets ``/d /c CMD``.
     """
     flavour = shell_flavour(shell)
-    if parsed.options and flavour != "posix":
-        raise UsageError(f"{parsed.options[0]} is a POSIX shell's option, and the real shell "
+    posix_only = ("-i",) if parsed.interactive else parsed.options
+    if posix_only and flavour != "posix":
+        raise UsageError(f"{posix_only[0]} is a POSIX shell's option, and the real shell "
                          f"is {flavour} ({shell})")
     if parsed.mode == INTERACTIVE:
         # The same arguments, unchanged (a POSIX shell reads -i, -l, --login
@@ -655,6 +662,8 @@ def shell_argv(shell: str, parsed: "Parsed", windows: bool = False) -> list[str]
     argv = [shell]
     if parsed.login:
         argv.append("-l")
+    if parsed.interactive:
+        argv.append("-i")
     # A CMD that looks like an option ("-q", "+x") would be read as one by
     # the real shell, which reads options after -c too: end them first.
     end = ["--"] if parsed.command[:1] in ("-", "+") else []

@@ -19,8 +19,7 @@ from .errors import UsageError
 
 __all__ = ["install", "cli"]
 
-EXIT_USAGE = 2
-
+from ._constants import EXIT_USAGE  # noqa: E402 - shared with the C side
 
 _LAUNCHER_MARK = "made by `tether shell --install`"
 
@@ -73,6 +72,9 @@ def install(directory: str, names: "tuple[str, ...] | None" = None) -> list[str]
     "bash". Returns the paths made; raises ``UsageError`` (nothing written)
     for a name that is not one of ``INSTALL_NAMES`` or a file in
     the way that is not such a launcher (a real shell is never replaced)."""
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory).strip():
+        raise UsageError(f"the directory to install into must not be empty or blank: "
+                         f"{directory!r}")
     names = tuple(names or INSTALL_NAMES)
     for n in names:
         if n not in INSTALL_NAMES:

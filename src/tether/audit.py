@@ -48,6 +48,10 @@ tasks          [object]    for ``tasks`` records: a session's live tasks now,
                            "said", "ambient", "pids": [[pid, ticks], ...]}``
 carried        bool        a copy a rotation carried forward from a deleted
                            rotated copy (the original is gone); see Rotation
+late           bool        a kept ``run-start``/``job-open`` written after a
+                           failed write of it; see Trouble
+runs, kept     [str], int  for ``audit-gap``: runs of the lost records, and
+                           how many late records follow it
 =============  ==========  ====================================================
 
 Metadata only: the writer never adds command text, arguments or environment
@@ -95,8 +99,15 @@ directory, ENOSPC, EACCES, ...): it returns ``False`` and reports the loss
 ONCE per writer, through ``on_loss(message)`` or one stderr line
 ``tether: audit log disabled: <reason>``. While broken, writes are cheap
 no-ops that return ``False``; every ``retry_interval`` seconds (default 5) one
-write tries again (reopening the directory by path). When a retry succeeds the
-writer first appends an ``error`` record ``{"error": "audit-gap", "lost": N}``
+write tries again (reopening the directory by path). A ``run-start`` or
+``job-open`` record (:data:`KEEP_EVENTS`: the owner, the job's cookie and
+keeper, which nothing else records) that could not be written is not lost: the
+writer keeps it in memory (up to :data:`MAX_PENDING`) and writes it, marked
+``"late": true`` with its own ``ts``, on the next write that works, or at
+``close()``; while it keeps one, every write tries (no ``retry_interval``).
+When a retry succeeds the writer first appends an ``error`` record
+``{"error": "audit-gap", "lost": N, "runs": [...], "kept": K}`` (``lost``
+records gone for good, of those runs; ``kept`` late records that follow it),
 so readers (the reaper) know records are missing. An insecure directory
 (symlink, other owner, group/other-writable) is not I/O trouble: the
 constructor raises :class:`AuditDirError`; found later on a retry, it counts as
@@ -113,6 +124,7 @@ kept. Records of a newer schema are yielded as they are.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -152,6 +164,12 @@ __all__ = [
 SCHEMA_VERSION = 1
 EVENTS = ("run-start", "job-open", "spawn", "exit", "job-close", "run-end", "reap", "error",
           "tasks")
+#: Records a failed write keeps in memory and writes first on the next write
+#: that works (or at close): they hold what proves a job's processes later
+#: (the owner, the job's cookie and keeper), which nothing else records.
+KEEP_EVENTS = frozenset(("run-start", "job-open"))
+MAX_PENDING = 256  # kept records per writer; past that they count as lost
+MAX_GAP_RUNS = 64  # run ids an audit-gap record names
 
 DEFAULT_FILENAME = "audit.jsonl"
 DEFAULT_MAX_BYTES = 5 * 2**20
@@ -204,13 +222,15 @@ def state_dir_arg(value: str | os.PathLike[str], what: str = "--state-dir") -> P
 def resolve_state_dir(value: str | os.PathLike[str]) -> Path:
     """A state directory given through the API: a relative one resolved once,
     against the current directory (a later ``chdir`` must not move the log
-    or a host's locks). An empty one is a ``ValueError``: it would be the
-    current directory, silently (say, a setting left unset)."""
+    or a host's locks). An empty or blank one is a ``ValueError``: it would
+    be the current directory, silently (say, a setting left unset), or a
+    directory named by blanks in it."""
     text = os.fspath(value)
     if isinstance(text, bytes):
         text = os.fsdecode(text)
-    if not text:
-        raise ValueError("state_dir must not be empty (None: the default)")
+    if not text.strip():
+        raise ValueError(f"state_dir must not be empty or blank, not {text!r} "
+                         "(None: the default)")
     return Path(os.path.abspath(text))
 
 
@@ -434,7 +454,7 @@ def parse_start(tok: Any, boot: Any = None) -> tuple[int, str] | None:
         return None
     ticks, sep, b = tok.partition("@")
     if not sep:
-        b = boot if isinstance(boot, str) else None
+        b = boot if isinstance(boot, str) else ""
     if not b or not ticks.isdigit():
         return None
     return int(ticks), b
@@ -456,6 +476,7 @@ def _after_fork_in_child() -> None:
     # child's first write; the child starts with fresh locks.
     for w in list(_WRITERS):
         w._lock = threading.Lock()
+        w._pending = []  # the parent's to write: a copy here would write them twice
 
 
 if hasattr(os, "register_at_fork"):
@@ -524,6 +545,10 @@ class AuditWriter:
         self._retry_at = 0.0
         self._reported = False
         self._gap = 0  # records lost since the last successful write
+        self._gap_runs: set[str] = set()  # the runs those lost records were of (bounded)
+        # Records that hold proof (KEEP_EVENTS) a failed write could not land:
+        # kept, and written first by the next write that works (or by close()).
+        self._pending: list[bytes] = []
         self._torn = False  # a short write left a partial line behind
         self._closed = False
         self._pruned = False
@@ -564,7 +589,8 @@ class AuditWriter:
         if len(line) > self.max_line:
             line = self._shrink(rec, len(line))
         with self._lock:
-            if self._fd >= 0 and self.reason is None and _DIR_FD and not self._gap:
+            if (self._fd >= 0 and self.reason is None and _DIR_FD and not self._gap
+                    and not self._pending):
                 # Fast path: the open file is still the live one, and the line fits.
                 try:
                     st = os.stat(self.filename, dir_fd=self._dfd, follow_symlinks=False)
@@ -578,24 +604,39 @@ class AuditWriter:
                 except FileNotFoundError:
                     pass  # rotated away: the slow path reopens
                 except OSError as e:
-                    self._fail(_why(e, self.state_dir))
+                    self._fail(_why(e, self.state_dir), rec)
                     return False
             if self._closed:
                 return False
             if self._fd < 0 or self.reason is not None:
-                if time.monotonic() < self._retry_at:
-                    self._gap += 1
-                    self.lost += 1
+                # Kept records (a job's cookie) are worth a try at every write.
+                if time.monotonic() < self._retry_at and not self._pending:
+                    self._lose(rec)
                     return False
             try:
                 self._append(line)
             except OSError as e:
-                self._fail(_why(e, self.state_dir))
+                self._fail(_why(e, self.state_dir), rec)
                 return False
             except AuditDirError as e:
-                self._fail(str(e))
+                self._fail(str(e), rec)
                 return False
             return True
+
+    def _lose(self, rec: dict[str, Any]) -> None:
+        """A record that did not reach the file: kept for the next write that
+        works when it holds proof (its job's cookie, its owner), else counted
+        for the ``audit-gap`` record with its run."""
+        if rec.get("event") in KEEP_EVENTS and len(self._pending) < MAX_PENDING:
+            late = _encode({**rec, "late": True})
+            if len(late) <= self.max_line:
+                self._pending.append(late)
+                return
+        self.lost += 1
+        self._gap += 1
+        run = rec.get("run")
+        if isinstance(run, str) and len(self._gap_runs) < MAX_GAP_RUNS and len(run) < 256:
+            self._gap_runs.add(run)
 
     def _shrink(self, rec: dict[str, Any], size: int) -> bytes:
         # A line longer than a reader accepts would be lost at read time: cut
@@ -644,22 +685,29 @@ class AuditWriter:
             st = os.fstat(self._fd)
         if st.st_size and st.st_size + len(line) > self.max_bytes:
             self._rotate(len(line))
-        if self._gap or self._torn:
-            gap = _encode(
-                {
-                    "v": SCHEMA_VERSION,
-                    "ts": time.time(),
-                    "event": "error",
-                    "error": "audit-gap",
-                    "lost": self._gap,
-                    "pid": os.getpid(),
-                }
-            )
+        if self._gap or self._torn or self._pending:
+            gap: dict[str, Any] = {
+                "v": SCHEMA_VERSION,
+                "ts": time.time(),
+                "event": "error",
+                "error": "audit-gap",
+                "lost": self._gap,
+                "pid": os.getpid(),
+            }
+            if self._gap_runs:
+                gap["runs"] = sorted(self._gap_runs)
+            if self._pending:
+                gap["kept"] = len(self._pending)
             # A newline first ends a partial line a short write left behind.
-            self._write_all((b"\n" if self._torn else b"") + gap)
+            self._write_all((b"\n" if self._torn else b"") + _encode(gap))
             self._gap = 0
+            self._gap_runs.clear()
             self._torn = False
-        self._write_all(line)
+            while self._pending:  # the kept records, each once (a short write stops it)
+                self._write_all(self._pending[0])
+                self._pending.pop(0)
+        if line:
+            self._write_all(line)
         self.reason = None
 
     def _write_all(self, data: bytes) -> None:
@@ -839,7 +887,7 @@ class AuditWriter:
                 try:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
                         continue
-                    yield from _line_blocks(lambda n, fd=fd: os.read(fd, n), self.max_line)
+                    yield from _line_blocks(functools.partial(os.read, fd), self.max_line)
                 except OSError:
                     continue
                 finally:
@@ -882,9 +930,9 @@ class AuditWriter:
         finally:
             os.close(fd)
 
-    def _fail(self, reason: str) -> None:
-        self.lost += 1
-        self._gap += 1
+    def _fail(self, reason: str, rec: dict[str, Any] | None = None) -> None:
+        if rec is not None:
+            self._lose(rec)
         self.reason = reason
         self._retry_at = time.monotonic() + self.retry_interval
         if self._reported:
@@ -906,6 +954,17 @@ class AuditWriter:
 
     def close(self) -> None:
         with self._lock:
+            if self._pending and not self._closed:
+                # One last try for the kept records (the disk may have room
+                # again); what still cannot be written is lost, and said so.
+                try:
+                    self._append(b"")
+                except (OSError, AuditDirError) as e:
+                    n = len(self._pending)
+                    self._pending.clear()
+                    self.lost += n
+                    self._gap += n
+                    self._fail(_why(e, self.state_dir) if isinstance(e, OSError) else str(e))
             self._closed = True
             self._dev_n = self._ino_n = -1
             for attr in ("_fd", "_dfd"):
@@ -960,6 +1019,15 @@ class ReadStats:
         "refused_files",  # not a regular file, not ours, writable by others, a link
         "refusals",  # "name: why" for each refused file (not a count)
     )
+    files: int
+    lines: int
+    records: int
+    corrupt: int
+    truncated: int
+    too_long: int
+    newer: int
+    refused_files: int
+    refusals: list[str]
 
     def __init__(self, **counts: int) -> None:
         for name in self.__slots__:
@@ -1028,8 +1096,12 @@ def read_records(
     filename: str = DEFAULT_FILENAME,
     max_line: int = MAX_LINE,
     stats: ReadStats | None = None,
+    since: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Like :func:`iter_records`, counting what it read and skipped in *stats*.
+    ``since`` (a ``time.time()``): skip the rotated copies last written before
+    it - none of them holds a record written since (a bounded read of what a
+    run that began then wrote).
 
     The directory is checked now (not at the first ``next()``): an unsafe one
     raises :class:`AuditDirError`; a missing one yields nothing. All files are
@@ -1042,11 +1114,11 @@ def read_records(
     except (FileNotFoundError, NotADirectoryError):
         return iter(())
     st = stats if stats is not None else ReadStats()
-    fds = _open_all(d, filename, st)
+    fds = _open_all(d, filename, st, since)
     return _records(fds, max_line, st)
 
 
-def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
+def _open_all(d: Path, filename: str, st: ReadStats, since: float | None = None) -> list[int]:
     lock = -1
     try:
         import fcntl
@@ -1088,8 +1160,10 @@ def _open_all(d: Path, filename: str, st: ReadStats) -> list[int]:
                 os.close(fd)
                 st.refused(path.name, why)
                 continue
-            if (fst.st_dev, fst.st_ino) in seen:
-                # Listed under two names by a rotation we could not lock out.
+            if (fst.st_dev, fst.st_ino) in seen or (
+                    since is not None and fst.st_mtime < since and path.name != filename):
+                # Listed under two names by a rotation we could not lock out;
+                # or older than what the caller asked for.
                 os.close(fd)
                 continue
             seen.add((fst.st_dev, fst.st_ino))

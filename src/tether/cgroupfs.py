@@ -53,7 +53,8 @@ SHELL_SCOPE_DIR = "shell-scope"
 #: every reader skips it. Its cgroup.procs is read-only, so only root (who can
 #: leave any cgroup anyway) could hide a member there; cgroup.kill of the job
 #: ends it too.
-PIN_DIR = "tether-pin"
+from ._constants import PIN_DIR  # noqa: E402 - shared with the C side
+
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
 _PIN_BATCH = 256  # pidfds held at once by a kill round (well below a 1024-fd limit)
@@ -139,7 +140,8 @@ def where(pid: int | str = "self") -> tuple[str, str, str] | None:
     rel = own(pid) if m is not None else None
     if m is None or rel is None:
         return None
-    return m, rel, path_of(rel, m)
+    d = path_of(rel, m)  # not None: m is a mount
+    return None if d is None else (m, rel, d)
 
 
 def base_dir(loc: tuple[str, str, str] | None = None) -> tuple[str | None, str]:
@@ -436,7 +438,7 @@ def remove_stale_run_dirs(base: str) -> list[str]:
     :func:`prove_stale` proves are leftovers (what a keeper that ended its job
     from inside after its owner died could not remove). A directory with any
     process in it is never touched: ending that is ``tether reap``'s work."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_TETHER_FAILURE = 125
+from ._constants import EXIT_INTERNAL as EXIT_TETHER_FAILURE  # noqa: E402 - shared with C
 
 _DELEGATED = {
     "shell": ("tether.shell", "Run a command through tether-shell (SHELL/COMSPEC drop-in)."),
@@ -39,6 +39,21 @@ def _parser():
     run.add_argument("--state-dir", default=None, metavar="DIR", help="write the spawn audit log here")
     run.add_argument("--die-with-stdin", action="store_true",
                      help="end the job when stdin hangs up (ssh link dropped)")
+    run.add_argument("--die-with-parent", action="store_true",
+                     help="end the job when the process that started tether run dies (stdin is not watched)")
+    run.add_argument("--lifeline", type=int, default=None, metavar="FD",
+                     help="end the job when FD (a pipe or socket the caller holds the other end of) "
+                          "reaches EOF or hangs up")
+    run.add_argument("--app", default=None, metavar="APP", help="with --session: the application's name")
+    run.add_argument("--session", default=None, metavar="KEY",
+                     help="hold the session KEY of APP in --state-dir's log: one copy at a time "
+                          "(another refuses with 125), a dead copy's leftovers ended first")
+    run.add_argument("--label", default=None, metavar="TEXT", help="with --session: what the command is, for reports")
+    run.add_argument("--take-over", action="store_true",
+                     help="with --session: end the running copy's job first, saying what it ended")
+    run.add_argument("--report", default=None, metavar="FILE",
+                     help="with --session: when the job ends, one JSON object saying what was ended")
+    run.add_argument("--report-fd", type=int, default=None, metavar="N", help="the report to fd N")
     run.add_argument("--verbose", "-v", action="store_true", help="say which mechanism protects the job")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
 
@@ -115,9 +130,17 @@ def _main(argv: list[str]) -> int:
             except UsageError as e:
                 print(f"tether run: {e}", file=sys.stderr)
                 return EXIT_TETHER_FAILURE
+        from .runner import session_args
+
+        session = session_args(state_dir, args.app, args.session, args.label, args.take_over,
+                               args.report, args.report_fd)
+        if isinstance(session, str):
+            print(f"tether run: {session}; nothing was run", file=sys.stderr)
+            return EXIT_TETHER_FAILURE
         return run_command(cmd, mechanism=args.mechanism, require=args.require, grace=args.grace,
                            state_dir=state_dir, die_with_stdin=args.die_with_stdin,
-                           verbose=args.verbose)
+                           verbose=args.verbose, die_with_parent=args.die_with_parent,
+                           lifeline=args.lifeline, session=session)
     if args.command == "doctor":
         from .doctor import doctor
 

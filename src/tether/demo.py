@@ -88,6 +88,7 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     used = "none (plain subprocess.Popen)" if control else ""
     survivors_cleaned: list[int] = []
+    assert owner.stdout is not None  # stdout=PIPE
     try:
         line = owner.stdout.readline().strip()
         if not control:

@@ -197,6 +197,7 @@ class Popen(subprocess.Popen["AnyStr"]):
         if owning is None:
             owning = _OWNING[base] = type(cls.__name__, (cls, base), {"__module__": __name__})
         p.__class__ = owning
+        assert isinstance(p, cls)  # it is now (and so checkers know p.job)
         p.job = job
         import weakref
 

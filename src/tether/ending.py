@@ -50,14 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_GRACE", "MAX_GRACE", "KILL_BOUND", "Ending", "end", "check_grace", "grace_arg",
            "depth_order"]
 
-#: Seconds between the polite signal and SIGKILL, everywhere tether has a
-#: default (the shell wrapper's per-command leftovers use their own 0.5 s).
-DEFAULT_GRACE = 2.0
-#: The largest grace tether accepts: a typo in a config must not park a stop
-#: for days.
-MAX_GRACE = 3600.0
-#: Seconds tether waits, after SIGKILL, for the killed to be gone.
-KILL_BOUND = 5.0
+# DEFAULT_GRACE (seconds between the polite signal and SIGKILL), MAX_GRACE
+# (the largest grace tether accepts), KILL_BOUND (seconds tether waits, after
+# SIGKILL, for the killed to be gone): shared with the C side, defined there.
+from ._constants import DEFAULT_GRACE, KILL_BOUND, MAX_GRACE  # noqa: E402
 
 _SIGTERM = _signal.SIGTERM
 _SIGKILL = getattr(_signal, "SIGKILL", _signal.SIGTERM)  # Windows: TerminateProcess either way

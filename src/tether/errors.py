@@ -22,6 +22,10 @@ The tree::
     └── Unavailable      the one-command path cannot run here (nothing started)
 """
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only: no typing import at start-up
+    from typing import Any
+
 __all__ = ["TetherError", "JobRefused", "JobClosed", "HostClosed", "SessionHeld", "JobExpired",
            "SignalRefused", "UsageError", "ShellNotFound", "Unavailable"]
 
@@ -68,7 +72,7 @@ class SessionHeld(TetherError):
     """
 
     def __init__(self, message: str = "", *, session: str | None = None,
-                 run: str | None = None, start: str | None = None, **fields) -> None:
+                 run: str | None = None, start: str | None = None, **fields: "Any") -> None:
         super().__init__(message, **fields)
         self.session = session
         self.run = run

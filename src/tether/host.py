@@ -105,6 +105,10 @@ from .stops import (
     format_duration,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only: asyncio loads when a coroutine asks for it
+    from .aio import Process
+
 __all__ = ["Host", "Session", "BackgroundJob", "SafetyNetWarning", "AuditWarning"]
 
 logger = logging.getLogger("tether.host")
@@ -143,7 +147,7 @@ class _AppJob(Job):
 
     def __init__(self, *args: Any, app: str, audit_opts: dict[str, Any] | None,
                  gate: Callable[[], None] | None = None,
-                 on_spawn: Callable[[subprocess.Popen, Any, str | None], None] | None = None,
+                 on_spawn: Callable[[subprocess.Popen[Any], Any, str | None], None] | None = None,
                  **kwargs: Any) -> None:
         self.app = app
         self._audit_opts = audit_opts
@@ -164,7 +168,15 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
-    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
+    def close(self) -> list[Identity]:
+        ended = super().close()
+        # Its job-close is its last record: its log's two fds go now, not when
+        # the garbage collector breaks the session's reference cycles.
+        if self._closed and self._audit is not None and not self._forked():
+            self._audit.close()
+        return ended
+
+    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         if self._gate is not None:
             self._gate()
         p = super().popen(args, label=label, **kwargs)
@@ -186,7 +198,7 @@ def _flock(fd: int) -> bool:
 
         try:
             os.lseek(fd, 1 << 20, os.SEEK_SET)
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]  # msvcrt's stub is win32-only; mypy checks as Linux
             return True
         except OSError:
             return False
@@ -375,18 +387,18 @@ class Session:
         return f"<tether.Session {self.key!r} of {self.host.app!r} {state}>"
 
     # -- starting --------------------------------------------------------------------
-    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, *, label: str | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """``subprocess.Popen`` inside the session's job. ``label`` names the
         process in stop reports and, after a crash, in ``session.resumed``
         (default: its command line, which stays in memory: only a label the
         app chose is written to the audit log)."""
         return self.job.popen(args, label=label, **kwargs)
 
-    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """``subprocess.run`` inside the session's job."""
         return self.job.run(args, **kwargs)
 
-    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any):
+    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any) -> Process:
         """asyncio's ``create_subprocess_exec`` inside the session's job."""
         return await self.job.create_subprocess_exec(program, *args, **kwargs)
 
@@ -408,7 +420,7 @@ class Session:
             raise JobRefused("process-tree ownership could not be established before agent "
                              f"launch: {disabled}", reason=disabled, mechanism=self.job.mechanism)
 
-    def _spawned(self, p: subprocess.Popen, args: Any, label: str | None) -> None:
+    def _spawned(self, p: subprocess.Popen[Any], args: Any, label: str | None) -> None:
         ident = getattr(p, "tether_identity", None) or identity.read(p.pid)
         if ident is not None:  # None: it is already gone
             self._roots[_key(ident)] = (ident, label or argv_label(args))
@@ -604,8 +616,9 @@ def _report(cls: type[EndedWork], reason: str, key: str | None, members: list[Id
                 item(t)
     placed: set[tuple[int, int]] = set()
     for w in live_work(members, agent, owner_of=owners, cmdline=cmdline):
-        if w.task_id is not None:
-            et = item(ledger.get(w.task_id))
+        task = ledger.get(w.task_id) if w.task_id is not None else None
+        if task is not None:  # (a task the ledger forgot meanwhile: its work, by group)
+            et = item(task)
         else:
             et = tasks[f"pg{w.pgid}"] = EndedTask(f"pg{w.pgid}", w.label, w.runtime_s, None,
                                                   kind=WORK, ambient=w.ambient)
@@ -617,9 +630,9 @@ def _report(cls: type[EndedWork], reason: str, key: str | None, members: list[Id
         k = _key(m)
         if k in placed:
             continue
-        t = owners.get(k)
-        if t is not None:  # the app named it a task's (pids=), even one it started itself
-            item(t).processes.append(EndedProcess(m.pid, m.comm or str(m.pid), _runtime(m), m))
+        owner = owners.get(k)
+        if owner is not None:  # the app named it a task's (pids=), even one it started itself
+            item(owner).processes.append(EndedProcess(m.pid, m.comm or str(m.pid), _runtime(m), m))
         elif k in roots:
             procs.append(EndedProcess(m.pid, roots[k], _runtime(m), m, root=True))
         else:
@@ -649,7 +662,7 @@ class BackgroundJob:
         self.limits = limits  # what was applied: "nice 19", "SCHED_IDLE", "cpu.max 25%", ...
         self.created = time.monotonic()
         self.deadline = None if timeout is None else self.created + timeout
-        self._watchdog: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen[Any] | None = None
         if timeout is not None and not _LINUX:
             # No /proc for the in-job watchdog: the timeout holds while the host
             # lives (a daemon timer); after the host is gone, it does not.
@@ -681,7 +694,7 @@ class BackgroundJob:
              f"{self.job.grace:.3f}", str(self.job.born), cg],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
 
-    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``args`` in the background job (``subprocess.Popen`` keywords)."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise JobExpired(f"background job {self.name!r} is past its {self.timeout:g} s timeout")
@@ -689,7 +702,7 @@ class BackgroundJob:
         self._ensure_watchdog()
         return p
 
-    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+    def run(self, args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """``subprocess.run`` in the background job (its timeout still applies)."""
         self._ensure_watchdog()
         if self.deadline is not None:
@@ -785,7 +798,10 @@ class Host:
     something are carried forward whatever the retention). ``work_holds``:
     which live work holds optional stops - ``"all"`` (default: every process
     group the agent started), ``"outlived"`` (only those whose tool call is
-    over) or ``None`` (only the ledger's tasks).
+    over) or ``None`` (only the ledger's tasks). ``read_log=False`` (with
+    ``reap=False``; what ``tether run --session`` uses): the log is not read
+    at start; a session's resume rule reads it only when the key's last
+    holder died holding it (a clean release leaves nothing to resume).
     """
 
     def __init__(
@@ -805,9 +821,10 @@ class Host:
         audit_keep_files: int = _audit.DEFAULT_KEEP_FILES,
         audit_keep_days: float | None = _audit.DEFAULT_KEEP_DAYS,
         work_holds: str | None = "all",
+        read_log: bool = True,
     ) -> None:
-        if not app or not isinstance(app, str):
-            raise ValueError("app must be a non-empty string")
+        if not isinstance(app, str) or not app.strip():
+            raise ValueError(f"app must be a non-empty string, not {app!r}")
         if require not in (None, "kernel"):
             raise ValueError(f"require must be None or 'kernel', not {require!r}")
         if audit not in ("auto", "required", "off"):
@@ -833,7 +850,7 @@ class Host:
         self.safety_net_disabled: str | None = None
         self._sessions: dict[str, Session] = {}
         self._background: set[BackgroundJob] = set()
-        self.detached: list[subprocess.Popen] = []
+        self.detached: list[subprocess.Popen[Any]] = []
         self._closed = False
         self._lock = threading.RLock()
         # What the start-up reap ended, by session key (reported by the first
@@ -857,7 +874,10 @@ class Host:
         self._read_stats = _audit.ReadStats()
         self._read_notes: list[str] = []  # what limited the reading (a size cap's loss, ...)
         self._resume_error: str | None = None
-        if self._audit is None:
+        self._lazy_log = not read_log and not reap
+        if self._lazy_log and self._audit is not None:
+            pass  # read by the resume rule, if ever needed
+        elif self._audit is None:
             self._resume_error = self.reap_error = f"audit log off: {self.audit_error or 'asked'}"
         else:
             try:
@@ -982,20 +1002,39 @@ class Host:
 
     def _session_lock_dir(self) -> Path | None:
         """Where session keys are held: ``<state_dir>/sessions``, else (auditing
-        off) a private directory under the temporary directory."""
+        off) a private directory under the temporary directory, else under
+        ``$XDG_RUNTIME_DIR/tether``, else under the default state directory.
+        A directory that is not ours or that others may write
+        (``$TMPDIR/tether-<uid>`` made first by another user) is refused,
+        never shared: the next one is used."""
         if hasattr(os, "geteuid"):
             uid: Any = os.geteuid()
         else:
             import getpass
 
             uid = getpass.getuser()
-        bases = [self.state_dir] if self._audit is not None else []
-        bases.append(Path(tempfile.gettempdir()) / f"tether-{uid}")
-        for base in bases:
+        # (base, a directory that must be ours already: $XDG_RUNTIME_DIR itself)
+        bases: list[tuple[Path, Path | None]] = []
+        if self._audit is not None:
+            bases.append((self.state_dir, None))
+        bases.append((Path(tempfile.gettempdir()) / f"tether-{uid}", None))
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if os.path.isabs(runtime):
+            bases.append((Path(runtime) / "tether", Path(runtime)))
+        try:
+            bases.append((_audit.default_state_dir(), None))
+        except (TetherError, OSError, RuntimeError):
+            pass  # no home to fall back on
+        why = "no directory"
+        for base, parent in bases:
             try:
+                if parent is not None:
+                    _audit.check_dir(parent, create=False)
                 _audit.check_dir(base)
                 return _audit.check_dir(base / "sessions")
             except (TetherError, OSError) as exc:
+                (logger.warning if isinstance(exc, _audit.AuditDirError) else logger.info)(
+                    "tether host %r: not holding session keys in %s: %s", self.app, base, exc)
                 why = str(exc)
         logger.warning("tether host %r: session keys are held within this process only: %s",
                        self.app, why)
@@ -1047,7 +1086,7 @@ class Host:
 
     # -- sessions ---------------------------------------------------------------------
     def session(self, key: str, *, grace: float | None = None,
-                take_over: bool = False) -> Session:
+                take_over: bool = False, take_over_before: float | None = None) -> Session:
         """The session ``key``: a job inside the host job.
 
         Returns the open one if this host already has it. Otherwise it holds
@@ -1058,9 +1097,13 @@ class Host:
         rule). What it ended is ``session.resumed`` (a :class:`Resumed`).
         Raises ``JobRefused`` (``process-tree ownership could not be
         established: ...``) when the host has no safety net and
-        ``require="kernel"`` was asked for.
+        ``require="kernel"`` was asked for. ``take_over_before`` (a
+        ``time.time()``, e.g. when the take-over was asked for): only a copy
+        that took the key before then is taken over; one that took it later -
+        a concurrent take-over that won - raises :class:`SessionHeld`, so of
+        two take-overs at the same moment exactly one runs.
         """
-        if not key or not isinstance(key, str):  # (None or "" would be one key for every caller)
+        if not isinstance(key, str) or not key.strip():  # ("" would be one key for every caller)
             raise ValueError(f"session key must be a non-empty string, not {key!r}")
         with self._lock:
             if self._closed:
@@ -1072,7 +1115,7 @@ class Host:
                 raise JobRefused("process-tree ownership could not be established: "
                                  f"{self.safety_net_disabled}", reason=self.safety_net_disabled)
             g = self.grace if grace is None else check_grace(grace)
-            lock, taken = self._hold_key(key, take_over)
+            lock, taken = self._hold_key(key, take_over, take_over_before)
             try:
                 resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
@@ -1096,7 +1139,7 @@ class Host:
         return {"app": self.app, "session": key, "run": self.run, "pid": os.getpid(),
                 "start": me.token() if me is not None else None, "ts": time.time()}
 
-    def _hold_key(self, key: str, take_over: bool
+    def _hold_key(self, key: str, take_over: bool, before: float | None = None
                   ) -> tuple[_SessionLock | _LocalLock, Resumed | None]:
         """Hold ``key`` for this host; (the lock, what a take-over ended)."""
         if self._lock_dir is None:
@@ -1117,6 +1160,10 @@ class Host:
         info, ino = held
         if not take_over:
             raise _held(self.app, key, info)
+        since = info.get("ts")
+        if before is not None and isinstance(since, (int, float)) and since > before:
+            raise _held(self.app, key, info, "it took the key after this take-over was asked "
+                        "for (a concurrent take-over won)")
         mine = _OPEN.get(str(lock.path)) if info.get("pid") == os.getpid() else None
         if mine is not None and not mine.closed:
             # Another Host of this process holds it: its run is ours, so no reap
@@ -1139,7 +1186,11 @@ class Host:
         from .reaper import reap
         from .runs import read_runs
 
-        runs = read_runs(self.state_dir)  # fresh: the holder may have started after this host
+        # fresh: the holder may have started after this host; a lazy host reads
+        # only the files written since the holder took the key (a minute's margin)
+        since = info.get("ts") if self._lazy_log else None
+        runs = read_runs(self.state_dir,
+                         since=since - 60 if isinstance(since, (int, float)) else None)
         holder = info.get("pid") if type(info.get("pid")) is int else None
         run = info.get("run") if isinstance(info.get("run"), str) else None
 
@@ -1152,7 +1203,7 @@ class Host:
                    exclude_runs={self.run}, runs=runs, announce=announce, take_over=run)
         ended = list(self._reaped.pop(key, [])) + rep.ended
         out = self._resumed(TAKE_OVER, key, ended, runs, holder=holder)
-        if not rep.ok:
+        if rep.survived:
             out.note = "some of its processes could not be ended"
         logger.warning("tether host %r: %s", self.app, out or f"took over {key!r} from pid "
                        f"{holder}: nothing of its copy was running")
@@ -1165,13 +1216,27 @@ class Host:
         if taken is not None:
             return taken  # the take-over's reap was the resume rule too
         ended = list(self._reaped.pop(key, []))  # what the start-up reap ended of this key
+        if self._lazy_log and not isinstance(previous.get("run"), str):
+            # Its last holder released it (or none ever held it): no copy of it
+            # can be left, and the log is not read at all.
+            return self._resumed(RESUME, key, ended)
         runs = self._runs
+        since = previous.get("ts")
+        if self._lazy_log and isinstance(since, (int, float)):
+            # Its last holder died holding it: what proves its copy was written
+            # after it took the key - read only the files written since (a
+            # minute's margin: its run began a moment before).
+            with contextlib.suppress(TetherError, OSError, ValueError):
+                from .runs import read_runs
+
+                runs = read_runs(self.state_dir, since=since - 60)
         if self._resume_error is not None:
             report = self._resumed(RESUME, key, ended)
             report.note = f"resume check failed: {self._resume_error}"
             return report
         last = previous.get("run") if isinstance(previous.get("run"), str) else None
-        if last is not None and runs is not None and last not in runs and last != self.run:
+        if last is not None and runs is not None and last not in runs and last != self.run \
+                and not self._lazy_log:  # (a lazy log was read just now)
             # The key's last holder died without releasing it, and started after
             # this host read the log: read it again, or its copy is missed.
             with contextlib.suppress(TetherError, OSError, ValueError):
@@ -1232,7 +1297,8 @@ class Host:
                 roots[k] = e.label or e.comm or str(e.pid)
             jobs.add((e.run, e.job))
         for run_id, job in sorted(jobs, key=str):
-            info = runs.get(run_id).jobs.get(job) if runs and runs.get(run_id) and job else None
+            run_info = runs.get(run_id) if runs else None
+            info = run_info.jobs.get(job) if run_info is not None and job else None
             if info is not None and info.tasks:
                 snaps.extend(info.tasks)
         ledger = Ledger.restore(snaps, boot)
@@ -1281,7 +1347,7 @@ class Host:
     def launch_detached(self, argv: Sequence[Any], *, cwd: Any = None,
                         env: dict[str, str] | None = None, stdin: Any = subprocess.DEVNULL,
                         stdout: Any = subprocess.DEVNULL,
-                        stderr: Any = subprocess.DEVNULL) -> subprocess.Popen:
+                        stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[Any]:
         """Start ``argv`` to outlive the app on purpose (an editor, a browser).
 
         Outside every job: a plain ``Popen`` in a new session, recorded as

@@ -1259,7 +1259,7 @@ def _refuse(ident: "Identity", why: str) -> "SignalRefused":
 #: The environment variable every process a tether job starts carries, first
 #: in its environment: ``TETHER_JOB=<the job's cookie>``. A ``Job`` can name
 #: it otherwise (``Job(cookie_var=...)``); the audit records the name.
-COOKIE_VAR = "TETHER_JOB"
+from ._constants import COOKIE_VAR  # noqa: E402 - shared with the C side
 
 
 class Proof:

@@ -48,7 +48,8 @@ except ImportError:  # pragma: no cover - other Pythons
 
 __all__ = ["cli", "run_init", "EXIT_FAILURE"]
 
-EXIT_FAILURE = 125  # tether's own failure (bad arguments, cannot fork)
+from ._constants import EXIT_INTERNAL as EXIT_FAILURE  # noqa: E402 - bad arguments, cannot fork
+
 _DEFAULT_GRACE = 2.0
 
 _USAGE = """usage: tether init [-g SECONDS] [-v] -- CMD [ARG...]

@@ -88,7 +88,7 @@ class Job:
         if not cookie_var or "=" in cookie_var or "\0" in cookie_var:
             raise ValueError(f"cookie_var must be an environment variable name, not {cookie_var!r}")
         n = next(_counter)
-        self.name = name or f"job-{n}"
+        self.name: str = name or f"job-{n}"
         self.id = f"j{os.getpid()}-{n}"
         self.grace = float(grace)
         self.session = session
@@ -119,7 +119,7 @@ class Job:
             cookie_var=cookie_var,
         )
         self._audit = self._audit_writer(state_dir)
-        self._backend = open_job(self.mechanism, opts)
+        self._backend: _base.JobBackend = open_job(self.mechanism, opts)
         self._backend.record_identity = self._audit is not None
         if parent is not None:
             parent._children.append(self)
@@ -127,7 +127,7 @@ class Job:
         self._log("job-open")
 
     # -- audit ----------------------------------------------------------------------
-    def _audit_writer(self, state_dir: Any):
+    def _audit_writer(self, state_dir: Any) -> Any:
         # A subclass (tether.Host's jobs) may choose the log's retention or turn it off.
         return _open_audit(state_dir)
 
@@ -298,8 +298,8 @@ class Job:
 
     def _run(self, args: Any, input: Any, capture_output: bool, timeout: float | None,
              check: bool, kwargs: dict[str, Any],
-             end: Callable[[subprocess.Popen[Any]], None] | None = None,
-             leftovers: Callable[[], None] | None = None,
+             end: Callable[[subprocess.Popen[Any]], object] | None = None,
+             leftovers: Callable[[], object] | None = None,
              ) -> subprocess.CompletedProcess[Any]:
         """``subprocess.run``'s body; ``end(process)`` ends what a timeout, an
         error or Ctrl+C should end (default: the process, as subprocess does).
@@ -338,6 +338,7 @@ class Job:
                 end(process)
                 raise
             retcode = process.poll()
+            assert retcode is not None  # communicate() waited for it
             if check and retcode:
                 raise subprocess.CalledProcessError(retcode, process.args, output=stdout,
                                                     stderr=stderr)
@@ -483,7 +484,7 @@ class Job:
 
 
 def _communicate(process: subprocess.Popen[Any], input: Any, timeout: float | None,
-                 leftovers: Callable[[], None]) -> tuple[Any, Any]:
+                 leftovers: Callable[[], object]) -> tuple[Any, Any]:
     """``process.communicate(input, timeout)``, calling ``leftovers()`` once if
     the process exits while its pipes stay open. Looks every 0.1 s only while
     the output has not ended; a command whose output ends never waits."""
@@ -507,7 +508,7 @@ def _communicate(process: subprocess.Popen[Any], input: Any, timeout: float | No
                 leftovers()
 
 
-def _open_audit(state_dir: Any):
+def _open_audit(state_dir: Any) -> Any:
     """The job's audit writer, or None. A state directory tether refuses to use
     (a symlink, another user's, writable by others) never stops the job: it
     runs with the log off, and one line on stderr says so."""

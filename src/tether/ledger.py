@@ -480,15 +480,15 @@ class Ledger:
         if not self._tasks or (given is None and self._members is None):
             return
         try:
-            found = given if given is not None else self._members()
+            found = given if given is not None else self._members() if self._members else ()
             members = sorted(found, key=lambda i: i.start)  # parents first
         except Exception:  # noqa: BLE001 - a closed job has no members to claim
             return
         gained: set[str] = set()
         owner: dict[int, Task] = {}
-        for task in self._tasks.values():
-            for pid in task.processes:
-                owner[pid] = task
+        for t in self._tasks.values():
+            for pid in t.processes:
+                owner[pid] = t
         for m in members:
             known = owner.get(m.pid)
             if known is not None and known.processes[m.pid].same_process(m):

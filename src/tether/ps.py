@@ -38,7 +38,7 @@ from typing import Any
 from . import cgroupfs, identity
 from .identity import Identity
 from .runs import SHELL_JOB, SHELL_SCOPE_JOB
-from .stops import format_duration
+from .stops import format_duration, oneline
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",
            "SCHEMA_VERSION"]
@@ -89,6 +89,7 @@ class PsJob:
     closed: bool = False
     background: bool = False
     session: str | None = None
+    app: str | None = None  # the host's application (a record's "app")
     cgroup: str | None = None
     keeper: Identity | None = None
     parent_job: str | None = None
@@ -178,6 +179,7 @@ def _read_audit(book: _Book, state_dir: str | os.PathLike[str], notes: list[str]
             j.sources.add("audit")
             j.owner = j.owner or run.owner
             j.name, j.mechanism, j.session = info.name, info.mechanism, info.session
+            j.app = run.app
             j.background = info.background
             j.opened, j.closed = info.opened, info.closed
             if info.keeper is not None:
@@ -338,14 +340,14 @@ def _job_of_keeper(book: _Book, k: Identity) -> PsJob | None:
             return j
     home = cgroupfs.own_dir(k.pid)
     if home is not None:
-        j = book.by_cgroup.get(os.path.normpath(home))
-        if j is not None:
-            return j
+        by_home = book.by_cgroup.get(os.path.normpath(home))
+        if by_home is not None:
+            return by_home
     served = _native_cgroup(k)
     if served is not None:
-        j = book.by_cgroup.get(served)
-        if j is not None:
-            return j
+        by_served = book.by_cgroup.get(served)
+        if by_served is not None:
+            return by_served
     for j in book.by_cgroup.values():
         if j.keeper is None and j.cgroup is not None:
             for pid in cgroupfs.procs_here(j.cgroup):
@@ -450,13 +452,7 @@ def _tree(idents: list[Identity]) -> list[Member]:
 # ---------------------------------------------------------------------------
 # Rendering
 
-# A command line may hold newlines, tabs, escape sequences: one line each, and
-# nothing that drives the terminal.
-_CONTROL = {c: " " for c in range(32)} | {127: " "}
-
-
-def _oneline(text: str) -> str:
-    return " ".join(text.translate(_CONTROL).split())
+_oneline = oneline  # (tether.stops.oneline: the one cleaner)
 
 
 def _owner_text(j: PsJob) -> str:
@@ -570,6 +566,46 @@ def to_json(jobs: list[PsJob], state_dir: str | None = None,
     }
 
 
+def _flat(members: list[Member]) -> list[Identity]:
+    out: list[Identity] = []
+    todo = list(members)
+    while todo:
+        m = todo.pop()
+        out.append(m.ident)
+        todo.extend(m.children)
+    return out
+
+
+def sessions(jobs: list[PsJob], app: str, key: str | None = None) -> list[dict[str, Any]]:
+    """The live sessions of a host ``app`` (``tether run --session`` or
+    ``tether.Host``; one ``key`` or all), each with the live work groups its
+    agent started (``tether.ledger.live_work``: every process group apart from
+    the agent's own), longest-running first."""
+    from .ledger import live_work
+
+    now_wall, now_ticks, hz = _clock()
+    boot = identity.boot_id()
+    out = []
+    for j in jobs:
+        if j.app != app or j.session is None or (key is not None and j.session != key) \
+                or j.closed or not j.owner_alive:
+            continue
+        members = _flat(j.members)
+        agent = [i for i in members if (i.pid, i.start) in j.spawned and i.boot == boot]
+        work = live_work(members, agent)
+        age = j.age(now_wall, now_ticks, hz)
+        out.append({
+            "session": j.session, "job": j.job, "run": j.run,
+            "owner": None if j.owner is None else {"pid": j.owner.pid, "start": j.owner.token()},
+            "age": None if age is None else round(age, 2),
+            "member_count": j.member_count,
+            "agent": [{"pid": i.pid, "comm": i.comm} for i in sorted(agent, key=lambda i: i.start)],
+            "work": [w.to_dict() for w in work],
+        })
+    out.sort(key=lambda d: (d["session"], d["run"] or ""))
+    return out
+
+
 def cli(argv: list[str]) -> int:
     """``tether ps [--json] [--plain] [--state-dir DIR]``; exit 0, 2 on bad arguments."""
     import argparse
@@ -584,10 +620,16 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--state-dir", metavar="DIR", default=None,
                    help="audit log directory (default: $TETHER_STATE_DIR, else "
                         "$XDG_STATE_HOME/tether or ~/.local/state/tether)")
+    p.add_argument("--app", metavar="APP", default=None,
+                   help="list this host application's live sessions and their live work groups")
+    p.add_argument("--session", metavar="KEY", default=None, help="with --app: only this session")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    if args.session is not None and args.app is None:
+        print("tether ps: --session needs --app APP", file=sys.stderr)
+        return 2
     from .audit import default_state_dir, state_dir_arg
     from .errors import UsageError
 
@@ -600,6 +642,8 @@ def cli(argv: list[str]) -> int:
     notes: list[str] = []
     jobs = collect(state_dir, notes=notes)
     out = sys.stdout
+    if args.app is not None:
+        return _print_sessions(sessions(jobs, args.app, args.session), args, state_dir, notes)
     if args.json:
         import json
 
@@ -614,6 +658,28 @@ def cli(argv: list[str]) -> int:
     if not args.json:  # what limited the view is said in every form (JSON: "notes")
         for n in notes:
             print(f"note: {n}", file=sys.stderr)
+    return 0
+
+
+def _print_sessions(found: list[dict[str, Any]], args: Any, state_dir: str, notes: list[str]) -> int:
+    from .stops import format_duration
+
+    if args.json:
+        import json
+
+        doc = {"version": SCHEMA_VERSION, "boot": identity.boot_id(), "state_dir": state_dir,
+               "app": args.app, "sessions": found, "notes": list(notes)}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    for s in found:
+        owner = s["owner"]["pid"] if s["owner"] else "?"
+        sys.stdout.write(f"{s['session']}  owner {owner}  {format_duration(s['age'])}  "
+                         f"{s['member_count']} processes, {len(s['work'])} work groups\n")
+        for w in s["work"]:
+            sys.stdout.write(f"  {w['label'] or w['pgid']}  {format_duration(w['runtime_s'])}  "
+                             f"{w['members']} processes\n")
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
     return 0
 
 

@@ -210,7 +210,8 @@ class CloseResult:
     root) that were gone before the grace ended. ``killed``: those SIGKILLed
     after the grace and the identity recheck. ``refused``: (identity, reason)
     pairs the identity layer would not signal. ``failed``: (identity, signal,
-    error) for signals that failed after their retries. ``survivors``:
+    error) for signals that failed after their retries (identity None: the
+    job's close failed and the root was never read). ``survivors``:
     captured processes still running when the close gave up waiting (empty
     when all went well; the session then keeps its owner record).
     ``left_running`` (graceful only): processes the hang-up left alive, which
@@ -223,7 +224,7 @@ class CloseResult:
     terminated: list[Identity] = field(default_factory=list)
     killed: list[Identity] = field(default_factory=list)
     refused: list[tuple[Identity, str]] = field(default_factory=list)
-    failed: list[tuple[Identity, int, str]] = field(default_factory=list)
+    failed: list[tuple[Identity | None, int, str]] = field(default_factory=list)
     survivors: list[Identity] = field(default_factory=list)
     left_running: list[Identity] = field(default_factory=list)
     capture_complete: bool = True
@@ -320,7 +321,7 @@ def _check_runnable(exe: str, cwd: str | os.PathLike[str] | None, env: dict[str,
     raise OSError(err, os.strerror(err), exe)
 
 
-class _CarriesData:
+class _CarriesData(Exception):
     """Reads as its message, and carries what was read (``.data``, also
     ``.args[1]``): given both as arguments, an OSError such as TimeoutError
     printed ``[Errno <message>] <data>``, an EOFError a tuple."""
@@ -657,7 +658,7 @@ class PtySession:
         with self._lock:
             op = self._op
             starter = op is None
-            if starter:
+            if op is None:
                 op = self._op = CloseOperation(mode)
                 self._state = CLOSING
             elif mode == "immediate" and op.mode == "graceful" and not op._sealed:
@@ -667,6 +668,7 @@ class PtySession:
             t = threading.Thread(target=self._run_close, args=(op,), name=f"tether-pty-close-{self.pid}",
                                  daemon=True)
             t.start()
+        assert op is not None  # the pending close, or the one started above
         if not wait:
             return op
         return op.result(timeout)
@@ -730,8 +732,8 @@ class PtySession:
         and walked by descent, session, group and cookie."""
         if self._job_holds_all():
             found_job, cap = self._from_job(self._capture_job())
-            self._proven = (frozenset(), frozenset(i.pid for i in found_job)
-                            | {self.pid} | self._keeper_pids())
+            self._proven: tuple[frozenset[int], frozenset[int]] = (
+                frozenset(), frozenset(i.pid for i in found_job) | {self.pid} | self._keeper_pids())
             return found_job, cap
         cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
                             born_after=self.born_after)
@@ -771,7 +773,7 @@ class PtySession:
         live_root = (cur is not None and self.root is not None and cur.start == self.root.start
                      and cur.state not in ("Z", "X", "x"))
         proven_groups: set[int] = set()
-        if (live_root and carries(cur)) or any(
+        if (cur is not None and live_root and carries(cur)) or any(
                 carries(i) for i in seeds if i.pid != root_pid and i.state not in ("Z", "X", "x")
                 and (i.sid == root_pid or i.pgid == root_pid)):
             add(seeds)
@@ -868,7 +870,7 @@ class PtySession:
         born = self.born_after
         procs: dict[int, Identity] = {}
         try:
-            pids = self.job.member_pids()
+            pids = self.job.member_pids() if self.job is not None else []
         except (TetherError, OSError):
             pids = []
         for pid in pids:
@@ -879,7 +881,7 @@ class PtySession:
 
     def _from_job(self, cap: identity.Capture) -> tuple[list[Identity], identity.Capture]:
         excluded = {self.pid} | identity.own_ancestors() | {os.getpid()}
-        keeper = self.job.trace().get("keeper_pid")
+        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
         if keeper:
             excluded.add(keeper)
         return [i for i in cap.procs.values() if i.pid > 2 and i.pid not in excluded], cap
@@ -888,6 +890,8 @@ class PtySession:
         """The job's members as its mechanism lists them, identified from the
         capture where it has them (``Job.members()`` re-reads every one)."""
         job = self.job
+        if job is None:
+            return []
         try:
             lister = getattr(job, "member_pids", None) or job._backend.member_pids
             pids = lister()

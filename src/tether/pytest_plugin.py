@@ -194,7 +194,10 @@ class _OffHint:
         if not left:
             return
         n = len(left)
-        pids = ", ".join(f"{i.pid} {i.comm}" for i in left[:5]) + (", ..." if n > 5 else "")
+        from .stops import oneline
+
+        pids = ", ".join(f"{i.pid} {oneline(i.comm)}" for i in left[:5]) + (
+            ", ..." if n > 5 else "")
         terminalreporter.write_line(
             f"tether: {n} process{'es' if n != 1 else ''} started during this session "
             f"{'are' if n != 1 else 'is'} still running (pid {pids}); "

@@ -36,6 +36,10 @@ identity again at the moment of sending. A zombie counts as dead.
    what a double-forked daemon of a subreaper job is left with once its
    keeper was SIGKILLed (no parent link, no cgroup).
 
+6. A **keeper left behind**: the keeper a ``job-open`` record of an over run
+   names (pid + start ticks + boot, named ``tether-keeper``), still alive --
+   stopped by a job's child, most likely -- is ended like a leftover.
+
 Limits: an escapee that double-forked away from a process group/subreaper job,
 whose intermediate parent has exited and that cleared its environment, is
 linked to its run by nothing the kernel keeps (no parent, no cgroup, no
@@ -57,8 +61,8 @@ from . import cgroupfs, identity
 from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .errors import UsageError
 from .identity import Identity
-from .runs import LIVE, OVER, Run, read_runs
-from .stops import argv_label, format_duration
+from .runs import GAP_CHECKED, LIVE, OVER, Run, read_runs
+from .stops import argv_label, format_duration, oneline
 
 __all__ = ["Ended", "Skipped", "ReapReport", "reap", "cli"]
 
@@ -132,11 +136,22 @@ class ReapReport:
     session: str | None = None  # the one session key this reap was limited to
     notes: list[str] = field(default_factory=list)  # what limited the proof or the log
     elapsed_s: float = 0.0
+    # Runs that are over whose records the log says were lost (audit-gap):
+    # {"run": id or None (unknown), "lost": N}; their leftovers were looked
+    # for only by the proofs that remain (stale cgroups, job cookies).
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def survived(self) -> list[Skipped]:
+        """What the reaper meant to end and is still alive."""
+        return [s for s in self.skipped if s.reason == SURVIVED]
 
     @property
     def ok(self) -> bool:
-        """False when something the reaper meant to end is still alive."""
-        return not any(s.reason == SURVIVED for s in self.skipped)
+        """False when something the reaper meant to end is still alive, or
+        when records of a run that is over were lost (``gaps``): what they
+        proved could not be checked, so "nothing left" cannot be said."""
+        return not self.survived and not self.gaps
 
     def to_dict(self) -> dict[str, Any]:
         """Stable JSON shape; see docs/reaper.md."""
@@ -157,13 +172,14 @@ class ReapReport:
             "runs": {"over": list(self.runs_over), "live": list(self.runs_live)},
             "log": stats,
             "notes": list(self.notes),
+            "gaps": [dict(g) for g in self.gaps],
             "elapsed_s": round(self.elapsed_s, 4),
         }
 
     def __str__(self) -> str:
         out: list[str] = []
         st = self.log_stats
-        head = f"audit log {self.state_dir or '(none)'}"
+        head = f"audit log {oneline(self.state_dir) or '(none)'}"
         if st is not None:
             head += f": {st.files} file(s), {st.records} record(s)"
             bad = st.corrupt + st.truncated + st.too_long
@@ -174,10 +190,11 @@ class ReapReport:
         verb = "would end" if self.dry_run else "ended"
         if self.ended:
             out.append(f"{verb} {len(self.ended)} process(es):")
-            rows = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
+            rows: list[tuple[str, ...]] = [("PID", "RUN", "SESSION", "JOB", "RUNNING", "COMMAND", "HOW")]
             for e in self.ended:
-                rows.append((str(e.pid), e.run, e.session or "-", e.job or "-",
-                             format_duration(e.runtime_s), e.comm or "?", e.how))
+                rows.append((str(e.pid), oneline(e.run), oneline(e.session or "-"),
+                             oneline(e.job or "-"), format_duration(e.runtime_s),
+                             oneline(e.comm) or "?", e.how))
             out.extend(_table(rows))
         else:
             out.append(f"{verb} nothing")
@@ -185,14 +202,19 @@ class ReapReport:
             out.append(f"left alone {len(self.skipped)} process(es):")
             rows = [("PID", "RUN", "COMMAND", "REASON")]
             for s in self.skipped:
-                why = s.reason + (f" ({s.detail})" if s.detail else "")
-                rows.append((str(s.pid), s.run, s.comm or "?", why))
+                why = s.reason + (f" ({oneline(s.detail)})" if s.detail else "")
+                rows.append((str(s.pid), oneline(s.run), oneline(s.comm) or "?", why))
             out.extend(_table(rows))
         if self.cgroups_removed:
             out.append(("would remove" if self.dry_run else "removed") + " cgroup(s):")
-            out.extend(f"  {p}" for p in self.cgroups_removed)
+            out.extend(f"  {oneline(p)}" for p in self.cgroups_removed)
+        for g in self.gaps:
+            out.append(f"audit gap: {g['lost']} record(s) of "
+                       + (f"run {oneline(g['run'])}" if g["run"] else "an unknown run")
+                       + " were lost (disk full?): leftovers they recorded were looked for only "
+                       "by stale cgroups and job cookies")
         for n in self.notes:
-            out.append(f"note: {n}")
+            out.append(f"note: {oneline(n)}")
         return "\n".join(out)
 
 
@@ -289,7 +311,8 @@ class _Plan:
 
 
 def _ticks_at(ts: float) -> int:
-    """A wall-clock epoch time as boot-clock ticks (approximate: the wall clock may step)."""
+    """A wall-clock epoch time as boot-clock ticks (approximate: the wall clock
+    may step) -- only for what a report says, never for what is ended."""
     return identity.now_ticks() - int((time.time() - ts) * identity.clock_ticks())
 
 
@@ -380,7 +403,7 @@ def _plan_records(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                     plan.skip(cur, run.run, PID_REUSED, detail, p_session, p.job)
                 continue
             if state == LIVE:
-                plan.skip(cur, run.run, OWNER_ALIVE, f"owner pid {run.owner.pid} is running",
+                plan.skip(cur, run.run, OWNER_ALIVE, f"owner pid {run.owner.pid if run.owner else '?'} is running",
                           p_session, p.job)
                 continue
             if state == "excluded":
@@ -413,23 +436,29 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
     """The members of over runs' unclosed jobs that nothing links to a record
     any more - a double-forked daemon whose subreaper keeper was SIGKILLed
     first - found by the cookie every process of a job carries: processes of
-    this user born after the job opened whose environment holds it. One
+    this user born after the job's keeper (else its owner) started, whose
+    environment holds it. One
     capture, and one read of each candidate's environment for all cookies."""
     want: dict[tuple[bytes, bytes], tuple[Run, Any, int]] = {}
-    slack = identity.clock_ticks()  # the wall clock may have stepped since the record
     for run in runs.values():
         if states.get(run.run) != OVER:
             continue
         for info in run.jobs.values():
-            if (info.closed or not info.cookie or info.opened is None or info.background
+            if (info.closed or not info.cookie or info.background
                     or info.detached or (session is not None and info.session != session)):
                 continue
+            born = _born_bound(run, info)
+            if born is None:
+                continue
             var = (info.cookie_var or identity.COOKIE_VAR).encode()
-            want[(var, info.cookie.encode())] = (run, info, _ticks_at(info.opened) - slack)
+            want[(var, info.cookie.encode())] = (run, info, born)
     if not want:
         return []
     names = {var for var, _ in want}
     cap = identity.capture(born_after=min(b for _, _, b in want.values()))
+    if not cap.complete:
+        plan.report.notes.append(f"process-table capture incomplete ({cap.reason}): "
+                                 "job cookies were looked for in part of it only")
     found: list[_Target] = []
     for seen in cap.procs.values():
         if seen.pid <= 2 or seen.state in ("Z", "X", "x") or seen.pid in plan.excluded_pids:
@@ -449,6 +478,19 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
                 found.append(t)
             break
     return found
+
+
+def _born_bound(run: Run, info: Any) -> int | None:
+    """Start ticks no process of the job can predate, from the kernel's clock
+    alone: its keeper's start (the keeper starts every member), else its
+    owner's (which opened the job). Never the records' wall-clock ``ts``: the
+    wall clock may have stepped since (NTP, a user), and a window drawn from
+    it would miss a leftover born before the step or take in one born long
+    before the job."""
+    for who in (info.keeper, run.owner):
+        if who is not None and who.boot == identity.boot_id():
+            return who.start
+    return None
 
 
 def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Proof | None:
@@ -480,6 +522,39 @@ def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: st
         keeper = _Target(cur, run.run, session, job)
         _walk(plan, plan.capture(), keeper)
         plan.watch_keepers.append(keeper)
+
+
+def _plan_orphan_keepers(runs: dict[str, Run], plan: _Plan, session: str | None,
+                         take_over: str | None) -> None:
+    """The keepers of runs that are over that are still alive: a keeper whose
+    owner died should have ended its job and itself within milliseconds; one
+    still here was stopped (a job's child can ``kill -STOP`` it) or hangs,
+    and would stay for ever. It is ended like a leftover (SIGTERM + SIGCONT,
+    then SIGKILL), and what it still keeps with it. Proven by the identity its
+    job-open record names (pid + start ticks + boot) and its name."""
+    from .ps import KEEPER_COMM
+
+    seen: set[tuple[int, int]] = set()
+    # A keeper whose parent is a live owner is that owner's (a pid and start
+    # tick handed on within one clock tick): never ended here.
+    live_owners = {pid for (pid, _s), why in plan.protected.items() if why == OWNER_ALIVE}
+    for run in runs.values():
+        if plan.states.get(run.run) != OVER or run.run == take_over:
+            continue
+        for job, info in run.jobs.items():
+            k = info.keeper
+            if k is None or (k.pid, k.start) in seen or info.background or info.detached \
+                    or (session is not None and info.session != session):
+                continue
+            seen.add((k.pid, k.start))
+            cur = identity.read(k.pid)
+            if (cur is None or cur.start != k.start or cur.boot != k.boot
+                    or cur.state in ("Z", "X", "x") or cur.comm != KEEPER_COMM
+                    or cur.ppid in live_owners):
+                continue
+            why = "stopped" if cur.state in ("T", "t") else "alive"
+            plan.add(_Target(cur, run.run, info.session, job,
+                             label=f"tether keeper ({why}, owner gone)"))
 
 
 def _walk(plan: _Plan, cap: identity.Capture, parent: _Target) -> list[_Target]:
@@ -545,7 +620,8 @@ class _StaleRun:
 
 
 def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
-                       app: str | None, session: str | None
+                       app: str | None, session: str | None,
+                       gap_runs: set[str | None] = frozenset()  # type: ignore[assignment]
                        ) -> tuple[str | None, set[str], set[str]]:
     """(mount, run dirs to examine, probe dirs to examine)."""
     mount = cgroupfs.mount()
@@ -560,7 +636,7 @@ def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
             rd = cgroupfs.run_dir_of(cg, mount)
             if rd is not None and os.path.isdir(rd):
                 dirs.add(rd)
-    if app is not None or session is not None:
+    if (app is not None or session is not None) and not gap_runs:
         return mount, dirs, probes  # only the runs the audit ties to this app or session
     if cgroup_dirs is None:
         own = cgroupfs.own_dir()
@@ -572,7 +648,11 @@ def _cgroup_candidates(runs: dict[str, Run], cgroup_dirs: Iterable[str] | None,
             continue
         for name in names:
             full = os.path.join(base, name)
-            if cgroupfs.parse_run_dir(name) is not None:
+            parsed = cgroupfs.parse_run_dir(name)
+            if (app is not None or session is not None) and (
+                    parsed is None or f"{parsed[0]}-{parsed[1]}" not in gap_runs):
+                continue  # limited: only the run dirs of runs with lost records
+            if parsed is not None:
                 rd = cgroupfs.run_dir_of(full, mount)
                 if rd is not None:
                     dirs.add(rd)
@@ -647,9 +727,10 @@ def _session_job_dirs(run: Run | None, rd: str, session: str) -> list[str]:
 
 def _plan_cgroups(runs: dict[str, Run], plan: _Plan, *, app: str | None,
                   exclude_runs: Iterable[str], cgroup_dirs: Iterable[str] | None,
-                  session: str | None, notes: list[str], take_over: str | None = None
+                  session: str | None, notes: list[str], take_over: str | None = None,
+                  gap_runs: set[str | None] = frozenset()  # type: ignore[assignment]
                   ) -> tuple[list[_StaleRun], list[str]]:
-    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session)
+    mount, dirs, probes = _cgroup_candidates(runs, cgroup_dirs, app, session, gap_runs)
     if mount is None:
         return [], []
     excluded = set(exclude_runs)
@@ -830,27 +911,36 @@ def reap(
     from . import audit
 
     grace = check_grace(grace)
+    for what, value in (("session", session), ("app", app)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{what} must be a non-empty string, not {value!r}")
     if isinstance(exclude_runs, str):
         exclude_runs = (exclude_runs,)  # one run id, not its characters
     t0 = time.monotonic()
     d = Path(state_dir) if state_dir is not None else audit.default_state_dir()
     report = ReapReport(dry_run=dry_run, state_dir=str(d), log_stats=audit.ReadStats(),
                         session=session)
+    gap_lost: dict[str | None, int] = {}
     if runs is None:
-        runs = read_runs(d, stats=report.log_stats, notes=report.notes)
+        runs = read_runs(d, stats=report.log_stats, notes=report.notes, gaps=gap_lost)
+    else:
+        gap_lost = {r.run: r.lost for r in runs.values() if r.lost}
     plan = _Plan(report)
     excl = frozenset(exclude_runs)
+    report.gaps = _gaps(runs, gap_lost, app=app, session=session, exclude_runs=excl)
     if take_over is not None and session is None:
         raise ValueError("take_over needs a session key")
     _plan_records(runs, plan, app=app, exclude_runs=excl, session=session, take_over=take_over)
     if take_over is not None and session is not None:
         _plan_keepers(runs, plan, take_over, session)
+    _plan_orphan_keepers(runs, plan, session, take_over)
     stale: list[_StaleRun] = []
     probes: list[str] = []
     if cgroups and _LINUX:
         stale, probes = _plan_cgroups(runs, plan, app=app, exclude_runs=excl,
                                       cgroup_dirs=cgroup_dirs, session=session,
-                                      notes=report.notes, take_over=take_over)
+                                      notes=report.notes, take_over=take_over,
+                                      gap_runs={g["run"] for g in report.gaps})
     # Descendants of every recorded or cgroup-found target; then what only
     # its job's cookie still links to an over run, and its descendants.
     if plan.targets:
@@ -881,10 +971,46 @@ def reap(
         if t.how and t.how != "gone":
             report.ended.append(_ended(t, t.how, now))
     _remove_cgroups(stale, probes, report)
-    if report.ended or report.cgroups_removed:
+    if report.ended or report.cgroups_removed or report.gaps:
         _log(d, report, runs)
     report.elapsed_s = time.monotonic() - t0
     return report
+
+
+def _gaps(runs: dict[str, Run], lost: dict[str | None, int], *, app: str | None,
+          session: str | None, exclude_runs: frozenset[str]) -> list[dict[str, Any]]:
+    """The lost records this reap must own up to: of runs that are over (a
+    live owner's gap is its own to report), within ``app``, not excluded,
+    not already fallen back for by an earlier reap; records of no known run
+    only when the reap is not limited to an app or session."""
+    out: list[dict[str, Any]] = []
+    for run_id, n in sorted(lost.items(), key=lambda kv: kv[0] or ""):
+        if run_id is None:
+            if app is None and session is None:
+                out.append({"run": None, "lost": n})
+            continue
+        if run_id in exclude_runs:
+            continue
+        run = runs.get(run_id)
+        if run is not None:
+            if (app is not None and run.app is not None and run.app != app) \
+                    or run.state() == LIVE:
+                continue
+            n = run.lost - run.lost_checked
+        elif _owner_alive(run_id):
+            continue  # every record of it was lost, yet its owner runs
+        if n > 0:
+            out.append({"run": run_id, "lost": n})
+    return out
+
+
+def _owner_alive(run_id: str) -> bool:
+    """Whether the owner a run id ``<pid>-<start ticks>`` names runs."""
+    pid, _, start = run_id.partition("-")
+    if not (pid.isdigit() and start.isdigit()):
+        return False
+    cur = identity.read(int(pid))
+    return cur is not None and cur.start == int(start) and cur.state not in ("Z", "X", "x")
 
 
 def _report_order(plan: _Plan) -> list[_Target]:
@@ -905,8 +1031,8 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
 
     try:
         w = audit.AuditWriter(state_dir, on_loss=report.notes.append)
-    except (audit.AuditDirError, OSError) as e:
-        report.notes.append(f"reap not recorded in the audit log: {e}")
+    except (audit.AuditDirError, OSError) as exc:
+        report.notes.append(f"reap not recorded in the audit log: {exc}")
         return
     me = identity.own()
     by = {"pid": os.getpid(), "start": me.token() if me is not None else None}
@@ -932,10 +1058,25 @@ def _log(state_dir: Path, report: ReapReport, runs: dict[str, Run]) -> None:
             if parsed is not None:
                 fields["run"] = f"{parsed[0]}-{parsed[1]}"
             w.write("reap", **fields)
+        for g in report.gaps if report.session is None else ():
+            # later reaps need not report this gap again
+            if g["run"] is not None:
+                w.write("reap", run=g["run"], how=GAP_CHECKED, lost=g["lost"], by=by)
+            else:
+                w.write("reap", how=GAP_CHECKED, lost=g["lost"], by=by)
 
 
 # --------------------------------------------------------------------------
 # `tether reap`
+
+
+def _nonblank(value: str) -> str:
+    """An argument that names something: empty or blank is a usage error (exit 2)."""
+    import argparse
+
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty or blank: {value!r}")
+    return value
 
 
 def cli(argv: list[str]) -> int:
@@ -943,7 +1084,9 @@ def cli(argv: list[str]) -> int:
     [--session KEY] [--no-cgroups]``.
 
     Exit 0 when everything meant to be ended is gone (or in a dry run), 1 when
-    something survived SIGKILL, 2 for bad arguments or an unsafe state dir.
+    something survived SIGKILL or the log lost records of a run that is over
+    (``report.gaps``, also in a dry run), 2 for bad arguments (empty or blank
+    ones too) or an unsafe state dir.
     """
     import argparse
     import json
@@ -961,8 +1104,9 @@ def cli(argv: list[str]) -> int:
                         "$XDG_STATE_HOME/tether or ~/.local/state/tether)")
     p.add_argument("--grace", type=grace_arg, default=DEFAULT_GRACE, metavar="S",
                    help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE:g})")
-    p.add_argument("--app", default=None, metavar="NAME", help="only runs of this application")
-    p.add_argument("--session", default=None, metavar="KEY",
+    p.add_argument("--app", default=None, metavar="NAME", type=_nonblank,
+                   help="only runs of this application")
+    p.add_argument("--session", default=None, metavar="KEY", type=_nonblank,
                    help="only the leftovers of this session key (what a host's resume does)")
     p.add_argument("--no-cgroups", action="store_true", help="do not look for stale cgroups")
     args = p.parse_args(argv)

@@ -1,5 +1,12 @@
 """`tether run`: one command in a job, with the terminal and signals handled.
 
+``--die-with-parent``: the job also ends (at once, no grace: nobody is left
+to be graceful for) when the process that started ``tether run`` dies, watched
+by pidfd from the start (the caller watch of the one-command path,
+``oneshot.watch_caller``); ``--lifeline FD``: when FD, a pipe or socket whose
+other end the app holds, reaches EOF or hangs up. stdin is not watched by
+either. The job is then ended at once (no grace) and tether exits 137.
+
 Exit status: the command's; 128+N if it died of signal N; 127 command not
 found; 126 not executable; 125 tether's own failure, nothing ran (one line on
 stderr); 123 the guard was lost and so was the command's status (see below).
@@ -21,16 +28,22 @@ signal's ``si_code`` (SI_KERNEL for the terminal, SI_USER for kill()).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import signal
 import sys
 import threading
+import time
+from typing import Any
 
 from .errors import TetherError
 
 SI_KERNEL = 0x80
-EXIT_GUARD_LOST = 123  # the keeper died and the command's exit status went with it
+from ._constants import EXIT_GUARD_LOST  # noqa: E402 - the keeper died and the exit status with it
+from ._constants import EXIT_INTERNAL as EXIT_TETHER_FAILURE  # noqa: E402 - shared with C
+
 KEEPER_DIED = "tether: keeper died; the job is no longer guarded"
 # Windows has neither SIGHUP nor SIGQUIT: keep the ones this platform has.
 _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -55,11 +68,93 @@ def _foreground_tty() -> int | None:
     return None
 
 
+def check_lifeline(fd: int) -> str | None:
+    """Why FD cannot be a lifeline (one line), or None: it must be an open pipe
+    or socket above stdio (the same words as the native ``tether run``)."""
+    import stat
+
+    if fd < 3:
+        return f"--lifeline {fd}: expected a file descriptor number of 3 or more; nothing was run"
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return f"--lifeline {fd}: not an open file descriptor; nothing was run"
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return f"--lifeline {fd}: not a pipe or socket; nothing was run"
+    return None
+
+
+class _Lifelines:
+    """What ``--die-with-parent`` and ``--lifeline`` watch: fds that poll
+    readable when the job must end (POSIX), or handles (Windows)."""
+
+    def __init__(self) -> None:
+        self.parent_fd: int | None = None  # a pidfd (Linux) or kqueue (BSD, macOS)
+        self.lifeline: int | None = None
+        self.win_parent = None  # Windows: a SYNCHRONIZE handle of the parent
+        self.win_pipe = None
+
+    def any(self) -> bool:
+        return (self.parent_fd is not None or self.lifeline is not None or self.win_parent is not None
+                or self.win_pipe is not None)
+
+
+def _watch_parent(lines: _Lifelines) -> str | None:
+    """Start watching the process that started us; why not (one line) if it is gone."""
+    gone = "--die-with-parent: the process that started tether run is already gone; nothing was run"
+    if _WINDOWS:
+        handle = _windows_parent_handle()
+        if handle is None:
+            return gone
+        lines.win_parent = handle
+        return None
+    from .platform import oneshot
+
+    if hasattr(os, "pidfd_open"):
+        caller = oneshot.watch_caller()
+        if caller is None:
+            return gone
+        lines.parent_fd = caller[2]
+        return None
+    ppid = os.getppid()  # BSD, macOS: a kqueue's NOTE_EXIT
+    import select
+
+    if ppid <= 1 or not hasattr(select, "kqueue"):
+        return gone if ppid <= 1 else "--die-with-parent: not supported on this platform; nothing was run"
+    kq = select.kqueue()
+    try:
+        kq.control([select.kevent(ppid, select.KQ_FILTER_PROC,  # type: ignore[attr-defined]  # BSD-only stub
+                                  select.KQ_EV_ADD, select.KQ_NOTE_EXIT)], 0, 0)  # type: ignore[attr-defined]
+    except OSError:
+        kq.close()
+        return gone
+    if os.getppid() != ppid:
+        kq.close()
+        return gone
+    lines.parent_fd = kq.fileno()
+    lines._kq = kq  # type: ignore[attr-defined]  # kept open with its fd
+    return None
+
+
 def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None = None,
                 grace: float = 2.0, state_dir: str | None = None, die_with_stdin: bool = False,
-                verbose: bool = False) -> int:
+                verbose: bool = False, die_with_parent: bool = False,
+                lifeline: int | None = None, session: SessionArgs | None = None) -> int:
     from .errors import JobRefused, TetherError
     from .job import Job
+
+    lines = _Lifelines()
+    if lifeline is not None:
+        why = _check_lifeline_windows(lifeline, lines) if _WINDOWS else check_lifeline(lifeline)
+        if why:
+            return _fail(why)
+        if not _WINDOWS:
+            os.set_inheritable(lifeline, False)  # the keeper's to watch, never the command's
+            lines.lifeline = lifeline
+    if die_with_parent:
+        why = _watch_parent(lines)
+        if why:
+            return _fail(why)
 
     if not _WINDOWS:
         # A child subreaper: should the job's keeper die, the command is
@@ -70,32 +165,48 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             _prctl.set_subreaper()
         except OSError:
             pass  # not Linux: a keeper's death then loses the status (exit 123)
+    held: _SessionRun | None = None
+    end = None
+    status = EXIT_TETHER_FAILURE
     try:
-        job = Job(name=os.path.basename(cmd[0]), mechanism=mechanism, grace=grace, require=require,
-                  state_dir=state_dir)
+        if session is not None:
+            held = _SessionRun(session, mechanism=mechanism, grace=grace, require=require)
+            refused = held.open()
+            if refused is not None:
+                return refused
+            assert held.session is not None
+            job, end = held.session.job, held.end
+        else:
+            job = Job(name=os.path.basename(cmd[0]), mechanism=mechanism, grace=grace,
+                      require=require, state_dir=state_dir)
     except JobRefused as exc:
         return _fail(f"refusing to run unprotected: {exc}")
     except (TetherError, OSError, ValueError) as exc:
+        if held is not None:
+            held.abandon()
         return _fail(f"cannot create the job: {exc}")
     if verbose:
         print(f"tether: {job.guarantee}", file=sys.stderr)
     tty = None if _WINDOWS else _foreground_tty()
     try:
         try:
-            proc = job.popen(cmd)
+            proc = held.session.popen(cmd, label=session.label) if held and session else job.popen(cmd)
         except FileNotFoundError:
             job.close()
             print(f"tether: {cmd[0]}: command not found", file=sys.stderr)
-            return 127
+            status = 127  # (the report's "exit" too)
+            return status
         except PermissionError:
             job.close()
             print(f"tether: {cmd[0]}: permission denied", file=sys.stderr)
-            return 126
+            status = 126
+            return status
         except OSError as exc:
             job.close()
             if exc.errno == errno.ENOEXEC or getattr(exc, "winerror", None) == ERROR_BAD_EXE_FORMAT:
                 print(f"tether: {cmd[0]}: cannot execute: {exc.strerror}", file=sys.stderr)
-                return 126
+                status = 126
+                return status
             return _fail(f"cannot start {cmd[0]}: {exc}")
         except (TetherError, ValueError) as exc:
             job.close()
@@ -114,10 +225,10 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
             except OSError:
                 pass
         if _WINDOWS:
-            status = _supervise_windows(job, proc, die_with_stdin, grace)
+            status = _supervise_windows(job, proc, die_with_stdin, grace, lines, end)
         else:
-            status = _supervise(job, proc, die_with_stdin, grace)
-        if handed_fg:
+            status = _supervise(job, proc, die_with_stdin, grace, lines, end)
+        if handed_fg and tty is not None:
             try:
                 old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
                 os.tcsetpgrp(tty, os.getpgrp())
@@ -126,20 +237,30 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
                 pass
         return status
     finally:
-        try:
-            job.terminate(grace)
-        finally:
-            job.close()
+        if held is not None:
+            held.finish(status)
+        else:
+            try:
+                job.terminate(grace)
+            finally:
+                job.close()
 
 
-def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
+def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines, end=None) -> int:
+    """Wait for the command; ``end(reason, grace)`` ends the job on a stop
+    (reason in the host layer's words; default: ``job.terminate``)."""
+    from .stops import APP_EXIT, USER_REQUEST
+
+    if end is None:
+        def end(_why: str, g: float) -> None:
+            job.terminate(g)
     # A stop signal tether was started with ignored (nohup, a non-interactive
     # shell's background job) stays ignored: blocked, it would be delivered.
     waited = {s for s in (*_STOP_SIGNALS, signal.SIGQUIT)
               if signal.getsignal(s) != signal.SIG_IGN} | {signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     main_id = threading.get_ident()
-    state = {"exited": False, "stdin_hup": False, "keeper_died": False}
+    state = {"exited": False, "stdin_hup": False, "keeper_died": False, "parent_gone": False}
 
     def wake() -> None:
         try:
@@ -175,14 +296,21 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
     if die_with_stdin:
         threading.Thread(target=_watch_stdin, args=(state, wake), name="tether-stdin",
                          daemon=True).start()
+    if lines.any():
+        threading.Thread(target=_watch_lifelines, args=(lines, state, wake), name="tether-parent",
+                         daemon=True).start()
     stop_signal = 0
     stopper: threading.Thread | None = None
     while True:
         if state["exited"]:
             break
+        if state["parent_gone"] and stop_signal != signal.SIGKILL:
+            stop_signal = signal.SIGKILL  # the app is gone: nobody to be graceful for
+            end(APP_EXIT, 0)
+            continue
         if state["stdin_hup"] and not stop_signal:
             stop_signal = signal.SIGHUP
-            job.terminate(grace)
+            end(APP_EXIT, grace)
             continue
         info = signal.sigwaitinfo(waited)
         sig = info.si_signo
@@ -195,7 +323,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
         if not stop_signal:
             stop_signal = sig
             # In a thread, so a second signal is still seen while the grace runs.
-            stopper = threading.Thread(target=_terminate_quietly, args=(job, grace),
+            stopper = threading.Thread(target=_terminate_quietly, args=(end, USER_REQUEST, grace),
                                        name="tether-stop", daemon=True)
             stopper.start()
     if stopper is not None:
@@ -211,11 +339,52 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def _terminate_quietly(job, grace: float) -> None:
+def _terminate_quietly(end, why: str, grace: float) -> None:
     try:
-        job.terminate(grace)
+        end(why, grace)
     except (TetherError, OSError):  # the caller terminates and closes the job again
         pass
+
+
+def _lifeline_gone(fd: int, ev: int) -> bool:
+    """A lifeline's poll event: gone at hangup, error or EOF; what the app
+    writes into it means nothing and is read away (never more than is there)."""
+    import fcntl
+    import select
+    import termios
+
+    if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0x2000)):
+        return True
+    if not ev & select.POLLIN:
+        return False
+    import array
+
+    n = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, n, True)
+        if n[0] <= 0:
+            return True  # readable with nothing to read: EOF
+        return not os.read(fd, min(n[0], 4096))
+    except InterruptedError:
+        return False
+    except OSError:
+        return True
+
+
+def _watch_lifelines(lines: _Lifelines, state: dict, wake) -> None:
+    import select
+
+    poller = select.poll()
+    if lines.parent_fd is not None:
+        poller.register(lines.parent_fd, select.POLLIN)
+    if lines.lifeline is not None:
+        poller.register(lines.lifeline, select.POLLIN | getattr(select, "POLLRDHUP", 0x2000))
+    while not state["exited"]:
+        for fd, ev in poller.poll():
+            if fd == lines.parent_fd or _lifeline_gone(fd, ev):
+                state["parent_gone"] = True
+                wake()
+                return
 
 
 def _watch_stdin(state: dict, wake) -> None:
@@ -233,7 +402,8 @@ def _watch_stdin(state: dict, wake) -> None:
                 return
 
 
-def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
+def _supervise_windows(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
+                       end=None) -> int:
     """Windows: follow the command's exit; its exit code is tether's.
 
     Ctrl+C and Ctrl+Break reach every process attached to the console, the
@@ -243,19 +413,28 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float) -> int:
     """
     import subprocess
 
+    from .stops import APP_EXIT
+
+    if end is None:
+        def end(_why: str, g: float) -> None:
+            job.terminate(g)
     keyboard = [s for s in (signal.SIGINT, getattr(signal, "SIGBREAK", None)) if s is not None]
     old = {s: signal.signal(s, signal.SIG_IGN) for s in keyboard}
     try:
         stdin_handle = _stdin_pipe_handle() if die_with_stdin else None
-        while stdin_handle is not None:
+        while stdin_handle is not None or lines.any():
             try:
                 return _exit_status_windows(proc.wait(0.1))
             except subprocess.TimeoutExpired:
                 pass
-            if _pipe_writer_gone(stdin_handle):
-                job.terminate(grace)
+            if stdin_handle is not None and _pipe_writer_gone(stdin_handle):
+                end(APP_EXIT, grace)
                 job.close()  # whatever terminate could not reach (it works from members())
                 return 129  # as for SIGHUP on POSIX
+            if _windows_gone(lines):
+                end(APP_EXIT, 0)  # the app is gone: nobody to be graceful for
+                job.close()
+                return 128 + 9  # as for SIGKILL on POSIX
         return _exit_status_windows(proc.wait())
     finally:
         for s, handler in old.items():
@@ -276,8 +455,8 @@ def _stdin_pipe_handle():
         import _winapi
         import msvcrt
 
-        handle = msvcrt.get_osfhandle(0)
-        _winapi.PeekNamedPipe(handle, 0)
+        handle = msvcrt.get_osfhandle(0)  # type: ignore[attr-defined]  # win32-only stub; mypy checks as Linux
+        _winapi.PeekNamedPipe(handle, 0)  # type: ignore[attr-defined]  # win32-only stub
         return handle
     except (OSError, ValueError, ImportError):
         return None
@@ -287,9 +466,363 @@ def _pipe_writer_gone(handle) -> bool:
     import _winapi
 
     try:
-        _winapi.PeekNamedPipe(handle, 0)  # looks without reading: the command owns stdin
+        _winapi.PeekNamedPipe(handle, 0)  # type: ignore[attr-defined]  # win32-only stub; looks without reading: the command owns stdin
     except BrokenPipeError:
         return True
     except OSError:
         return False
     return False
+
+
+def _windows_parent_handle():
+    """A SYNCHRONIZE handle of the process that started us, checked to be
+    older than we are (a reused pid would be younger); None if it is gone."""
+    import ctypes
+    from ctypes import wintypes
+
+    k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]  # win32-only
+    k32.OpenProcess.restype = wintypes.HANDLE
+    k32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    k32.GetProcessTimes.argtypes = [wintypes.HANDLE] + [ctypes.POINTER(wintypes.FILETIME)] * 4
+    k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+    k32.WaitForSingleObject.restype = wintypes.DWORD
+    synchronize, query_limited = 0x00100000, 0x1000
+    k32.CloseHandle.argtypes = [wintypes.HANDLE]
+    ppid = _parent_pid_windows(k32.GetCurrentProcess())
+    if not ppid:
+        return None
+    handle = k32.OpenProcess(synchronize | query_limited, False, ppid)
+    if not handle:
+        return None
+    if _is_our_launcher(k32, handle):
+        # pip's tether.exe started this interpreter and waits for it: the app
+        # is the launcher's parent (the launcher itself outlives the app)
+        grand = _parent_pid_windows(handle)
+        k32.CloseHandle(handle)
+        handle = k32.OpenProcess(synchronize | query_limited, False, grand) if grand else None
+        if not handle:
+            return None
+
+    def created(h) -> int:
+        t = [wintypes.FILETIME() for _ in range(4)]
+        if not k32.GetProcessTimes(h, *[ctypes.byref(x) for x in t]):
+            return 0
+        return (t[0].dwHighDateTime << 32) | t[0].dwLowDateTime
+
+    if k32.WaitForSingleObject(handle, 0) == 0 or not 0 < created(handle) <= created(k32.GetCurrentProcess()):
+        k32.CloseHandle(handle)
+        return None
+    return handle
+
+
+def _parent_pid_windows(handle) -> int:
+    """The pid that created the process of ``handle`` (0 if unknown). Not
+    ``os.getppid()``: CPython 3.12 takes it from PssCaptureSnapshot, which
+    Wine does not implement (the process aborts)."""
+    import ctypes
+    from ctypes import wintypes
+
+    class _Basic(ctypes.Structure):  # PROCESS_BASIC_INFORMATION
+        _fields_ = [("ExitStatus", ctypes.c_long), ("PebBaseAddress", ctypes.c_void_p),
+                    ("AffinityMask", ctypes.c_size_t), ("BasePriority", ctypes.c_long),
+                    ("UniqueProcessId", ctypes.c_size_t),
+                    ("InheritedFromUniqueProcessId", ctypes.c_size_t)]
+
+    ntdll = ctypes.WinDLL("ntdll")  # type: ignore[attr-defined]  # win32-only
+    ntdll.NtQueryInformationProcess.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p,
+                                                wintypes.ULONG, ctypes.POINTER(wintypes.ULONG)]
+    ntdll.NtQueryInformationProcess.restype = ctypes.c_long
+    info = _Basic()
+    if ntdll.NtQueryInformationProcess(handle, 0, ctypes.byref(info), ctypes.sizeof(info), None):
+        return 0
+    return int(info.InheritedFromUniqueProcessId)
+
+
+def _is_our_launcher(k32, handle) -> bool:
+    """Whether ``handle`` is the console-script launcher (``tether.exe``) that runs us."""
+    import ctypes
+    from ctypes import wintypes
+
+    if not sys.argv or not sys.argv[0]:
+        return False
+    buf = ctypes.create_unicode_buffer(32768)
+    size = wintypes.DWORD(len(buf))
+    k32.QueryFullProcessImageNameW.argtypes = [wintypes.HANDLE, wintypes.DWORD, wintypes.LPWSTR,
+                                               ctypes.POINTER(wintypes.DWORD)]
+    if not k32.QueryFullProcessImageNameW(handle, 0, buf, ctypes.byref(size)):
+        return False
+    def norm(path: str) -> str:  # sys.argv[0] is the launcher's path, with or without ".exe"
+        path = os.path.normcase(os.path.abspath(path))
+        return path[:-4] if path.endswith(".exe") else path
+
+    return norm(buf.value) == norm(sys.argv[0])
+
+
+def _check_lifeline_windows(fd: int, lines: _Lifelines) -> str | None:
+    """Windows: FD (a C runtime fd, as Node passes stdio[3]) must be a pipe."""
+    try:
+        import msvcrt
+
+        handle = msvcrt.get_osfhandle(fd)  # type: ignore[attr-defined]  # win32-only stub
+    except OSError:
+        return f"--lifeline {fd}: not an open file descriptor; nothing was run"
+    if fd < 3:
+        return f"--lifeline {fd}: expected a file descriptor number of 3 or more; nothing was run"
+    import _winapi
+
+    try:
+        _winapi.PeekNamedPipe(handle, 0)  # type: ignore[attr-defined]  # win32-only stub
+    except BrokenPipeError:
+        pass  # a pipe, its writer gone already: seen as gone at the first look
+    except OSError:
+        return f"--lifeline {fd}: not a pipe or socket; nothing was run"
+    lines.win_pipe = handle
+    return None
+
+
+def _windows_gone(lines: _Lifelines) -> bool:
+    if lines.win_parent is not None:
+        import ctypes
+        from ctypes import wintypes
+
+        k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]  # win32-only
+        k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+        k32.WaitForSingleObject.restype = wintypes.DWORD
+        if k32.WaitForSingleObject(lines.win_parent, 0) == 0:  # WAIT_OBJECT_0: it exited
+            return True
+    return lines.win_pipe is not None and _pipe_writer_gone(lines.win_pipe)
+
+
+# -- the host layer's session rules from the command line (--session) ---------------
+
+MAX_KEY_BYTES = 256
+
+
+class SessionArgs:
+    """``--state-dir DIR --app APP --session KEY [--label TEXT] [--take-over]
+    [--report FILE | --report-fd N]``, checked (:func:`session_args`)."""
+
+    def __init__(self, state_dir: str, app: str, key: str, label: str | None = None,
+                 take_over: bool = False, report: str | None = None,
+                 report_fd: int | None = None) -> None:
+        self.state_dir, self.app, self.key, self.label = state_dir, app, key, label
+        self.take_over, self.report, self.report_fd = take_over, report, report_fd
+
+
+def session_args(state_dir: str | None, app: str | None, key: str | None, label: str | None,
+                 take_over: bool, report: str | None, report_fd: int | None
+                 ) -> SessionArgs | str | None:
+    """The session options checked before anything starts or is written: a
+    :class:`SessionArgs`, None (no session asked for), or why not (one line)."""
+    if key is None:
+        for name, given in (("--app", app), ("--label", label), ("--take-over", take_over),
+                            ("--report", report), ("--report-fd", report_fd)):
+            if given not in (None, False):
+                return f"{name} needs --session KEY"
+        return None
+    if state_dir is None or app is None:
+        return "--session needs --state-dir DIR and --app APP"
+    for name, text in (("--session", key), ("--app", app), ("--label", label)):
+        if text is not None and (not text.strip() or "\n" in text or "\r" in text or "\0" in text):
+            return f"{name} must be one non-empty line"
+    if len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
+        return f"--session must be at most {MAX_KEY_BYTES} bytes"
+    if not os.path.isdir(state_dir):
+        return f"--state-dir {state_dir}: no such directory"
+    if not os.access(state_dir, os.R_OK | os.W_OK | os.X_OK):
+        return f"--state-dir {state_dir}: not readable and writable by this user"
+    if report is not None and report_fd is not None:
+        return "--report and --report-fd: one or the other"
+    if report is not None:
+        parent = os.path.dirname(os.path.abspath(report))
+        if os.path.isdir(report) or (os.path.exists(report) and not os.access(report, os.W_OK)) or (
+                not os.path.exists(report) and not os.access(parent, os.W_OK | os.X_OK)):
+            return f"--report {report}: cannot write there"
+    if report_fd is not None:
+        import fcntl
+
+        try:
+            flags = fcntl.fcntl(report_fd, fcntl.F_GETFL)
+        except (OSError, ValueError, OverflowError):
+            return f"--report-fd {report_fd}: not an open file descriptor"
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            return f"--report-fd {report_fd}: not open for writing"
+    return SessionArgs(state_dir, app, key, label, take_over, report, report_fd)
+
+
+def _flock_held(path: str) -> bool | None:
+    """Whether some process holds an flock on ``path``, read from /proc/locks
+    without taking the lock (a lock taken to look would, for an instant, make a
+    starting copy believe the key held). None where that cannot be told."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        with open("/proc/locks") as f:
+            rows = f.read().splitlines()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for row in rows:
+        parts = row.split()
+        if len(parts) < 6 or parts[1] != "FLOCK":
+            continue
+        try:
+            major, minor, ino = parts[5].split(":")
+            if (int(major, 16), int(minor, 16), int(ino)) == want:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+class _SessionRun:
+    """One ``tether run --session``: a :class:`tether.Host` of APP holding the
+    session KEY - its one-copy rule, take-over and resume rule, as an app's
+    ``host.session(key)`` (the same code) - and the report of its end."""
+
+    def __init__(self, args: SessionArgs, *, mechanism: str, grace: float,
+                 require: str | None) -> None:
+        self.args, self.mechanism, self.grace, self.require = args, mechanism, grace, require
+        self.host: Any = None  # the tether.Host (imported late: the run path stays light)
+        self.session: Any = None  # its Session
+        self.stopped: Any = None  # the EndedWork of the stop that ended the job
+        self.taken_by: Any = None  # the pid that took the key over, if one did
+        self._stop_lock = threading.Lock()
+
+    def _refuse(self, info: dict, why: str = "--take-over ends that copy; nothing was run") -> int:
+        from .host import _held
+
+        print(f"tether: {_held(self.args.app, self.args.key, info, why)}", file=sys.stderr)
+        return EXIT_TETHER_FAILURE
+
+    def open(self) -> int | None:
+        """Hold the key (None) or refuse (the exit status, the line said)."""
+        from pathlib import Path
+
+        from .errors import SessionHeld
+        from .host import Host, _read_info, _SessionLock
+
+        a = self.args
+        if not a.take_over:
+            # Refused before the Host writes its run's records: a refusal changes nothing.
+            path = str(_SessionLock(Path(a.state_dir) / "sessions", a.app, a.key).path)
+            if _flock_held(path):
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    try:
+                        info = _read_info(fd)
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    info = {}
+                return self._refuse(info)
+        import logging
+
+        # the host layer's own log lines (its announcements) are the app's; the
+        # CLI says what it ended in its own lines below
+        logging.getLogger("tether.host").addHandler(logging.NullHandler())
+        self.host = Host(a.app, a.state_dir, self.require, mechanism=self.mechanism,
+                         grace=self.grace, reap=False, audit="required", read_log=False)
+        try:
+            self.session = self.host.session(a.key, take_over=a.take_over,
+                                             take_over_before=_started_at())
+        except SessionHeld as exc:
+            self.abandon()
+            return self._refuse({"pid": exc.pid, "start": exc.start, "run": exc.run},
+                                "--take-over ends that copy; nothing was run" if not a.take_over
+                                else "it could not be taken over; nothing was run")
+        resumed = self.session.resumed
+        if resumed:
+            for line in _ended_lines(resumed):
+                print(f"tether: {line}", file=sys.stderr)
+        return None
+
+    def abandon(self) -> None:
+        if self.host is not None:
+            with contextlib.suppress(Exception):
+                self.host.close()
+
+    def end(self, why: str, grace: float) -> None:
+        """A stop (a signal, the app gone): the session's stop, reported."""
+        with self._stop_lock:
+            if self.stopped is None and self.session is not None:
+                self.stopped = self.session.stop(why, grace=grace)
+
+    def finish(self, status: int) -> None:
+        from .stops import SESSION_CLOSED, TAKE_OVER
+
+        s = self.session
+        try:
+            if s is not None:
+                taken = s._lock.lost()
+                if not taken and self.stopped is None and status > 128:
+                    # killed, not by us: a take-over ends the copy first and
+                    # takes the key once that is done (its grace at most)
+                    deadline = time.monotonic() + self.grace + 2
+                    while not taken and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                        taken = s._lock.lost()
+                if taken:
+                    self.taken_by = s._lock.holder().get("pid")
+                self.end(TAKE_OVER if taken else SESSION_CLOSED, self.grace)
+        finally:
+            self.abandon()
+        self._report(status)
+
+    def _report(self, status: int) -> None:
+        a = self.args
+        if a.report is None and a.report_fd is None:
+            return
+        ended = self.stopped
+        out: dict[str, Any] = {"app": a.app, "session": a.key, "label": a.label, "exit": status,
+               "reason": ended.reason if ended is not None else None,
+               "text": str(ended) if ended else "",
+               "ended": _processes(ended) if ended is not None else [],
+               "resumed": None, "taken_over_by": self.taken_by}
+        resumed = self.session.resumed if self.session is not None else None
+        if resumed:
+            out["resumed"] = {"reason": resumed.reason, "text": str(resumed),
+                              "holder": resumed.holder, "ended": _processes(resumed)}
+        data = (json.dumps(out) + "\n").encode()
+        try:
+            if a.report_fd is not None:
+                os.write(a.report_fd, data)
+            else:
+                tmp = f"{a.report}.tmp-{os.getpid()}"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, str(a.report))
+        except OSError as exc:
+            print(f"tether: cannot write the report: {exc}", file=sys.stderr)
+
+
+def _started_at() -> float | None:
+    """This process's start as a ``time.time()``: a take-over was asked for then."""
+    from . import identity
+
+    me = identity.own()
+    if me is None:
+        return None
+    return time.time() - max(0.0, (identity.now_ticks() - me.start) / identity.clock_ticks())
+
+
+def _processes(work) -> list[dict]:
+    """Every process a stop (or resume) ended: pid, command name, runtime."""
+    out = []
+    for p in work.all_processes:
+        name = p.identity.comm if p.identity is not None and p.identity.comm else p.label
+        out.append({"pid": p.pid, "name": name, "label": p.label, "agent": p.root,
+                    "runtime_s": round(p.runtime_s, 3)})
+    return out
+
+
+def _ended_lines(work) -> list[str]:
+    """One line per process a take-over or resume ended: pid, name, how long it ran."""
+    from .stops import TAKE_OVER, format_duration
+
+    what = (f"took over {work.session}" + (f" from pid {work.holder}" if work.holder else "")
+            if work.reason == TAKE_OVER else f"resumed {work.session}")
+    return [f"{what}: ended pid {p['pid']} ({p['name']}), ran {format_duration(p['runtime_s'])}"
+            for p in _processes(work)]

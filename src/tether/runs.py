@@ -118,7 +118,8 @@ class JobInfo:
 class Run:
     """One owner's run: its owner's identity, its jobs, its recorded processes."""
 
-    __slots__ = ("run", "owner", "owner_conflict", "app", "end_ts", "jobs", "procs", "cgroups")
+    __slots__ = ("run", "owner", "owner_conflict", "app", "end_ts", "jobs", "procs", "cgroups",
+                 "lost", "lost_checked")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -129,6 +130,8 @@ class Run:
         self.jobs: dict[str, JobInfo] = {}
         self.procs: dict[tuple[int, int], Proc] = {}
         self.cgroups: set[str] = set()
+        self.lost = 0  # records of this run ``audit-gap`` records say were lost
+        self.lost_checked = 0  # ... of which a reap already fell back to other proof for
 
     def job_flag(self, job: str | None, key: str) -> bool:
         info = self.jobs.get(job) if job is not None else None
@@ -177,13 +180,18 @@ def _ident(v: Any, boot: str, cache: dict) -> Identity | None:
 
 
 def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
-              notes: list[str] | None = None) -> dict[str, Run]:
+              notes: list[str] | None = None, gaps: dict[str | None, int] | None = None,
+              since: float | None = None) -> dict[str, Run]:
     """Every run the log in ``state_dir`` records, by run id (see the module doc).
 
     ``stats``: a ``tether.audit.ReadStats`` to fill. ``notes``: a list that
-    gets one line per thing that limited the reading. Raises
+    gets one line per thing that limited the reading. ``gaps``: a dict that
+    gets, per run id, the records ``audit-gap`` records say were lost and no
+    reap has yet fallen back for (``Run.lost`` - ``Run.lost_checked``), and
+    under ``None`` those of no known run. Raises
     ``tether.audit.AuditDirError`` for an unsafe directory; a missing or
-    empty log gives ``{}``.
+    empty log gives ``{}``. ``since``: only the files written since then
+    (``tether.audit.read_records``): the runs of that time, bounded.
     """
     from . import audit
 
@@ -195,11 +203,19 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     cache: dict = {}
     unusable = 0
     lost = 0
-    for rec in audit.read_records(state_dir, stats=stats):
+    gap_lost: dict[str | None, int] = {}
+    checked: dict[str | None, int] = {}
+    for rec in audit.read_records(state_dir, stats=stats, since=since):
         if rec.get("event") not in SOURCES:
             if rec.get("event") == "error" and rec.get("error") == "audit-carry-loss":
                 n = rec.get("lost")
                 lost += n if type(n) is int and n > 0 else 0
+            elif rec.get("event") == "error" and rec.get("error") == "audit-gap":
+                _gap(rec, gap_lost)
+            elif rec.get("event") == "reap" and rec.get("how") == GAP_CHECKED:
+                run_id, n = _str(rec.get("run")), rec.get("lost")
+                if type(n) is int and n > 0:
+                    checked[run_id] = checked.get(run_id, 0) + n
             continue
         try:
             if not _absorb(rec, runs, boot, cache, alive):
@@ -207,13 +223,21 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         except (TypeError, ValueError, KeyError, AttributeError):
             unusable += 1  # a well-formed line of the wrong shape: skip it, keep reading
     for name in shell_log_names(state_dir):
-        for rec in audit.read_records(state_dir, filename=name, stats=stats):
+        for rec in audit.read_records(state_dir, filename=name, stats=stats, since=since):
             try:
                 for r in shell_records(rec):
                     if not _absorb(r, runs, boot, cache, alive):
                         unusable += 1
             except (TypeError, ValueError, KeyError, AttributeError):
                 unusable += 1
+    for run_id, n in gap_lost.items():
+        run = runs.get(run_id) if run_id is not None else None
+        if run is not None:
+            run.lost += n
+            run.lost_checked = min(run.lost, checked.get(run_id, 0))
+        net = n - checked.get(run_id, 0)
+        if gaps is not None and net > 0:
+            gaps[run_id] = net
     if notes is not None:
         if unusable:
             notes.append(f"{unusable} audit record(s) had fields of the wrong type and were ignored")
@@ -222,7 +246,33 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
         if lost:
             notes.append(f"the audit log's size cap dropped {lost} record(s) a rotation would "
                          "have carried forward: what they proved cannot be proven now")
+        if gaps is None:  # (a caller that takes the gaps reports them itself)
+            for run_id, n in sorted(gap_lost.items(), key=lambda kv: kv[0] or ""):
+                net = n - checked.get(run_id, 0)
+                if net > 0:
+                    notes.append(f"the audit log lost {net} record(s) of run "
+                                 f"{run_id or '(unknown)'} (audit-gap: a full disk?): what "
+                                 "they recorded is not known")
     return runs
+
+
+#: ``how`` of the ``reap`` record a reap writes once it fell back to the
+#: proofs it still has for a run with lost records (so later reaps do not
+#: report that gap again).
+GAP_CHECKED = "gap-checked"
+
+
+def _gap(rec: dict[str, Any], out: dict[str | None, int]) -> None:
+    """Count one ``audit-gap`` record: its lost records, by the runs it names
+    (each named run may have lost them all), or under None."""
+    n = rec.get("lost")
+    if type(n) is not int or n <= 0:
+        return  # nothing lost for good (``kept`` records were written late)
+    runs = rec.get("runs")
+    names: list[str | None] = [r for r in runs[:64] if type(r) is str and r] \
+        if type(runs) is list else []
+    for r in names or [None]:
+        out[r] = out.get(r, 0) + n
 
 
 def shell_log_names(state_dir: str | os.PathLike[str]) -> list[str]:
@@ -253,7 +303,7 @@ def shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     scope = rec.get("scope")
     cg = _str(rec.get("cgroup"))
     shared = scope == "caller" and cg is not None
-    if shared:
+    if shared and cg is not None:
         job = os.path.basename(cg)  # the caller's one cgroup is the job of all its commands
     base = {"v": rec.get("v"), "ts": rec.get("ts"), "run": run, "job": job}
     child, start = rec.get("child"), rec.get("start")
@@ -321,10 +371,10 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
                 # runs (its job-close, if any, may have been read and forgotten).
                 keeper = _ident(rec.get("keeper"), boot, cache)
                 info.closed = keeper is None or not identity.is_alive(keeper)
-        for key in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
-            v = _str(rec.get(key))
-            if v is not None and getattr(info, key) is None:
-                setattr(info, key, v)
+        for attr in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
+            v = _str(rec.get(attr))
+            if v is not None and getattr(info, attr) is None:
+                setattr(info, attr, v)
         if rec.get("background") is True and event != "spawn":
             info.background = True
         if rec.get("detached") is True and event != "spawn":
@@ -385,7 +435,7 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             return False
         if not (carried and info.tasks is not None):
             info.tasks = [t for t in tasks[:MAX_TASKS] if type(t) is dict]
-    elif event == "job-close" and info is not None:
+    elif event == "job-close" and info is not None and job is not None:
         info.closed = True
         # A closed job with nothing left that may be alive proves nothing
         # more: forgotten now, so memory follows what may still be alive.

@@ -56,13 +56,11 @@ import sys
 
 __all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
 
-DEFAULT_GRACE = 0.5
+from ._constants import EXIT_INTERNAL, EXIT_NOEXEC, EXIT_NOT_FOUND, EXIT_USAGE  # noqa: E402
+from ._constants import SHELL_GRACE as DEFAULT_GRACE  # noqa: E402
+
 DEFAULT_LOG_DAYS = 14
 DEFAULT_LOG_MAX_BYTES = 4 * 2**20
-EXIT_USAGE = 2
-EXIT_INTERNAL = 125
-EXIT_NOEXEC = 126
-EXIT_NOT_FOUND = 127
 _PROG = "tether-shell"
 _HANDED_ARGV0 = "_TETHER_SHELL_ARGV0"  # = shell.c's ARGV0_VAR
 _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
@@ -125,9 +123,9 @@ def _json_value(v: object) -> str:
     t = type(v)
     if t is int:
         return str(v)
-    if t is str:
+    if type(v) is str:
         return _json_str(v[:1024])
-    if t is dict:
+    if type(v) is dict:
         return "{" + ",".join([f'"{k}":{_json_value(x)}' for k, x in v.items()]) + "}"
     if v is None:
         return "null"
@@ -307,7 +305,7 @@ class ShellLog:
               mechanism: str | None, detail: dict[str, object],
               job: "dict[str, object] | None" = None) -> bool:
         """One record; ``job``: the fields that name the job (see the class doc)."""
-        if not self._open():
+        if not self._open() or self.fd is None:  # (open: fd is set)
             return False
         import time
 
@@ -450,7 +448,7 @@ def _errcode(exc: "BaseException") -> str:
 # -- running one command -------------------------------------------------------------
 
 def _self_paths() -> list[str]:
-    paths = []
+    paths: list[str] = []
     a0 = sys.argv[0] if sys.argv else ""
     if a0 and a0 not in ("-c", "-m"):
         try:
@@ -467,7 +465,7 @@ def _windows_command(parsed, argv: list[str], comspec: str) -> str:
     """COMSPEC mode on Windows: cmd.exe gets the caller's raw flags and command text."""
     import ctypes
 
-    get = ctypes.windll.kernel32.GetCommandLineW
+    get = ctypes.windll.kernel32.GetCommandLineW  # type: ignore[attr-defined]  # Windows-only; mypy checks as Linux
     get.restype = ctypes.c_wchar_p
     cmdline = get() or ""
     from ._shellargs import comspec_tail
@@ -708,7 +706,7 @@ def _run_job(args, shell, parsed, argc, mech, grace, log, sigs, t0, with_caller=
                       detail={"argc": argc, "login": parsed.login})
         stop = _wait(p, sigs, caller)
         if stop == _CALLER_GONE:
-            job.kill_all()  # the caller is gone: the job goes with it, at once
+            job.terminate(0)  # the caller is gone: the job goes with it, at once (no grace)
             stop = None
             try:
                 p.wait(timeout=5)

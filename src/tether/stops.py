@@ -22,6 +22,7 @@ from typing import Any
 from .identity import Identity
 
 __all__ = ["EndedProcess", "EndedTask", "EndedWork", "Resumed", "format_duration", "argv_label",
+           "oneline",
            "USER_REQUEST", "IDLE_RELEASE", "APP_EXIT", "RESUME", "TAKE_OVER", "SESSION_CLOSED",
            "WORK"]
 
@@ -48,6 +49,20 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h {(s % 3600) // 60:02d}m"
     return f"{s // 86400}d {(s % 86400) // 3600:02d}h"
+
+
+# A command line may hold newlines, tabs, escape sequences: one line each, and
+# nothing that drives the terminal.
+_CONTROL = {c: " " for c in range(32)} | {127: " "} | {c: " " for c in range(0x80, 0xA0)}
+
+
+def oneline(text: str) -> str:
+    """``text`` (a process name, command line or path read from ``/proc``, a
+    label) as one printable line: control characters (escape sequences,
+    newlines, C1 controls) become spaces, runs of blanks one. The one cleaner
+    for what tether prints of a process it did not name itself (``tether
+    ps``, ``tether reap``, a host's stop and resume sentences)."""
+    return " ".join(text.translate(_CONTROL).split())
 
 
 def argv_label(args: Any) -> str:
@@ -156,7 +171,7 @@ class EndedWork:
         if other_procs:
             extras.append(_plural(other_procs, "process"))
         rest = (" and " + " and ".join(extras)) if extras else ""
-        return label, runtime, rest
+        return oneline(label), runtime, rest
 
     def __str__(self) -> str:
         if not self:
@@ -218,19 +233,21 @@ class Resumed(EndedWork):
         rest = [p for p in self.processes if not p.root]
         parts: list[str] = []
         if tasks:
-            parts.append(f"`{tasks[0].label}` (running {format_duration(tasks[0].runtime_s)})")
+            parts.append(f"`{oneline(tasks[0].label)}` (running "
+                         f"{format_duration(tasks[0].runtime_s)})")
             if len(tasks) > 1:
                 parts.append(_plural(len(tasks) - 1, "task"))
         if roots:
             shown = roots[0] if tasks else None
             if shown is None:
-                parts.append(f"`{roots[0].label}` (running {format_duration(roots[0].runtime_s)})")
+                parts.append(f"`{oneline(roots[0].label)}` (running "
+                             f"{format_duration(roots[0].runtime_s)})")
             else:
-                parts.append(f"`{roots[0].label}`")
+                parts.append(f"`{oneline(roots[0].label)}`")
             rest += roots[1:]
         elif not tasks:
             top = max(rest, key=lambda p: p.runtime_s)
-            parts.append(f"`{top.label}` (running {format_duration(top.runtime_s)})")
+            parts.append(f"`{oneline(top.label)}` (running {format_duration(top.runtime_s)})")
             rest = [p for p in rest if p is not top]
         text = " and ".join(parts) if len(parts) < 3 else (
             ", ".join(parts[:-1]) + " and " + parts[-1])

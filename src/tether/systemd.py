@@ -55,7 +55,8 @@ def delegation(path: str, where: str | None = None, *,
     a no; a cgroup a non-root user owns outside a user manager's subtree (what
     systemd hands a ``Delegate=yes`` unit with ``User=``, or an administrator
     a delegated subtree) is a yes; else the unit's ``Delegate`` property,
-    from ``systemctl show`` (bounded to 2 s).
+    from ``systemctl show`` (bounded to 2 s), asked once per unit and kept
+    on its cgroup (:data:`DELEGATION_MEMO`).
     """
     unit = systemd_unit(path, where)
     if unit is None:
@@ -87,13 +88,42 @@ def delegation(path: str, where: str | None = None, *,
     user = bool(managers) or name.startswith("user@")
     if user and name != f"user@{euid}.service" and managers and managers[-1] != f"user@{euid}.service":
         return False, f"{name} belongs to another user's manager ({managers[-1]})"
-    prop = _unit_delegate(systemctl, name, user and not name.startswith("user@"))
+    memo = _remembered(udir)
+    prop = memo or _unit_delegate(systemctl, name, user and not name.startswith("user@"))
+    if prop in ("yes", "no") and memo is None:
+        _remember(udir, prop)
+    said = "remembered from systemctl" if memo else "systemctl"
     if prop == "yes":
-        return True, f"{name} is delegated (systemctl: Delegate=yes)"
+        return True, f"{name} is delegated ({said}: Delegate=yes)"
     if prop == "no":
         return False, not_delegated
     return False, (f"cannot tell whether {name} is delegated ({prop}): "
                    "not using it (fail closed)")
+
+
+#: systemctl's answer for a unit, kept on the unit's own cgroup so that it is
+#: asked once per unit, not on every start: the native tether-shell and
+#: tether run read it (DELEGATION_MEMO in _native/shell.c) and decide without
+#: an interpreter. It lives as long as the unit: a new unit of the same name
+#: is a new directory, and is asked again. Only who may write the unit's
+#: cgroup (its owner) can set it, and the answer is about systemd's wishes
+#: for that owner's own cgroup, not about anyone else's processes.
+from ._constants import DELEGATION_MEMO  # noqa: E402 - shared with the native front ends
+
+
+def _remembered(udir: str) -> str | None:
+    try:
+        val = os.getxattr(udir, DELEGATION_MEMO).strip().decode("ascii", "replace")
+    except OSError:
+        return None
+    return val if val in ("yes", "no") else None
+
+
+def _remember(udir: str, prop: str) -> None:
+    try:
+        os.setxattr(udir, DELEGATION_MEMO, prop.encode())
+    except OSError:  # not ours to mark, or no user xattrs here: asked again next time
+        pass
 
 
 def _unit_delegate(systemctl: str, unit: str, user: bool) -> str:

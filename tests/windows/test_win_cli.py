@@ -86,3 +86,39 @@ def test_die_with_stdin_ends_the_job_when_the_writer_goes(tracker, child_cmd, to
     p.stdin.close()
     assert p.wait(30) == 129  # as for SIGHUP on POSIX
     assert tracker.wait_gone(tree, 3.0) == []
+
+
+@pytest.mark.parametrize("option,via", [("--die-with-parent", "python"), ("control", "python"),
+                                        ("--die-with-parent", "tether.exe")])
+def test_die_with_parent_ends_the_job_when_the_parent_is_killed(tracker, api, child_cmd, token,
+                                                                option, via):
+    """The app (here a Python parent) is killed (TerminateProcess): with
+    --die-with-parent, tether ends the job; the control, without it, leaves
+    tether and the tree running (tether was not killed, only its parent).
+    Through pip's tether.exe the watched parent is the app, not the launcher."""
+    import os
+
+    exe = os.path.join(os.environ.get("TETHER_LANE_SCRIPTS", ""), "tether.exe")
+    if via == "tether.exe" and not os.path.exists(exe):
+        pytest.skip("no lane launcher (TETHER_LANE_SCRIPTS)")
+    head = [exe] if via == "tether.exe" else [sys.executable, "-m", "tether"]
+    run = [*head, "run", *([option] if option != "control" else []), "--"]
+    app = _py("import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)")
+    p = tracker.popen(subprocess.Popen(app + run + child_cmd("tree", token), stdout=PIPE, text=True))
+    _, child, grandchild = p.stdout.readline().split()
+    tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
+    assert tracker.wait_gone(tree, 0.5) == tree  # the parent lives: the job runs on
+    api.TerminateProcess(int(p._handle), 9)
+    assert p.wait(10) == 9
+    if option == "control":
+        assert tracker.wait_gone(tree, 1.0) == tree
+    else:
+        assert tracker.wait_gone(tree, 5.0) == []
+
+
+def test_die_with_parent_and_lifeline_bad_input(tracker):
+    for args, words in ((["--lifeline", "2"], "3 or more"), (["--lifeline", "97"], "not an open")):
+        p = tracker.popen(subprocess.Popen([sys.executable, "-m", "tether", "run", *args, "--",
+                                            "cmd", "/c", "exit 0"], stderr=PIPE, text=True))
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 125 and words in err and err.count("\n") == 1, err

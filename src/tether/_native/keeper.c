@@ -10,6 +10,7 @@
  *
  *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
  *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]
+ *                 [keep=FD,...]
  *   tether-keeper pin KEEPER_PID      (a job's pin, started by its keeper: pin_job)
  *
  * legacy=1 makes it behave as on a kernel without clone3, cgroup.kill and
@@ -21,11 +22,11 @@
  *
  * MECH is cgroup, subreaper or pidns (the process-group mechanism stays in
  * Python: it needs the table capture). The owner talks to it over CTL_FD, a
- * SOCK_SEQPACKET socket, in the protocol of tether/platform/_proto.py: one
- * datagram is one marshal-encoded dict (version 4, as Python writes it: with
- * back references), with file descriptors in SCM_RIGHTS; a payload too big
- * for a datagram travels in a memfd ({"_memfd": size} + the fd). The
- * requests, and the replies, are those of _keeper_socket.SocketKeeper.
+ * SOCK_STREAM unix socket, in the protocol docs/protocol.md describes (and
+ * tether/platform/_proto.py speaks): one frame is a 4-byte big-endian length
+ * and a CBOR map, with file descriptors in SCM_RIGHTS on its first bytes; a
+ * payload too big for a frame travels in a memfd ({"_memfd": size} + the
+ * fd). The requests, and the replies, are those of _keeper_socket.SocketKeeper.
  *
  * Mechanisms, and their traps:
  *  - cgroup: each child is cloned straight into the job's cgroup
@@ -87,12 +88,15 @@
 #define PR_SET_CHILD_SUBREAPER 36
 #endif
 
-#define MAX_MSG (64 * 1024 + 4096) /* = _proto.RECV_SIZE */
-#define MAX_FDS 250
+/* constants shared with the Python side, generated from tether/_constants.py */
+#include "tether_constants.h"
+
+#define MAX_MSG TETHER_MAX_MSG /* largest frame body */
+#define MAX_FDS TETHER_MAX_FDS
 #define MAX_CHILDREN 65536
-#define KILL_BOUND 5.0
-/* the child cgroup of a job that holds its pin (= cgroupfs.PIN_DIR) */
-#define PIN_DIR "tether-pin"
+#define KILL_BOUND TETHER_KILL_BOUND
+/* the child cgroup of a job that holds its pin */
+#define PIN_DIR TETHER_PIN_DIR
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                            */
@@ -217,7 +221,7 @@ static const struct dent64 *dir_next(struct dir_walk *w)
 }
 
 /* ------------------------------------------------------------------------ */
-/* marshal (the subset tether's messages use)                              */
+/* the wire: CBOR (RFC 8949), the subset docs/protocol.md lists             */
 
 enum vtype { V_NONE, V_BOOL, V_INT, V_FLOAT, V_BYTES, V_STR, V_LIST, V_DICT };
 
@@ -233,8 +237,6 @@ struct value {
 
 typedef struct {
     const unsigned char *p, *end;
-    value **refs;
-    size_t nrefs, caprefs;
     char *arena;        /* every value of one message */
     size_t used, cap;
     int bad;
@@ -271,49 +273,86 @@ static int need(reader *r, size_t n)
     return 1;
 }
 
-static int32_t rd_i32(reader *r)
+/* The argument of an item head (big-endian, 0, 1, 2, 4 or 8 bytes); *indef
+ * set for additional information 31. */
+static uint64_t rd_arg(reader *r, int ai, int *indef)
 {
-    if (!need(r, 4))
+    *indef = 0;
+    if (ai < 24)
+        return (uint64_t)ai;
+    if (ai == 31) {
+        *indef = 1;
         return 0;
-    uint32_t u = (uint32_t)r->p[0] | ((uint32_t)r->p[1] << 8) | ((uint32_t)r->p[2] << 16) |
-                 ((uint32_t)r->p[3] << 24);
-    r->p += 4;
-    return (int32_t)u;
+    }
+    if (ai > 27) { /* 28-30: reserved */
+        r->bad = 1;
+        return 0;
+    }
+    size_t n = (size_t)1 << (ai - 24);
+    if (!need(r, n))
+        return 0;
+    uint64_t u = 0;
+    for (size_t k = 0; k < n; k++)
+        u = (u << 8) | r->p[k];
+    r->p += n;
+    return u;
 }
 
-static size_t add_ref(reader *r, value *v)
+/* An IEEE half (CBOR's shortest float) as a double: built from its bits. */
+static double half_to_double(unsigned h)
 {
-    if (r->nrefs == r->caprefs) {
-        size_t cap = r->caprefs ? r->caprefs * 2 : 64;
-        value **n = arena_alloc(r, cap * sizeof(value *));
-        if (!n)
-            return 0;
-        if (r->nrefs)
-            memcpy(n, r->refs, r->nrefs * sizeof(value *));
-        r->refs = n;
-        r->caprefs = cap;
+    uint64_t e = (h >> 10) & 0x1f, m = h & 0x3ff, sign = (uint64_t)(h >> 15) << 63, u;
+    double x;
+    if (e == 0) { /* subnormal: m * 2^-24, exact */
+        x = (double)m / 16777216.0;
+        return sign ? -x : x;
     }
-    r->refs[r->nrefs] = v;
-    return r->nrefs++;
+    u = sign | (e == 31 ? (uint64_t)0x7ff << 52 : (e - 15 + 1023) << 52) | m << 42;
+    memcpy(&x, &u, sizeof x);
+    return x;
 }
 
 static value *rd_value(reader *r, int depth);
 
-static value *rd_seq(reader *r, value *v, size_t n, int depth, int is_dict)
+/* The items of an array (per = 1) or a map (per = 2): n of them, or up to
+ * a break (indef). */
+static value *rd_items(reader *r, value *v, uint64_t n, int indef, int per, int depth)
 {
-    if (n > (size_t)(r->end - r->p)) { /* each item is at least one byte */
+    if (!indef && n > (uint64_t)(r->end - r->p) / (uint64_t)per) { /* each item >= 1 byte */
         r->bad = 1;
         return NULL;
     }
-    v->items = arena_alloc(r, (n ? n : 1) * sizeof(value *) * (is_dict ? 2 : 1));
-    if (!v->items)
-        return NULL;
-    for (size_t k = 0; k < n * (is_dict ? 2 : 1); k++) {
-        v->items[k] = rd_value(r, depth + 1);
-        if (!v->items[k])
+    size_t cap = indef ? 8 : (size_t)n, got = 0;
+    value **items = arena_alloc(r, (cap ? cap : 1) * sizeof(value *) * (size_t)per);
+    for (;;) {
+        if (!items)
             return NULL;
+        if (indef) {
+            if (!need(r, 1))
+                return NULL;
+            if (*r->p == 0xff) {
+                r->p++;
+                break;
+            }
+        } else if (got == n)
+            break;
+        if (got == cap) {
+            value **more = arena_alloc(r, cap * 2 * sizeof(value *) * (size_t)per);
+            if (more)
+                memcpy(more, items, cap * sizeof(value *) * (size_t)per);
+            items = more;
+            cap *= 2;
+            continue;
+        }
+        for (int k = 0; k < per; k++) {
+            items[got * (size_t)per + (size_t)k] = rd_value(r, depth + 1);
+            if (!items[got * (size_t)per + (size_t)k])
+                return NULL;
+        }
+        got++;
     }
-    v->len = n;
+    v->items = items;
+    v->len = got;
     return v;
 }
 
@@ -323,157 +362,62 @@ static value *rd_value(reader *r, int depth)
         r->bad = 1;
         return NULL;
     }
-    int code = *r->p++;
-    int flag = code & 0x80;
-    code &= 0x7f;
-    value *v = NULL;
-    size_t slot = 0;
-    switch (code) {
-    case 'N': v = new_value(r, V_NONE); break;
-    case 'T': case 'F':
-        v = new_value(r, V_BOOL);
-        if (v)
-            v->i = code == 'T';
-        break;
-    case 'i':
-        v = new_value(r, V_INT);
-        if (v)
-            v->i = rd_i32(r);
-        break;
-    case 'g': { /* a binary double, little-endian */
-        if (!need(r, 8))
-            return NULL;
-        uint64_t u = 0;
-        for (int k = 7; k >= 0; k--)
-            u = (u << 8) | r->p[k];
-        r->p += 8;
-        v = new_value(r, V_FLOAT);
-        if (v)
-            memcpy(&v->f, &u, sizeof v->f);
-        break;
-    }
-    case 'l': { /* sign and count of 15-bit digits, least significant first */
-        int32_t n = rd_i32(r);
-        int64_t acc = 0;
-        uint32_t cnt = (uint32_t)(n < 0 ? -(int64_t)n : n);
-        if (cnt > 5 || !need(r, cnt * 2)) { /* beyond 75 bits: not one of ours */
-            r->bad = 1;
-            return NULL;
-        }
-        for (uint32_t k = 0; k < cnt; k++) {
-            uint64_t d = (uint64_t)r->p[0] | ((uint64_t)r->p[1] << 8);
-            r->p += 2;
-            if (k == 4 && d > 0xF) { /* keep it in 64 bits: saturate */
-                acc = INT64_MAX;
-                continue;
-            }
-            acc |= (int64_t)(d << (15 * k));
-        }
-        v = new_value(r, V_INT);
-        if (v)
-            v->i = n < 0 ? -acc : acc;
-        break;
-    }
-    case 's': case 'u': case 't': case 'a': case 'A': {
-        int32_t n = rd_i32(r);
-        if (n < 0 || !need(r, (size_t)n)) {
-            r->bad = 1;
-            return NULL;
-        }
-        v = new_value(r, code == 's' ? V_BYTES : V_STR);
-        if (v) {
-            v->s = (const char *)r->p;
-            v->len = (size_t)n;
-        }
-        r->p += n;
-        break;
-    }
-    case 'z': case 'Z': {
-        if (!need(r, 1))
-            return NULL;
-        size_t n = *r->p++;
-        if (!need(r, n))
-            return NULL;
-        v = new_value(r, V_STR);
-        if (v) {
-            v->s = (const char *)r->p;
-            v->len = n;
-        }
-        r->p += n;
-        break;
-    }
-    case '(': case '[': case ')': {
-        size_t n;
-        if (code == ')') {
-            if (!need(r, 1))
-                return NULL;
-            n = *r->p++;
-        } else {
-            int32_t m = rd_i32(r);
-            if (m < 0) {
-                r->bad = 1;
-                return NULL;
-            }
-            n = (size_t)m;
-        }
-        v = new_value(r, V_LIST);
-        if (!v)
-            return NULL;
-        if (flag)
-            slot = add_ref(r, v), flag = 0;
-        (void)slot;
-        return rd_seq(r, v, n, depth, 0);
-    }
-    case '{': {
-        v = new_value(r, V_DICT);
-        if (!v)
-            return NULL;
-        if (flag)
-            add_ref(r, v), flag = 0;
-        size_t cap = 16, n = 0;
-        value **items = arena_alloc(r, cap * 2 * sizeof(value *));
-        for (;;) {
-            if (!items || !need(r, 1))
-                return NULL;
-            if (*r->p == '0') {
-                r->p++;
-                break;
-            }
-            if (n == cap) {
-                value **more = arena_alloc(r, cap * 4 * sizeof(value *));
-                if (!more)
-                    return NULL;
-                memcpy(more, items, cap * 2 * sizeof(value *));
-                items = more;
-                cap *= 2;
-            }
-            items[2 * n] = rd_value(r, depth + 1);
-            if (!items[2 * n])
-                return NULL;
-            items[2 * n + 1] = rd_value(r, depth + 1);
-            if (!items[2 * n + 1])
-                return NULL;
-            n++;
-        }
-        v->items = items;
-        v->len = n;
-        return v;
-    }
-    case 'r': {
-        int32_t k = rd_i32(r);
-        if (k < 0 || (size_t)k >= r->nrefs || !r->refs[k]) {
-            r->bad = 1;
-            return NULL;
-        }
-        return r->refs[k];
-    }
-    default:
-        r->bad = 1;
+    int b = *r->p++, major = b >> 5, ai = b & 31, indef;
+    uint64_t u = rd_arg(r, ai, &indef);
+    if (r->bad)
         return NULL;
+    value *v = NULL;
+    switch (major) {
+    case 0: case 1: /* unsigned, negative: -1 - u; saturated to 64 bits */
+        if (indef)
+            break;
+        v = new_value(r, V_INT);
+        if (v)
+            v->i = major == 0 ? (u > INT64_MAX ? INT64_MAX : (int64_t)u)
+                              : (u > INT64_MAX ? INT64_MIN : -1 - (int64_t)u);
+        return v;
+    case 2: case 3: /* bytes, text: definite length only */
+        if (indef || !need(r, u))
+            break;
+        v = new_value(r, major == 2 ? V_BYTES : V_STR);
+        if (v) {
+            v->s = (const char *)r->p;
+            v->len = (size_t)u;
+        }
+        r->p += u;
+        return v;
+    case 4: case 5:
+        v = new_value(r, major == 4 ? V_LIST : V_DICT);
+        return v ? rd_items(r, v, u, indef, major == 4 ? 1 : 2, depth) : NULL;
+    case 7:
+        if (ai == 20 || ai == 21) {
+            v = new_value(r, V_BOOL);
+            if (v)
+                v->i = ai == 21;
+            return v;
+        }
+        if (ai == 22)
+            return new_value(r, V_NONE);
+        if (ai >= 25 && ai <= 27) {
+            v = new_value(r, V_FLOAT);
+            if (!v)
+                return NULL;
+            if (ai == 25) {
+                v->f = half_to_double((unsigned)u);
+            } else if (ai == 26) {
+                uint32_t w32 = (uint32_t)u;
+                float f;
+                memcpy(&f, &w32, sizeof f);
+                v->f = f;
+            } else {
+                memcpy(&v->f, &u, sizeof v->f);
+            }
+            return v;
+        }
+        break;
     }
-    if (v && flag)
-        add_ref(r, v);
-    return v;
+    r->bad = 1; /* tags, undefined, simple values, a stray break, chunked strings */
+    return NULL;
 }
 
 static value *dict_get(const value *d, const char *key)
@@ -501,20 +445,21 @@ static int dict_true(const value *d, const char *key)
     return v && (v->t == V_BOOL || v->t == V_INT) && v->i;
 }
 
-/* A timeout: a float or an int, clamped to [0, 3600] (= ending.MAX_GRACE). */
+/* A timeout: a float or an int, clamped to [0, MAX_GRACE]. */
 static double dict_seconds(const value *d, const char *key, double dflt)
 {
     const value *v = dict_get(d, key);
     double x = !v ? dflt : v->t == V_FLOAT ? v->f : v->t == V_INT ? (double)v->i : dflt;
     if (!(x >= 0)) /* NaN too */
         return dflt;
-    return x > 3600 ? 3600 : x;
+    return x > TETHER_MAX_GRACE ? TETHER_MAX_GRACE : x;
 }
 
 /* -- writing replies -------------------------------------------------------- */
 
+/* A frame: a 4-byte big-endian length, then the CBOR body. */
 typedef struct {
-    unsigned char buf[MAX_MSG];
+    unsigned char buf[4 + MAX_MSG];
     size_t n;
     int bad;
 } writer;
@@ -525,7 +470,7 @@ static writer the_writer;
 
 static writer *wbegin(void)
 {
-    the_writer.n = 0;
+    the_writer.n = 4; /* the length goes first: send_msg */
     the_writer.bad = 0;
     return &the_writer;
 }
@@ -546,34 +491,23 @@ static void w_byte(writer *w, int c)
     w_bytes(w, &b, 1);
 }
 
-static void w_i32raw(writer *w, int32_t v)
+/* An item head: major type and its argument, in the shortest form. */
+static void w_head(writer *w, int major, uint64_t u)
 {
-    uint32_t u = (uint32_t)v;
-    unsigned char b[4] = {(unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
-                          (unsigned char)(u >> 24)};
-    w_bytes(w, b, 4);
+    unsigned char b[9];
+    int n = u < 24 ? 0 : u <= 0xff ? 1 : u <= 0xffff ? 2 : u <= 0xffffffffu ? 4 : 8;
+    b[0] = (unsigned char)(major << 5 | (n == 0 ? (int)u : n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27));
+    for (int k = 0; k < n; k++)
+        b[1 + k] = (unsigned char)(u >> (8 * (n - 1 - k)));
+    w_bytes(w, b, (size_t)(1 + n));
 }
 
 static void w_int(writer *w, int64_t v)
 {
-    if (v >= INT32_MIN && v <= INT32_MAX) {
-        w_byte(w, 'i');
-        w_i32raw(w, (int32_t)v);
-        return;
-    }
-    uint64_t a = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
-    unsigned char digs[10];
-    int n = 0;
-    while (a) {
-        uint16_t d = (uint16_t)(a & 0x7fff);
-        digs[2 * n] = (unsigned char)d;
-        digs[2 * n + 1] = (unsigned char)(d >> 8);
-        a >>= 15;
-        n++;
-    }
-    w_byte(w, 'l');
-    w_i32raw(w, v < 0 ? -n : n);
-    w_bytes(w, digs, (size_t)(2 * n));
+    if (v >= 0)
+        w_head(w, 0, (uint64_t)v);
+    else
+        w_head(w, 1, (uint64_t)(-(v + 1)));
 }
 
 /* Length of the well-formed UTF-8 sequence at p (as Python's strict
@@ -604,22 +538,28 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
     return len;
 }
 
-/* A str as Python decodes these bytes: "surrogateescape" (a file name: each
- * undecodable byte becomes U+DC80..U+DCFF, which marshal carries
- * surrogate-passed) or "backslashreplace" (a comm, as identity.read shows it). */
-enum undecodable { AS_SURROGATE, AS_BACKSLASH };
+/* A name from the system, which need not be UTF-8: a text string where it
+ * is; otherwise a byte string, as it is (a file name: AS_BYTES), or a text
+ * string with each undecodable byte as \xHH (a comm, as identity.read
+ * shows it: AS_BACKSLASH). */
+enum undecodable { AS_BYTES, AS_BACKSLASH };
 
 static void w_text(writer *w, const char *s, size_t n, enum undecodable how)
 {
     const unsigned char *p = (const unsigned char *)s;
-    size_t out = 0;
+    size_t out = 0, bad = 0;
     for (size_t k = 0; k < n;) {
         size_t l = utf8_seq(p + k, n - k);
-        out += l ? l : how == AS_SURROGATE ? 3 : 4;
+        out += l ? l : 4;
+        bad += !l;
         k += l ? l : 1;
     }
-    w_byte(w, 'u');
-    w_i32raw(w, (int32_t)out);
+    if (!bad || how == AS_BYTES) {
+        w_head(w, bad ? 2 : 3, n);
+        w_bytes(w, p, n);
+        return;
+    }
+    w_head(w, 3, out);
     for (size_t k = 0; k < n;) {
         size_t l = utf8_seq(p + k, n - k);
         if (l) {
@@ -628,30 +568,33 @@ static void w_text(writer *w, const char *s, size_t n, enum undecodable how)
             continue;
         }
         unsigned b = p[k++];
-        if (how == AS_SURROGATE) {
-            unsigned code = 0xDC00 + b;
-            unsigned char e[3] = {(unsigned char)(0xE0 | (code >> 12)),
-                                  (unsigned char)(0x80 | ((code >> 6) & 0x3F)),
-                                  (unsigned char)(0x80 | (code & 0x3F))};
-            w_bytes(w, e, 3);
-        } else {
-            static const char hex[] = "0123456789abcdef";
-            char e[4] = {'\\', 'x', hex[b >> 4], hex[b & 15]};
-            w_bytes(w, e, 4);
-        }
+        static const char hex[] = "0123456789abcdef";
+        char e[4] = {'\\', 'x', hex[b >> 4], hex[b & 15]};
+        w_bytes(w, e, 4);
     }
 }
 
 static void w_str(writer *w, const char *s)
 {
-    w_text(w, s, strlen(s), AS_SURROGATE);
+    w_text(w, s, strlen(s), AS_BYTES);
 }
 
 static void w_key(writer *w, const char *k) { w_str(w, k); }
-static void w_bool(writer *w, int b) { w_byte(w, b ? 'T' : 'F'); }
-static void w_none(writer *w) { w_byte(w, 'N'); }
-static void w_dict(writer *w) { w_byte(w, '{'); }
-static void w_end(writer *w) { w_byte(w, '0'); }
+static void w_bool(writer *w, int b) { w_byte(w, b ? 0xf5 : 0xf4); }
+static void w_none(writer *w) { w_byte(w, 0xf6); }
+static void w_float(writer *w, double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    w_byte(w, 0xfb);
+    for (int k = 7; k >= 0; k--)
+        w_byte(w, (int)(u >> (8 * k)) & 0xff);
+}
+static void w_list(writer *w, size_t n) { w_head(w, 4, n); }
+/* maps are written indefinite-length (0xbf ... 0xff): the writer need not
+ * count their keys first */
+static void w_dict(writer *w) { w_byte(w, 0xbf); }
+static void w_end(writer *w) { w_byte(w, 0xff); }
 
 /* ------------------------------------------------------------------------ */
 /* the keeper's state                                                       */
@@ -675,6 +618,8 @@ static struct {
     pid_t pin;          /* the idle job's pin (see pin_job), or 0 */
     int no_pin;         /* a pin could not start (its exec failed): none again */
     int no_prlimit;     /* prlimit on the owner was refused (EPERM): read its /proc file */
+    int keep[16];       /* fds given at start for children (keep=): a spawn's "inherit" */
+    int nkeep;
     unsigned char ign[65];        /* the signals this keeper ignores */
     struct rlimit lim[RLIM_NLIMITS]; /* its own limits, as it got them (never changed) */
     int sigfd;
@@ -741,12 +686,20 @@ static int take_status(pid_t pid, int *st)
 
 /* -- sending ---------------------------------------------------------------- */
 
+/* One frame (see writer), with its fds on its first byte; the rest of a
+ * short write follows at once, blocking: a frame is never left half sent.
+ * With MSG_DONTWAIT, a frame the socket has no room for is not sent (-1). */
 static int send_msg(writer *w, const int *fds, int nfds, int flags)
 {
     if (w->bad) {
         errno = EMSGSIZE;
         return -1;
     }
+    size_t body = w->n - 4;
+    w->buf[0] = (unsigned char)(body >> 24);
+    w->buf[1] = (unsigned char)(body >> 16);
+    w->buf[2] = (unsigned char)(body >> 8);
+    w->buf[3] = (unsigned char)body;
     struct iovec iov = {w->buf, w->n};
     union {
         char buf[CMSG_SPACE(sizeof(int) * 4)];
@@ -764,12 +717,26 @@ static int send_msg(writer *w, const int *fds, int nfds, int flags)
         c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
         memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
     }
-    for (;;) {
-        ssize_t n = sendmsg(K.ctl, &mh, MSG_NOSIGNAL | flags);
+    size_t sent = 0;
+    int waits = 0;
+    while (sent < w->n) {
+        ssize_t n = sendmsg(K.ctl, &mh, MSG_NOSIGNAL | (sent ? 0 : flags));
         if (n < 0 && errno == EINTR)
             continue;
-        return n < 0 ? -1 : 0;
+        if (n < 0 && errno == EAGAIN && sent && waits++ < 10) { /* (a non-blocking socket) */
+            struct pollfd o = {K.ctl, POLLOUT, 0};
+            poll(&o, 1, 1000);
+            continue;
+        }
+        if (n <= 0)
+            return -1;
+        sent += (size_t)n;
+        iov.iov_base = w->buf + sent;
+        iov.iov_len = w->n - sent;
+        mh.msg_control = NULL; /* the fds went with the first part */
+        mh.msg_controllen = 0;
     }
+    return 0;
 }
 
 static void reply_ok(void)
@@ -1704,8 +1671,7 @@ static int write_ident(writer *w, pid_t pid, int pidfd)
     comm[cl] = '\0';
     char st[2] = {state, 0};
     w_key(w, "ident");
-    w_byte(w, ')');
-    w_byte(w, 9);
+    w_list(w, 9);
     w_int(w, pid);
     w_int(w, start);
     w_str(w, K.boot);
@@ -1734,7 +1700,7 @@ static char *dup_cstr(reader *r, const value *v)
 
 /* The environment of the last spawn request that carried one: a request
  * with env_same reuses it (the owner sends its environment again only when
- * it changed: ~40 entries marshalled, sent and parsed on every spawn). */
+ * it changed: ~40 entries encoded, sent and parsed on every spawn). */
 static char **saved_env;
 
 static int save_env(char *const *ev, size_t n)
@@ -2241,16 +2207,74 @@ static void op_spawn(reader *r, const value *msg, int *fds, int nfds)
 /* ------------------------------------------------------------------------ */
 /* requests                                                                 */
 
-static char msgbuf[MAX_MSG];
 static char arena[4 << 20];
 
 /* One request; 1 when the job is closed and the keeper leaves. */
+/* A spawn's sources beyond the fds it carried, for a peer that cannot pass
+ * fds (docs/protocol.md): "inherit", fds this keeper was given at start
+ * (keep=), and "open", files it opens, [path, "r"|"w"|"a"|"r+"]; each is
+ * appended to fds (room for MAX_FDS), in that order, for the fdmap to
+ * name. 0, or -1 with the error replied. */
+static int add_sources(const value *msg, int *fds, int *nfds)
+{
+    const value *inh = dict_get(msg, "inherit"), *opn = dict_get(msg, "open");
+    if ((inh && inh->t != V_LIST) || (opn && opn->t != V_LIST) ||
+        *nfds + (inh ? (int)inh->len : 0) + (opn ? (int)opn->len : 0) > MAX_FDS) {
+        reply_error("ValueError", 0, "malformed spawn request: bad inherit or open", NULL);
+        return -1;
+    }
+    for (size_t k = 0; inh && k < inh->len; k++) {
+        const value *v = inh->items[k];
+        int ok = 0;
+        for (int j = 0; v->t == V_INT && j < K.nkeep; j++)
+            ok |= K.keep[j] == v->i;
+        if (!ok) {
+            reply_error("ValueError", 0, "inherit: not an fd this keeper was given (keep=)", NULL);
+            return -1;
+        }
+        int fd = fcntl((int)v->i, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+            reply_error("os", errno, NULL, NULL);
+            return -1;
+        }
+        fds[(*nfds)++] = fd;
+    }
+    static const struct { const char *mode; int flags; } modes[] = {
+        {"r", O_RDONLY}, {"w", O_WRONLY | O_CREAT | O_TRUNC}, {"a", O_WRONLY | O_CREAT | O_APPEND},
+        {"r+", O_RDWR}};
+    for (size_t k = 0; opn && k < opn->len; k++) {
+        const value *v = opn->items[k];
+        char path[4096];
+        int flags = -1;
+        if (v->t == V_LIST && v->len == 2 && (v->items[0]->t == V_STR || v->items[0]->t == V_BYTES) &&
+            v->items[0]->len < sizeof path && !memchr(v->items[0]->s, 0, v->items[0]->len) &&
+            v->items[1]->t == V_STR)
+            for (size_t m = 0; m < sizeof modes / sizeof *modes; m++)
+                if (v->items[1]->len == strlen(modes[m].mode) &&
+                    memcmp(v->items[1]->s, modes[m].mode, v->items[1]->len) == 0)
+                    flags = modes[m].flags;
+        if (flags < 0) {
+            reply_error("ValueError", 0, "malformed spawn request: open wants [path, mode]", NULL);
+            return -1;
+        }
+        memcpy(path, v->items[0]->s, v->items[0]->len);
+        path[v->items[0]->len] = '\0';
+        int fd = open(path, flags | O_CLOEXEC | O_NOCTTY, 0666);
+        if (fd < 0) {
+            reply_error("os", errno, NULL, path);
+            return -1;
+        }
+        fds[(*nfds)++] = fd;
+    }
+    return 0;
+}
+
 static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
 {
     reader r = {.p = data, .end = data + len, .arena = arena, .cap = sizeof arena};
     value *msg = rd_value(&r, 0);
     int done = 0;
-    if (!msg || r.bad || msg->t != V_DICT) {
+    if (!msg || r.bad || msg->t != V_DICT || r.p != r.end) { /* one map, nothing after */
         reply_error("ValueError", 0, "malformed request", NULL);
         goto out;
     }
@@ -2298,7 +2322,7 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         r = (reader){.p = (unsigned char *)big, .end = (unsigned char *)big + size,
                      .arena = big_arena, .cap = big_cap};
         msg = rd_value(&r, 0);
-        if (!msg || r.bad || msg->t != V_DICT) {
+        if (!msg || r.bad || msg->t != V_DICT || r.p != r.end) { /* one map, nothing after */
             reply_error("ValueError", 0, "malformed request", NULL);
             goto out;
         }
@@ -2310,7 +2334,8 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
     }
 #define IS(name) (op->len == strlen(name) && memcmp(op->s, name, op->len) == 0)
     if (IS("spawn")) {
-        op_spawn(&r, msg, fds, nfds);
+        if (add_sources(msg, fds, &nfds) == 0)
+            op_spawn(&r, msg, fds, nfds);
     } else if (IS("wait") || IS("poll")) {
         pid_t pid = (pid_t)dict_int(msg, "pid", 0);
         int st = 0, have = 0;
@@ -2371,8 +2396,8 @@ static int handle(const unsigned char *data, size_t len, int *fds, int nfds)
         int type = 0;
         socklen_t tl = sizeof type;
         if (nfds < 1 || getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
-            type != SOCK_SEQPACKET) {
-            reply_error("ValueError", 0, "channel: no seqpacket socket", NULL);
+            type != SOCK_STREAM) {
+            reply_error("ValueError", 0, "channel: no stream socket", NULL);
         } else if (nchans >= MAX_CHANS) {
             reply_error("ValueError", 0, "channel: too many", NULL);
         } else {
@@ -2394,65 +2419,144 @@ out:
     return done;
 }
 
-/* One message from owner channel fd (K.ctl is that channel meanwhile); 1
- * when that channel has closed (its process is gone). */
-static int serve_one(int fd)
+/* What has come of the frame being read on one channel: the stream is
+ * read frame by frame, never past the end of the current one, so the fds
+ * that rode on a frame's first bytes are that frame's. Never blocks: a peer
+ * that sends half a frame holds only its own channel. */
+struct inbox {
+    unsigned char head[4];
+    size_t hgot;         /* bytes of head */
+    uint32_t len;        /* the body's, once head is whole */
+    size_t got;          /* bytes of body read (or skipped: too long) */
+    int fds[MAX_FDS];
+    int nfds;
+    const char *why;     /* set: the frame is refused whole once read */
+    unsigned char *body; /* MAX_MSG bytes */
+};
+
+static unsigned char ctl_body[MAX_MSG];
+static struct inbox ctl_in = {.body = ctl_body};
+static struct inbox *chan_in[MAX_CHANS];
+
+static void inbox_reset(struct inbox *in)
 {
+    for (int k = 0; k < in->nfds; k++)
+        close(in->fds[k]);
+    in->hgot = in->got = 0;
+    in->len = 0;
+    in->nfds = 0;
+    in->why = NULL;
+}
+
+/* Why fds that came did not all arrive (MSG_CTRUNC): too many, or no room
+ * for them here (a low ulimit -n is not a malformed request). */
+static const char *fds_lost(int fd)
+{
+    static char why[200];
+    snprintf(why, sizeof why, "more file descriptors than a request may carry");
+    int probe = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    int full = probe < 0 && errno == EMFILE;
+    struct rlimit nofile;
+    if (probe >= 0)
+        close(probe);
+    if (full && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
+        snprintf(why, sizeof why, "the request's file descriptors could not be taken: the "
+                 "keeper is at its open-file limit (RLIMIT_NOFILE %llu)",
+                 (unsigned long long)nofile.rlim_cur);
+    return why;
+}
+
+/* One read of the current frame: -1 nothing more now, 0 progress, 1 the
+ * channel closed (its process is gone). */
+static int inbox_read(int fd, struct inbox *in)
+{
+    static unsigned char skip[4096];
+    unsigned char *to;
+    size_t want;
+    if (in->hgot < 4) {
+        to = in->head + in->hgot;
+        want = 4 - in->hgot;
+    } else {
+        want = in->len - in->got;
+        to = in->why ? skip : in->body + in->got;
+        if (in->why && want > sizeof skip)
+            want = sizeof skip;
+    }
     union {
         char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
         struct cmsghdr align;
     } u;
-    struct iovec iov = {msgbuf, sizeof msgbuf};
+    struct iovec iov = {to, want};
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
     mh.msg_control = u.buf;
     mh.msg_controllen = sizeof u.buf;
-    ssize_t got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-    if (got < 0 && errno == EINTR)
-        return 0;
-    int fds[MAX_FDS];
-    int nfds = 0;
+    ssize_t got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (got < 0)
+        return errno == EAGAIN || errno == EINTR ? -1 : 1;
+    /* musl's CMSG_NXTHDR compares a size_t with a ptrdiff_t; clang (zig cc, the
+     * aarch64 wheel's compiler) warns at the expansion site, in our code */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int k = 0; k < cnt && nfds < MAX_FDS; k++)
-                memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+            for (int k = 0; k < cnt; k++) {
+                int one;
+                memcpy(&one, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+                if (in->nfds < MAX_FDS)
+                    in->fds[in->nfds++] = one;
+                else
+                    close(one), in->why = "more file descriptors than a request may carry";
+            }
         }
     }
-    if (got <= 0) {
-        /* EOF (that end closed: its process is gone), or an empty
-         * datagram, which only POLLHUP tells apart */
-        struct pollfd h = {fd, POLLIN, 0};
-        if (got < 0 || (poll(&h, 1, 0) == 1 && (h.revents & (POLLHUP | POLLERR)))) {
-            for (int k = 0; k < nfds; k++)
-                close(fds[k]);
+#pragma GCC diagnostic pop
+    if (mh.msg_flags & MSG_CTRUNC)
+        in->why = fds_lost(fd);
+    if (got == 0)
+        return 1; /* EOF: a stream has no empty messages */
+    if (in->hgot < 4) {
+        in->hgot += (size_t)got;
+        if (in->hgot == 4) {
+            in->len = (uint32_t)in->head[0] << 24 | (uint32_t)in->head[1] << 16 |
+                      (uint32_t)in->head[2] << 8 | in->head[3];
+            if (in->len > MAX_MSG && !in->why)
+                in->why = "request larger than a message may be"; /* read, and dropped */
+        }
+    } else {
+        in->got += (size_t)got;
+    }
+    return 0;
+}
+
+/* One frame from owner channel fd (K.ctl is that channel meanwhile), if
+ * one is whole; 1 when that channel has closed (its process is gone). */
+static int serve_one(int fd, struct inbox *in)
+{
+    for (;;) {
+        int r = inbox_read(fd, in);
+        if (r == 1) {
+            inbox_reset(in);
             return 1;
         }
-    }
-    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-        /* fds the kernel could not install are dropped: no room
-         * here (a low ulimit -n) is not a malformed request (asked
-         * before the ones that came are closed) */
-        char why[200] = "more file descriptors than a request may carry";
-        int probe = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        int full = probe < 0 && errno == EMFILE;
-        struct rlimit nofile;
-        if (probe >= 0)
-            close(probe);
-        for (int k = 0; k < nfds; k++)
-            close(fds[k]);
-        if (full && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
-            snprintf(why, sizeof why, "the request's file descriptors could not be taken: the "
-                     "keeper is at its open-file limit (RLIMIT_NOFILE %llu)",
-                     (unsigned long long)nofile.rlim_cur);
-        reply_error("ValueError", 0,
-                    (mh.msg_flags & MSG_TRUNC) ? "request larger than a datagram may be" : why, NULL);
+        if (r < 0)
+            return 0;
+        if (in->hgot < 4 || in->got < in->len)
+            continue;
+        int nfds = in->nfds;
+        in->nfds = 0; /* handle() closes them */
+        if (in->why) {
+            for (int k = 0; k < nfds; k++)
+                close(in->fds[k]);
+            reply_error("ValueError", 0, in->why, NULL);
+        } else if (handle(in->body, in->len, in->fds, nfds)) {
+            _exit(0);
+        }
+        inbox_reset(in);
         return 0;
     }
-    if (handle((unsigned char *)msgbuf, (size_t)got, fds, nfds))
-        _exit(0);
-    return 0;
 }
 
 /* A forked child's channel closed: drop it; its children's exits are kept. */
@@ -2460,6 +2564,11 @@ static void drop_chan(size_t i)
 {
     int fd = chans[i];
     close(fd);
+    if (chan_in[i])
+        inbox_reset(chan_in[i]);
+    free(chan_in[i]);
+    chan_in[i] = chan_in[nchans - 1];
+    chan_in[nchans - 1] = NULL;
     chans[i] = chans[--nchans];
     for (size_t k = 0; k < nckids; k++)
         if (ckids[k].chan == fd)
@@ -2489,7 +2598,7 @@ static void serve(void)
             drain_sigfd();
             reap_all(1);
         }
-        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl))
+        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && serve_one(K.ctl, &ctl_in))
             end_for_dead_owner(); /* the owner's end closed: it is gone */
         for (size_t i = nch; i-- > 0;) {
             if (!(p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) || i >= nchans ||
@@ -2497,7 +2606,14 @@ static void serve(void)
                 continue;
             int ctl = K.ctl;
             K.ctl = serving_chan = chans[i];
-            int gone = serve_one(K.ctl);
+            if (!chan_in[i]) { /* (its buffer: made when it first speaks) */
+                chan_in[i] = malloc(sizeof(struct inbox) + MAX_MSG);
+                if (chan_in[i]) {
+                    memset(chan_in[i], 0, sizeof(struct inbox));
+                    chan_in[i]->body = (unsigned char *)(chan_in[i] + 1);
+                }
+            }
+            int gone = !chan_in[i] || serve_one(K.ctl, chan_in[i]);
             K.ctl = ctl;
             serving_chan = -1;
             if (gone)
@@ -2523,6 +2639,18 @@ static void ready(pid_t outer)
         w_int(w, getpid());
         w_key(w, "native");
         w_bool(w, 1);
+        w_key(w, "protocol");
+        w_int(w, TETHER_PROTOCOL_VERSION);
+        w_key(w, "constants"); /* every shared constant: docs/protocol.md */
+        w_dict(w);
+#define HELLO_INT(name, v) w_key(w, name), w_int(w, v);
+#define HELLO_FLOAT(name, v) w_key(w, name), w_float(w, v);
+#define HELLO_TEXT(name, v) w_key(w, name), w_str(w, v);
+        TETHER_CONSTANTS(HELLO_INT, HELLO_FLOAT, HELLO_TEXT)
+#undef HELLO_INT
+#undef HELLO_FLOAT
+#undef HELLO_TEXT
+        w_end(w);
         w_key(w, "trace");
         w_dict(w);
         if (K.mech == M_CGROUP) {
@@ -2630,11 +2758,36 @@ static void close_others(int a, int b)
     close_span((unsigned)hi + 1, ~0U);
 }
 
+/* Close every fd above 2 but the control socket, the owner's pidfd and the
+ * kept ones (keep=). */
+static void close_all_but(void)
+{
+    int keep[18], n = 0;
+    keep[n++] = K.ctl;
+    keep[n++] = K.ownerfd;
+    for (int k = 0; k < K.nkeep; k++)
+        keep[n++] = K.keep[k];
+    unsigned lo = 3;
+    for (;;) { /* each time: the lowest kept fd at or above lo */
+        int next = -1;
+        for (int k = 0; k < n; k++)
+            if (keep[k] >= 0 && (unsigned)keep[k] >= lo && (next < 0 || keep[k] < next))
+                next = keep[k];
+        if (next < 0) {
+            close_span(lo, ~0U);
+            return;
+        }
+        if ((unsigned)next > lo)
+            close_span(lo, (unsigned)next - 1);
+        lo = (unsigned)next + 1;
+    }
+}
+
 static int usage(void)
 {
     static const char text[] =
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
-        "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]\n"
+        "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET] [keep=FD,...]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
@@ -2799,7 +2952,8 @@ static int pin_main(const char *parent)
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-        puts("tether-keeper 1 (protocol: marshal 4 over SOCK_SEQPACKET)");
+        printf("tether-keeper 1 (protocol %d: length-prefixed CBOR over a stream socket)\n",
+               TETHER_PROTOCOL_VERSION);
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "pin") == 0)
@@ -2837,7 +2991,17 @@ int main(int argc, char **argv)
             K.legacy = 1;
         else if (strcmp(argv[k], "owner_state=0") == 0)
             K.no_owner_state = 1;
-        else if (strncmp(argv[k], "beacon=", 7) == 0) {
+        else if (strncmp(argv[k], "keep=", 5) == 0) {
+            /* fds for children, named by a spawn's "inherit" (a peer that
+             * cannot pass fds: docs/protocol.md) */
+            for (char *p = argv[k] + 5; *p;) {
+                long fd = strtol(p, &end, 10);
+                if (end == p || fd < 0 || fd > 1 << 20 || K.nkeep == 16 || (*end && *end != ','))
+                    return usage();
+                K.keep[K.nkeep++] = (int)fd;
+                p = *end ? end + 1 : end;
+            }
+        } else if (strncmp(argv[k], "beacon=", 7) == 0) {
             if (beacon_map(argv[k] + 7) < 0)
                 return usage();
         } else
@@ -2845,7 +3009,12 @@ int main(int argc, char **argv)
     }
     /* nothing of the owner's but these two: a leaked pipe end would hold a
      * lifeline open for as long as the job lives */
-    close_others(K.ctl, K.ownerfd);
+    if (K.nkeep)
+        close_all_but();
+    else
+        close_others(K.ctl, K.ownerfd);
+    for (int k = 0; k < K.nkeep; k++) /* a child gets one only where a spawn maps it */
+        fcntl(K.keep[k], F_SETFD, FD_CLOEXEC);
     /* the fds the owner handed over must not reach any child */
     fcntl(K.ctl, F_SETFD, FD_CLOEXEC);
     if (K.ownerfd >= 0)

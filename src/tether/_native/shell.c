@@ -12,7 +12,7 @@
  * exits with the command's status (or dies by its signal).
  *
  * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
- * (-c, -lc, -l -c, --login -c, -c -l, with - or --), TETHER_SHELL_MECHANISM
+ * (-c, -lc, -l -c, --login -c, -c -l, -ic, -i -l -c, with - or --), TETHER_SHELL_MECHANISM
  * auto, cgroup or subreaper, scope command, the caller watch, the log. Every
  * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller,
  * TETHER_NATIVE=0, a usage error, no shell found, a log file only the audit
@@ -37,13 +37,14 @@
 #include <sys/random.h>
 #include <sys/xattr.h>
 
-#define EXIT_USAGE 2
-#define EXIT_GUARD_LOST 123
-#define EXIT_INTERNAL 125
-#define EXIT_NOEXEC 126
-#define EXIT_NOT_FOUND 127
-#define MAX_GRACE 3600.0
-#define COOKIE_VAR "TETHER_JOB"
+/* shared with the Python side: tether_constants.h (from tether/_constants.py) */
+#define EXIT_USAGE TETHER_EXIT_USAGE
+#define EXIT_GUARD_LOST TETHER_EXIT_GUARD_LOST
+#define EXIT_INTERNAL TETHER_EXIT_INTERNAL
+#define EXIT_NOEXEC TETHER_EXIT_NOEXEC
+#define EXIT_NOT_FOUND TETHER_EXIT_NOT_FOUND
+#define MAX_GRACE TETHER_MAX_GRACE
+#define COOKIE_VAR TETHER_COOKIE_VAR
 #define KEEPER_DIED "tether: keeper died; the job is no longer guarded"
 #define FALLBACK_NAME "tether-shell-py"
 #define RUN_FALLBACK_NAME "tether-py"
@@ -427,7 +428,7 @@ static double parse_grace(const char *v)
 static double env_grace(void)
 {
     const char *v = getenv("TETHER_SHELL_GRACE");
-    return !v || !*v ? 0.5 : parse_grace(v);
+    return !v || !*v ? TETHER_SHELL_GRACE : parse_grace(v);
 }
 
 /* -- the audit log (tether.shell.ShellLog) ------------------------------------------ */
@@ -756,6 +757,7 @@ struct run {
     unsigned long long owner_start;
     int ownerfd;
     int callerfd; /* -1: the caller is not watched */
+    int lifefd;   /* tether run --lifeline FD, else -1: the job ends at its EOF/hangup */
     pid_t caller;
     unsigned long long caller_start;
     unsigned char orig_ign[65];
@@ -789,6 +791,29 @@ static int readable(int fd)
 {
     struct pollfd p = {fd, POLLIN, 0};
     return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* The lifeline (a pipe or socket the app holds the other end of): gone at
+ * hangup, error or EOF. What the app writes into it means nothing and is
+ * read away, never more than is there (FIONREAD), so no read can block. */
+static int lifeline_gone(int fd, short revents)
+{
+    if (revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP))
+        return 1;
+    if (!(revents & POLLIN))
+        return 0;
+    int n = 0;
+    if (ioctl(fd, FIONREAD, &n) < 0 || n <= 0)
+        return 1; /* readable with nothing to read: EOF */
+    char sink[4096];
+    ssize_t r = read(fd, sink, (size_t)n < sizeof sink ? (size_t)n : sizeof sink);
+    return r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+static int lifeline_gone_now(int fd)
+{
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && lifeline_gone(fd, p.revents);
 }
 
 /* The members of the job, this keeper aside: the cgroup's (and its child
@@ -1120,7 +1145,7 @@ static void keeper_run(struct run *R, char **envp)
         tell("E job %d cannot create the job (%s): signalfd: %s", errno, asked, strerror(errno));
         _exit(0);
     }
-    if (readable(ctl_r) || readable(R->callerfd)) {
+    if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
         cleanup(); /* stopped (or the owner or its caller died) while we set up */
         tell("X -1 0");
         _exit(0);
@@ -1158,11 +1183,12 @@ static void keeper_run(struct run *R, char **envp)
     }
     tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
          proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
-    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd};
+    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
     let_go(keep, (int)(sizeof keep / sizeof *keep));
-    struct pollfd p[4] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
-                          {R->callerfd, POLLIN, 0}};
-    nfds_t np = R->callerfd >= 0 ? 4 : 3;
+    /* a watch not asked for is fd -1, which poll skips */
+    struct pollfd p[5] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
+                          {R->callerfd, POLLIN, 0}, {R->lifefd, POLLIN | POLLRDHUP, 0}};
+    nfds_t np = 5;
     int owner_gone = 0, stop = 0, caller_gone = 0, st = 0, have = 0;
     reap_all(0);
     while (!(have = take_status(child, &st)) && !owner_gone && !stop && !caller_gone) {
@@ -1176,8 +1202,10 @@ static void keeper_run(struct run *R, char **envp)
             drain_sigfd();
             reap_all(0);
         }
-        if (np == 4 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
+        if (R->callerfd >= 0 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
             caller_gone = 1;
+        if (R->lifefd >= 0 && lifeline_gone(R->lifefd, p[4].revents))
+            caller_gone = 1; /* the app's end of its lifeline closed: it died */
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
             owner_gone = 1;
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -1409,6 +1437,90 @@ static void honour_native_off(void)
     }
 }
 
+/* A cgroup extended attribute's value, blanks trimmed: 1 when it is there. */
+static int unit_mark(const char *dir, const char *name, char *val, size_t size)
+{
+    ssize_t n = getxattr(dir, name, val, size - 1);
+    if (n < 0)
+        return 0;
+    while (n > 0 && (val[n - 1] == '\n' || val[n - 1] == ' '))
+        n--;
+    val[n] = '\0';
+    return 1;
+}
+
+/* Whether any cgroup between the mount and `udir` (excluded) is a user
+ * manager (user@UID.service); the innermost one's name in `mgr`. */
+static int under_manager(const char *mnt, const char *udir, char *mgr, size_t size)
+{
+    int found = 0;
+    for (const char *p = udir + strlen(mnt), *e; *p; p = e) {
+        while (*p == '/')
+            p++;
+        e = strchrnul(p, '/');
+        size_t n = (size_t)(e - p);
+        if (!*e || n >= size)
+            break; /* the unit itself, or no name a unit could have */
+        if (n > 13 && !strncmp(p, "user@", 5) && !strncmp(e - 8, ".service", 8)) {
+            memcpy(mgr, p, n);
+            mgr[n] = '\0';
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* systemd's rule, as tether.systemd.delegation decides it (cheapest first):
+ * only a unit started with Delegate=yes may be divided. 1 yes, 0 no. What
+ * only systemctl can answer is the Python path's, which asks once per unit
+ * and leaves the answer on the unit's cgroup (TETHER_DELEGATION_MEMO): a new unit
+ * of the same name is a new directory, and asks again. */
+static int systemd_delegated(const struct run *R)
+{
+    char udir[4096], val[64], mgr[256];
+    size_t m = strlen(R->mount);
+    snprintf(udir, sizeof udir, "%s", R->base);
+    for (;;) { /* the innermost .service or .scope at or above our cgroup */
+        size_t n = strlen(udir);
+        if (n <= m)
+            return 0; /* in no unit: systemd's, not ours */
+        const char *name = strrchr(udir, '/') + 1;
+        size_t k = strlen(name);
+        if ((k > 8 && !strcmp(name + k - 8, ".service")) || (k > 6 && !strcmp(name + k - 6, ".scope")))
+            break;
+        *strrchr(udir, '/') = '\0';
+    }
+    int marked = 0;
+    static const char *const marks[] = {"trusted.delegate", "user.delegate",
+                                        "trusted.invocation_id", "user.invocation_id"};
+    for (size_t k = 0; k < 4; k++)
+        if (unit_mark(udir, marks[k], val, sizeof val)) {
+            if (k < 2 && !strcmp(val, "1"))
+                return 1;
+            marked = 1;
+        }
+    if (marked)
+        return 0;
+    struct stat st;
+    if (stat(udir, &st) != 0)
+        return 0;
+    uid_t euid = geteuid();
+    int managed = under_manager(R->mount, udir, mgr, sizeof mgr);
+    if (euid != 0 && st.st_uid == euid && !managed)
+        return 1; /* a cgroup handed to this user outside its manager */
+    char mine[64];
+    snprintf(mine, sizeof mine, "user@%u.service", (unsigned)euid);
+    if (managed && strcmp(strrchr(udir, '/') + 1, mine) && strcmp(mgr, mine))
+        return 0; /* another user's manager */
+    if (unit_mark(udir, TETHER_DELEGATION_MEMO, val, sizeof val)) {
+        if (!strcmp(val, "yes"))
+            return 1;
+        if (!strcmp(val, "no"))
+            return 0;
+    }
+    hand_over(); /* not asked yet for this unit: tether.systemd asks systemctl once */
+}
+
 /* Where a cgroup job may go: our own cgroup's directory, when writable
  * (cgroupfs.base_dir); none: a subreaper for auto, else hand over. */
 static void find_cgroup_base(struct run *R)
@@ -1466,7 +1578,7 @@ static void find_cgroup_base(struct run *R)
                  access(procs, W_OK) == 0;
         struct stat sd;
         if (usable && stat("/run/systemd/system", &sd) == 0 && S_ISDIR(sd.st_mode))
-            hand_over(); /* systemd's delegation rules: tether.systemd */
+            usable = systemd_delegated(R);
     }
     if (!usable) {
         if (!R->mech_auto)
@@ -1491,8 +1603,8 @@ static void watch_caller(struct run *R)
         return;
     }
     R->caller_start = proc_stat(pp, NULL, NULL);
-    if (!R->caller_start) {
-        close(fd);
+    if (!R->caller_start || getppid() != pp) {
+        close(fd); /* died while we looked: the pidfd may name a reuser of its pid */
         return;
     }
     R->callerfd = fd;
@@ -1619,6 +1731,8 @@ static pid_t start_keeper(struct run *R, char **envp, int sigfd, int *rep_r, int
     close(R->ownerfd);
     if (R->callerfd >= 0)
         close(R->callerfd);
+    if (R->lifefd >= 0)
+        close(R->lifefd); /* the keeper's to watch; the command never had it */
     *rep_r = rep[0];
     *ctl_w = ctl[1];
     return keeper;
@@ -1787,7 +1901,7 @@ static int shell_main(int argc, char **argv)
         } else
             break;
     }
-    if (!saw_c || saw_i || i >= argc)
+    if (!saw_c || i >= argc)
         hand_over(); /* an interactive shell, or a usage error */
     int cmd_at = i;
     login |= dash_login;
@@ -1834,6 +1948,7 @@ static int shell_main(int argc, char **argv)
             log_open();
     }
     R.callerfd = -1;
+    R.lifefd = -1;
     if (with_caller)
         watch_caller(&R);
     /* what the command leaves behind (`sleep 60 & exit`) is re-parented to
@@ -1852,15 +1967,18 @@ static int shell_main(int argc, char **argv)
             *nl = '\0';
     }
 
-    /* the shell's argv: [shell, (-l), OPTIONS..., -c, (--), CMD, ARG0, ...]:
-     * "--" before a CMD the real shell would read as an option */
-    char **sargv = calloc((size_t)(argc - cmd_at + nopt) + 5, sizeof *sargv);
+    /* the shell's argv: [shell, (-l), (-i), OPTIONS..., -c, (--), CMD, ARG0, ...]
+     * (_shellargs.shell_argv): -i with -c is OMP's `$SHELL -i -c CMD` for zsh
+     * and fish users; "--" before a CMD the real shell would read as an option */
+    char **sargv = calloc((size_t)(argc - cmd_at + nopt) + 6, sizeof *sargv);
     if (!sargv)
         hand_over();
     size_t na = 0;
     sargv[na++] = R.shell;
     if (login)
         sargv[na++] = "-l";
+    if (saw_i)
+        sargv[na++] = "-i";
     for (int k = 0; k < nopt; k++)
         sargv[na++] = opts[k];
     sargv[na++] = "-c";
@@ -2009,11 +2127,38 @@ static int wait_orphaned_command(struct outcome *o, int sigfd, double grace)
     return st;
 }
 
+/* --lifeline FD: an open pipe or socket above stdio (what the command gets
+ * is 0-2 only, and the keeper's own 0-2 are /dev/null); the same words as
+ * runner.check_lifeline. */
+static int open_lifeline(const char *arg, struct run *r)
+{
+    char *end = NULL;
+    errno = 0;
+    long fd = strtol(arg, &end, 10);
+    struct stat st;
+    if (errno || !*arg || *end || fd < 3 || fd > INT_MAX) {
+        say("--lifeline %s: expected a file descriptor number of 3 or more; nothing was run", arg);
+        return -1;
+    }
+    if (fstat((int)fd, &st) < 0) {
+        say("--lifeline %s: not an open file descriptor; nothing was run", arg);
+        return -1;
+    }
+    if (!S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+        say("--lifeline %s: not a pipe or socket; nothing was run", arg);
+        return -1;
+    }
+    r->lifefd = (int)fd;
+    return 0;
+}
+
 static int run_main(int argc, char **argv)
 {
     /* tether run [-m auto|cgroup|subreaper] [--grace S] [--] CMD [ARG...]; every
      * other option (and the audit log: TETHER_STATE_DIR) is the Python CLI's */
     const char *mech = NULL;
+    const char *lifeline = NULL;
+    int with_parent = 0;
     int i = 2;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -2035,6 +2180,14 @@ static int run_main(int argc, char **argv)
             R.grace = parse_grace(argv[i]);
         } else if (!strncmp(a, "--grace=", 8)) {
             R.grace = parse_grace(a + 8);
+        } else if (!strcmp(a, "--die-with-parent")) {
+            with_parent = 1;
+        } else if (!strcmp(a, "--lifeline")) {
+            if (++i >= argc)
+                hand_over();
+            lifeline = argv[i];
+        } else if (!strncmp(a, "--lifeline=", 11)) {
+            lifeline = a + 11;
         } else {
             hand_over();
         }
@@ -2054,6 +2207,16 @@ static int run_main(int argc, char **argv)
         find_cgroup_base(&R);
     L.on = 0; /* tether-shell's log is not tether run's */
     R.callerfd = -1;
+    R.lifefd = -1;
+    if (lifeline && open_lifeline(lifeline, &R) < 0)
+        return EXIT_INTERNAL;
+    if (with_parent) {
+        watch_caller(&R); /* tether-shell's caller watch: the same rules */
+        if (R.callerfd < 0) {
+            say("--die-with-parent: the process that started tether run is already gone; nothing was run");
+            return EXIT_INTERNAL;
+        }
+    }
     /* should the keeper die, the command is re-parented to us: its status stays ours */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     static const int watched[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
@@ -2174,7 +2337,7 @@ int main(int argc, char **argv)
         cli_front = 1;
         prog = "tether";
         honour_native_off();
-        R.grace = 2.0; /* tether.ending.DEFAULT_GRACE */
+        R.grace = TETHER_DEFAULT_GRACE;
         if (argc >= 2 && !strcmp(argv[1], "run"))
             return run_main(argc, argv);
         hand_over();

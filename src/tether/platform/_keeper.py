@@ -18,7 +18,7 @@ something that outlives it must end the job. The keeper
 One keeper, two drivers:
 
 ``_keeper_socket.SocketKeeper.serve(ctl)``
-    for ``tether.Job``: requests on a SOCK_SEQPACKET socket (``_proto``):
+    for ``tether.Job``: requests on a SOCK_STREAM socket (``_proto``):
     spawn with file descriptors, wait, poll, kill_all, close, step_aside.
 ``Keeper.run_one(...)`` (here)
     for the one-command path (``oneshot``, what ``tether-shell`` runs on
@@ -40,9 +40,14 @@ import sys
 
 from .. import identity
 
-# = tether.ending.KILL_BOUND, not imported: the one-command keeper starts its
-# command before it loads anything it may not need (the engine included).
-KILL_BOUND = 5.0
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only
+    import socket
+
+# (from _constants, which imports nothing, not from tether.ending: the
+# one-command keeper starts its command before it loads anything it may not
+# need, the engine included)
+from .._constants import KILL_BOUND  # noqa: E402
 
 # Signals a keeper must survive: the caller may kill the owner's process
 # group or hang up the terminal; only the owner's death (or its request)
@@ -102,12 +107,14 @@ class Keeper:
 
     # serving a request from a forked child's channel (SocketKeeper), not the owner's
     serving_chan = False
+    # the last spawn's environment, for env_same (SocketKeeper; unset until then)
+    saved_env: "dict[bytes, bytes]"
 
     def __init__(self, mech, owner_pid: int, owner_pidfd: int | None) -> None:
         self.mech = mech
         self.owner_pid = owner_pid
         self.owner_pidfd = owner_pidfd
-        self.ctl = None  # the socket driver's control socket (a pidns keeper reports on it)
+        self.ctl: socket.socket | None = None  # the socket driver's control socket (a pidns keeper reports on it)
         self.children: set[int] = set()  # direct children we spawned, not yet reaped
         # pid -> start ticks of each child spawned, if mech.keeps_spawned (pgroup:
         # the group it leads); forgotten once reaped with its group empty, or
@@ -347,7 +354,7 @@ class Keeper:
             and caller_fd is not None
         # "linger": the owner must not wait for this keeper, which stays.
         say(f"X {-1 if status is None else status} {leftovers}" + (" linger" if linger else ""))
-        if linger:
+        if linger and caller_fd is not None:
             self._linger(caller_fd, {rep_w, ctl_r, self.owner_pidfd})
         done()
         return 0

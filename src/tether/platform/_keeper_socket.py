@@ -1,7 +1,7 @@
 """The socket driver of the keeper: what a ``tether.Job``'s keeper does.
 
 The owner side is ``posix.KeeperJob``; this is the keeper side: requests on
-a SOCK_SEQPACKET socket (``_proto``: spawn with file descriptors, wait,
+a SOCK_STREAM socket (``_proto``: spawn with file descriptors, wait,
 poll, kill_all, close, step_aside, ping), exit statuses pushed to the owner
 as they happen, and the owner watched by pidfd. The keeper core it extends is
 ``_keeper.Keeper``, which the one-command path (``oneshot``) drives too.
@@ -54,6 +54,8 @@ def fork_keeper(mech, ctl_child: socket.socket, owner_pid: int, owner_pidfd: int
 
 class SocketKeeper(Keeper):
     """The keeper of a ``tether.Job``: serves its owner's requests."""
+
+    ctl: socket.socket  # set by serve() before any request is read
 
     def serve(self, ctl: socket.socket) -> int:
         from . import _proto
@@ -145,7 +147,10 @@ class SocketKeeper(Keeper):
         try:
             if chan is None:
                 raise OSError
-            chan.send(_proto.encode({"exit": pid, "status": status}), socket.MSG_DONTWAIT)
+            data = _proto.frame(_proto.encode({"exit": pid, "status": status}))
+            n = chan.send(data, socket.MSG_DONTWAIT)
+            if n < len(data):  # (never half a frame: the rest at once)
+                chan.sendall(data[n:])
         except OSError:
             self.status[pid] = status
 
@@ -200,10 +205,10 @@ class SocketKeeper(Keeper):
                         raise OSError
                     chan = socket.socket(fileno=fds[0])
                 except OSError:
-                    raise ValueError("channel: no seqpacket socket") from None
-                if chan.type != socket.SOCK_SEQPACKET:
+                    raise ValueError("channel: no stream socket") from None
+                if chan.type != socket.SOCK_STREAM:
                     chan.detach()
-                    raise ValueError("channel: no seqpacket socket")
+                    raise ValueError("channel: no stream socket")
                 fds.pop(0)
                 chan.setblocking(True)
                 self.chans[chan.fileno()] = chan
@@ -387,7 +392,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
 
         for fd in fds:
             lifted.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base))
-        file_actions = [(os.POSIX_SPAWN_DUP2, lifted[idx], target)
+        file_actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [(os.POSIX_SPAWN_DUP2, lifted[idx], target)
                         for target, idx in sorted(targets.items())]
         if msg.get("ctty") and 0 in targets:
             # posix_spawn runs setsid before the file actions, and on Linux a
@@ -416,7 +421,7 @@ def spawn_from_request(keeper: Keeper, msg: dict, fds: list[int]) -> int:
                     os.chdir(cwd)
             except OSError as exc:
                 raise type(exc)(exc.errno, exc.strerror, cwd) from None
-            candidates = _candidates(executable, [os.fsencode(p) for p in msg["path"]])
+            candidates = _candidates(executable, [os.fsencode(p) for p in msg.get("path") or ()])
             if msg.get("umask", -1) >= 0:
                 old_umask = os.umask(msg["umask"])
             limits = _Limits(msg.get("rlimits") or ())

@@ -35,7 +35,10 @@ import abc
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hints only: subprocess and typing cost start-up time
     import subprocess
-    from typing import Any
+    from collections.abc import Mapping
+    from typing import Any, Literal, TypeVar
+
+    _Env = TypeVar("_Env", bound="Mapping[Any, Any]")
 
 # Mechanism names, identical in the API, the CLI and `tether doctor`.
 AUTO = "auto"
@@ -57,7 +60,7 @@ class _Record:
     ``inspect``, ~5 ms): the shell wrapper's keeper builds these.
     """
 
-    __slots__ = ()
+    __slots__: "tuple[str, ...]" = ()
     _defaults: "dict[str, Any]" = {}
 
     def __init__(self, *args: "Any", **kwargs: "Any") -> None:
@@ -190,10 +193,12 @@ class JobOptions(_Record):
     cookie_var: str  # ... as cookie_var=cookie (tether.identity.COOKIE_VAR by default)
 
 
-def with_cookie(env: "dict", options: "JobOptions") -> "dict":
+def with_cookie(env: "_Env", options: "JobOptions") -> "_Env | dict[Any, Any]":
     """``env`` (str or bytes keys, as given) with the job's cookie entry first."""
     if not options.cookie:
         return env
+    key: str | bytes
+    value: str | bytes
     if env and isinstance(next(iter(env)), bytes):
         key, value = options.cookie_var.encode(), options.cookie.encode()
     else:
@@ -293,7 +298,7 @@ class _NoContext:
     def __enter__(self) -> None:
         pass
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> "Literal[False]":
         return False
 
 

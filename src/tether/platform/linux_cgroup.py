@@ -133,8 +133,9 @@ class Mechanism(KeeperMechanism):
     kernel_keeps_members = True
 
     def _home_procs(self) -> str:
-        return os.path.join(cg.path_of(self.params["home_cgroup"], self.params["mount"]),
-                            "cgroup.procs")
+        home = cg.path_of(self.params["home_cgroup"], self.params["mount"])
+        assert home is not None  # under the job's mount, found when it opened
+        return os.path.join(home, "cgroup.procs")
 
     def keeper_setup(self, keeper) -> None:
         self._enter()

@@ -95,7 +95,7 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
     beacon = _beacon.for_keeper() if owner_pid == os.getpid() else None
     hi = max(ctl_child, owner_pidfd if owner_pidfd is not None else 0,
              beacon[0] if beacon else 0, 2) + 1
-    actions = [(os.POSIX_SPAWN_DUP2, ctl_child, hi)]
+    actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [(os.POSIX_SPAWN_DUP2, ctl_child, hi)]
     if owner_pidfd is not None:
         actions.append((os.POSIX_SPAWN_DUP2, owner_pidfd, hi + 1))
     if beacon:

@@ -87,7 +87,8 @@ class Backend(JobBackend):
                 continue
         return sent
 
-    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+    def kill_all(self, timeout: float | None = None) -> None:
+        timeout = KILL_BOUND if timeout is None else timeout
         from ..ending import end
 
         def reap() -> None:

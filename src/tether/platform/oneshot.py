@@ -48,6 +48,10 @@ from .._sigwatch import SignalWatch
 from ..cgroupfs import SHELL_SCOPE_DIR
 from ..errors import JobRefused, Unavailable
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only: typing costs start-up time
+    from typing import Any
+
 __all__ = ["Result", "Unavailable", "available", "run", "watch_caller", "MECHANISMS", "SCOPES"]
 
 MECHANISMS = ("auto", "cgroup", "subreaper")
@@ -144,8 +148,8 @@ def watch_caller() -> "tuple[int, int, int] | None":
     except OSError:  # gone already (ESRCH): we are an orphan now
         return None
     start = identity.start_ticks(ppid)
-    if start is None:
-        os.close(fd)
+    if start is None or os.getppid() != ppid:
+        os.close(fd)  # died while we looked: the pidfd may name a reuser of its pid
         return None
     return ppid, start, fd
 
@@ -461,7 +465,8 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, r
     if mechanism in ("auto", "cgroup"):
         # The run directory names the job's owner: in scope caller the caller.
         run_owner = res.caller if shared else (owner, owner_start)
-        mech = keeper_mechanism("cgroup")(options(SCOPE_JOB if shared else res.job), run_owner[0],
+        assert run_owner is not None  # scope caller: run() set res.caller
+        mech: Any = keeper_mechanism("cgroup")(options(SCOPE_JOB if shared else res.job), run_owner[0],
                                            run_owner[1], born_after=born, sweep=False,
                                            shared=shared)
         try:

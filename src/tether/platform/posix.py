@@ -2,7 +2,7 @@
 
 ``KeeperJob`` is the ``JobBackend`` for cgroup, subreaper, pidns and pgroup.
 It forks the job's keeper (see ``_keeper``) and talks to it over a
-SOCK_SEQPACKET pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
+SOCK_STREAM pair; ``JobPopen`` is a ``subprocess.Popen`` whose child the
 keeper started. The child is not the owner's own child, so its exit status
 comes from the keeper; the owner holds a pidfd for it, which makes
 ``poll``/``wait`` cheap and ``send_signal`` immune to PID reuse.
@@ -30,6 +30,7 @@ from .base import PIDNS, Guarantee, JobBackend, JobOptions, KeeperMechanism, wit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
+    from collections.abc import Callable
     from typing import Any
 
 _START_TIMEOUT = 10.0
@@ -131,7 +132,8 @@ class KeeperJob(JobBackend):
         if not self.keeper_pid:
             self.keeper_pid = msg["keeper"]
         # what the keeper says of itself (the native one: how it watches us)
-        self._keeper_trace = msg.get("trace") if isinstance(msg.get("trace"), dict) else {}
+        trace = msg.get("trace")
+        self._keeper_trace: dict[str, Any] = trace if isinstance(trace, dict) else {}
         self.keeper = identity.read(self.keeper_pid)
         # A pidfd of the keeper, for noticing its death at once (keeper_pidfd).
         self._keeper_fd = identity.open_pidfd(self.keeper_pid)
@@ -179,7 +181,7 @@ class KeeperJob(JobBackend):
         self._exits = {}  # the parent's children's, as of the fork
         self._env_sent = None
 
-    def request(self, msg: dict, fds: list[int] = (), env: dict | None = None
+    def request(self, msg: dict, fds: list[int] | tuple[int, ...] = (), env: dict | None = None
                 ) -> tuple[dict, list[int]]:
         """One request and its reply. ``env``, for a spawn: sent only when it is
         not the one the keeper has from the last spawn (``env_same``), decided
@@ -218,16 +220,15 @@ class KeeperJob(JobBackend):
         False once the keeper's end is closed."""
         while True:
             try:
-                data = self._sock.recv(_proto.RECV_SIZE, socket.MSG_DONTWAIT)
+                msg, fds = _proto.recv(self._sock, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
-            except OSError:
+            except OSError:  # (Malformed among them: the stream is no longer to be trusted)
                 return False
-            if not data:
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
                 return False
-            import marshal
-
-            msg = marshal.loads(data)
             if "exit" in msg:
                 self._exits[msg["exit"]] = msg["status"]
 
@@ -340,7 +341,8 @@ class KeeperJob(JobBackend):
         end(self._orphans, born_after=self.born_after, grace=0, bound=timeout,
             on_round=lambda: self._reap_children(block=False))
 
-    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+    def kill_all(self, timeout: float | None = None) -> None:
+        timeout = KILL_BOUND if timeout is None else timeout
         if self.mechanism == PIDNS:
             self._kill_members_from_outside(timeout)
         if not self.keeper_alive():
@@ -451,6 +453,10 @@ class JobPopen(subprocess.Popen):
     not supported yet. ``pid`` is the PID as this process sees it.
     """
 
+    if TYPE_CHECKING:  # CPython's own, not in typeshed (tests/test_popen_internals.py pins them)
+        _waitpid_lock: threading.Lock
+        _close_pipe_fds: Callable[..., None]
+
     def __init__(self, backend: KeeperJob, args: Any, *, ctty: bool = False, **kwargs: Any):
         self._tether_backend = backend
         # ctty=True: the child's stdin, a terminal, becomes its controlling
@@ -543,12 +549,15 @@ class JobPopen(subprocess.Popen):
         # would, not the keeper's copy from when the job opened: the keeper
         # reads our ignored signals, umask and limits while we wait for its
         # reply (owner_state); the signal mask is this thread's, so it goes along.
+        exe_b = os.fsencode(executable)
         msg = {
             "op": "spawn",
             "argv": [os.fsencode(a) for a in args],
-            "executable": os.fsencode(executable),
+            "executable": exe_b,
             "cwd": os.fsdecode(os.path.abspath(cwd)) if cwd is not None else None,
-            "path": _exec_path(env, env_b),
+            # searched only for a name without a slash (a dozen strings less
+            # to encode per spawn otherwise)
+            "path": _exec_path(env, env_b) if b"/" not in exe_b else [],
             "fdmap": fdmap,
             # (subprocess sets a process group only for one >= 0)
             "pgroup": process_group if process_group is not None and process_group >= 0 else -1,
@@ -566,7 +575,7 @@ class JobPopen(subprocess.Popen):
         cwd_fd = -1
         try:
             # cwd None: the keeper opens our working directory itself (owner_state)
-            reply = {"ok": False, "kind": "owner_state"}
+            reply: dict[str, Any] = {"ok": False, "kind": "owner_state"}
             fds: list[int] = []
             # (the keeper reads the owner's /proc: a forked child sends its own state)
             if backend.owner_state and os.getpid() == backend.mech.owner_pid:

@@ -69,7 +69,7 @@ import threading
 import time
 import types
 import weakref
-from typing import Any
+from typing import Any, cast
 
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused
@@ -129,7 +129,7 @@ def _check_job_list(api: w.Api) -> bool:
 
 def _clone_available() -> bool:
     """Whether Popen._execute_child calls ``_winapi.CreateProcess`` (CPython 3.3+)."""
-    code = getattr(subprocess.Popen._execute_child, "__code__", None)
+    code = getattr(cast(Any, subprocess.Popen)._execute_child, "__code__", None)
     return code is not None and "_winapi" in code.co_names and "CreateProcess" in code.co_names
 
 
@@ -505,7 +505,8 @@ class WindowsJob(JobBackend):
         groups that can receive it (Windows has no SIGTERM); [] when none can."""
         return self.signal_all(15)
 
-    def kill_all(self, timeout: float = KILL_BOUND) -> None:
+    def kill_all(self, timeout: float | None = None) -> None:
+        timeout = KILL_BOUND if timeout is None else timeout
         with self._lock:
             if self._closed or self._handle is None:
                 return
@@ -779,7 +780,7 @@ def _create_process(
     if ctx is None:  # not reached through WindowsJob.popen: behave as the real one
         import _winapi  # type: ignore[import-not-found]
 
-        return _winapi.CreateProcess(
+        return _winapi.CreateProcess(  # type: ignore[attr-defined]  # stub is win32-only; mypy checks as Linux
             application_name, command_line, process_attributes, thread_attributes,
             inherit_handles, creation_flags, env_mapping, current_directory, startup_info,
         )
@@ -883,7 +884,7 @@ def _create_suspended_then_assign(
     import _winapi  # type: ignore[import-not-found]
 
     api = job._require_api()
-    hp, ht, pid, tid = _winapi.CreateProcess(
+    hp, ht, pid, tid = _winapi.CreateProcess(  # type: ignore[attr-defined]  # stub is win32-only; mypy checks as Linux
         application_name, command_line, None, None, inherit_handles,
         creation_flags | w.CREATE_SUSPENDED | (job._leave_flag or 0), env_mapping,
         current_directory, startup_info,
@@ -928,7 +929,7 @@ def _job_popen_class() -> type[subprocess.Popen]:
     if _popen_class is None:
         import _winapi  # type: ignore[import-not-found]
 
-        original = subprocess.Popen._execute_child
+        original = cast(Any, subprocess.Popen)._execute_child
         namespace = dict(vars(subprocess))
         namespace["_winapi"] = _WinapiProxy(_winapi)
         execute_child = types.FunctionType(
