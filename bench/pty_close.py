@@ -18,11 +18,21 @@ Also measured, since choosing it is a design decision (docs/pty.md): the cost
 of giving the program its controlling terminal, as spawn + exit of
 ``/bin/true`` on a PTY inside a job, per method.
 
+And (``--reads``, needs strace) what a close reads of /proc: a session of
+10 background processes closed under ``cgroup`` and under ``pgroup``, with 0
+and then 2 000 unrelated processes of the same user alive (started after the
+session, by another job), each close in a fresh interpreter run under
+``strace -f``: the /proc files every process of the close opened (the owner
+and the job's keeper) between two markers, by kind (a table scan opens
+``/proc`` once and every pid's ``stat``), and the close's own time without
+strace (medians).
+
 Writes bench/results/pty_close.json and prints a table (medians, p90, ratio
 to the baseline). Safety: every process carries BENCH_MARK=<random> and is
 recorded by identity; a ``finally`` ends whatever is left, by identity.
 
     python bench/pty_close.py [--repeats 15] [--sizes 0,10,100] [--mechanisms auto,pgroup]
+                              [--reads] [--unrelated 2000]
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import secrets
 import select
 import signal
@@ -154,6 +165,127 @@ def one_tether(n: int, mechanism: str) -> tuple[float, dict]:
             s.job.close()
 
 
+# -- /proc reads of one close, with unrelated processes ------------------------------
+
+MARK_START, MARK_END = "/tether-bench-mark-start", "/tether-bench-mark-end"
+
+
+def one_close(mechanism: str, n: int) -> dict:
+    """In this (fresh) interpreter: a session of ``n`` background sleeps; says
+    ``ready`` and waits for a line on stdin (the parent starts its unrelated
+    processes meanwhile, born after the session), then the close, between two
+    markers strace sees (a stat of a path that does not exist)."""
+    s = PtySession(["/bin/sh", "-c", script(n)], env=ENV, mechanism=mechanism)
+    try:
+        s.read_until(b"READY", 20)
+        wait_tree(s.born_after, s.pid, n)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        try:
+            os.stat(MARK_START)
+        except OSError:
+            pass
+        t0 = time.perf_counter()
+        r = s.close("immediate")
+        dt = time.perf_counter() - t0
+        try:
+            os.stat(MARK_END)
+        except OSError:
+            pass
+        return {"ms": dt * 1e3, "ok": r.ok, "captured": len(r.captured),
+                "processes": sum(1 for x in os.listdir("/proc") if x.isdigit())}
+    finally:
+        s.close("immediate")
+
+
+def run_one_close(mechanism: str, unrelated: int, trace: str | None = None) -> dict:
+    """One close in a fresh interpreter (under ``strace -f`` with ``trace``),
+    with ``unrelated`` sleeps of ours in another job, started after the
+    session opened and alive while it closes."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", mechanism, "10"]
+    if trace:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=openat,newfstatat,stat", "-o", trace, *cmd]
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = Job(name="bench-unrelated", mechanism="auto")
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError("the close's interpreter did not start its session")
+        if unrelated:
+            h = other.popen(["/bin/sh", "-c", script(unrelated)], env=ENV, stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+            read_until(h.stdout.fileno(), b"READY", 120)
+            wait_tree(identity.now_ticks() - 120 * identity.clock_ticks(), h.pid, unrelated,
+                      timeout=120)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        out = json.loads(child.stdout.readline())
+        child.wait(60)
+        return out
+    finally:
+        other.close()
+        if child.poll() is None:
+            child.kill()  # our own direct child
+            child.wait()
+
+
+_OPEN = re.compile(r'openat\((AT_FDCWD|\d+)[^"]*, "([^"]*)"')
+
+
+def count_reads(trace: str) -> dict[str, int]:
+    """/proc opens between the markers in an ``strace -f`` log, by kind."""
+    out: dict[str, int] = {}
+    on = False
+    with open(trace) as f:
+        for line in f:
+            if MARK_START in line:
+                on = True
+                continue
+            if MARK_END in line:
+                break
+            if not on or "openat(" not in line:
+                continue
+            m = _OPEN.search(line)
+            if m is None:
+                continue
+            path = m.group(2)
+            if path == "/proc":
+                kind = "table scans (/proc)"
+            else:
+                parts = path.removeprefix("/proc/").split("/")
+                if not (path.startswith("/proc/") or parts[0].isdigit()) or len(parts) < 2:
+                    continue
+                if not parts[0].isdigit():
+                    continue
+                kind = "/".join(parts[1:])
+            out[kind] = out.get(kind, 0) + 1
+    out["total /proc/PID files"] = sum(v for k, v in out.items() if not k.startswith("table"))
+    return out
+
+
+def bench_reads(unrelated: int, repeats: int) -> dict:
+    import shutil
+    import tempfile
+
+    if not shutil.which("strace"):
+        return {"skipped": "strace is not installed"}
+    res: dict = {}
+    for k in (0, unrelated):
+        for m in ("cgroup", "pgroup"):
+            key = f"{m}, {k} unrelated"
+            with tempfile.NamedTemporaryFile(prefix="tether-strace-", suffix=".log") as log:
+                run_one_close(m, k, trace=log.name)
+                reads = count_reads(log.name)
+            times = []
+            for _ in range(repeats):
+                one = run_one_close(m, k)
+                if not one["ok"]:
+                    raise RuntimeError(f"{key}: the close left something: {one}")
+                times.append(one["ms"])
+            res[key] = {"reads": reads, "close_ms_median": statistics.median(times),
+                        "close_ms": times, "processes": one["processes"]}
+    return res
+
+
 # -- controlling-terminal methods ------------------------------------------------
 
 PY_SHIM = ("import fcntl,os,sys,termios;fcntl.ioctl(0,termios.TIOCSCTTY,0);"
@@ -208,8 +340,17 @@ def main() -> int:
     ap.add_argument("--sizes", default="0,10,100")
     ap.add_argument("--mechanisms", default="auto,pgroup")
     ap.add_argument("--out", default=str(HERE / "results" / "pty_close.json"))
+    ap.add_argument("--reads", action="store_true",
+                    help="also count /proc reads of a close (strace), with --unrelated others")
+    ap.add_argument("--unrelated", type=int, default=2000)
+    ap.add_argument("--reads-repeats", type=int, default=5)
+    ap.add_argument("--one", nargs=2, metavar=("MECHANISM", "N"),
+                    help=argparse.SUPPRESS)  # one close, in a fresh interpreter (--reads)
     args = ap.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+    if args.one:
+        print(json.dumps(one_close(args.one[0], int(args.one[1]))))
+        return 0
+    sizes = [int(x) for x in args.sizes.split(",") if x]
     mechs = args.mechanisms.split(",")
     born = identity.now_ticks()
     from tether.platform import choose
@@ -247,7 +388,9 @@ def main() -> int:
                         e["capture_ms"] for e in extra[k])
                     res[k]["captured_median"] = statistics.median(e["captured"] for e in extra[k])
             results["close"][str(n)] = res
-        results["ctty"] = bench_ctty(max(60, args.repeats * 6))
+        results["ctty"] = bench_ctty(max(60, args.repeats * 6)) if args.repeats else {}
+        if args.reads:
+            results["reads"] = bench_reads(args.unrelated, args.reads_repeats)
     finally:
         for ident in marked_alive(born):
             try:
@@ -270,6 +413,17 @@ def main() -> int:
             cap = v.get("capture_ms_median")
             print(f"{n:>8} {k:<10} {v['median_ms']:>10.1f} {v['p90_ms']:>8.1f} "
                   f"{v['ratio_to_baseline']:>7.2f} {'' if cap is None else f'{cap:.1f}':>10}")
+    if "reads" in results:
+        print("\n/proc files opened by one close of a 10-process session (owner + keeper), "
+              "and its time (median, no strace):")
+        for key, v in results["reads"].items():
+            if key == "skipped":
+                print(f"  skipped: {v}")
+                continue
+            r = v["reads"]
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.items()) if not k.startswith("total"))
+            print(f"  {key:<24} {v['close_ms_median']:7.1f} ms  {r['total /proc/PID files']:6d} "
+                  f"files ({kinds}); {v['processes']} processes")
     print("\ncontrolling terminal: spawn+exit of /bin/true on a PTY in a job")
     for k, v in results["ctty"].items():
         print(f"  {k:<30} median {v['median_ms']:6.2f} ms  p90 {v['p90_ms']:6.2f} ms")

@@ -506,6 +506,48 @@ def test_second_close_joins_the_same_operation(sessions, procs):
 
 
 @pytest.mark.mechanism
+@pytest.mark.parametrize("first", ["graceful", "immediate"])
+def test_immediate_and_graceful_closes_meet_as_one_immediate_close(sessions, procs, first):
+    """An immediate close during a pending graceful one escalates it; a
+    graceful one during a pending immediate one joins it. Either order: one
+    immediate result for both callers, and nothing of the session is left
+    (the program and its background job ignore SIGHUP and SIGTERM)."""
+    s = _sh_session(sessions, procs, _STUBBORN, grace=1.0)
+    bg = _bg_identity(s)
+    root = identity.read(s.pid)
+    op1 = s.close(first, wait=False)
+    wait_until(lambda: s.state == "closing")
+    time.sleep(0.2)  # well inside the first close: graceful waits for the root
+    assert not op1.done()
+    second = "immediate" if first == "graceful" else "graceful"
+    op2 = s.close(second, wait=False)
+    assert op2 is op1 and op1.mode == "immediate"
+    r = op1.result(20)
+    assert r is op2.result(0) is s.close()  # every caller: the same immediate result
+    assert r.mode == "immediate" and r.ok, r
+    assert r.left_running == []
+    assert any(i.same_process(bg) for i in r.captured)
+    killed = {(i.pid, i.start) for i in r.killed}
+    assert (bg.pid, bg.start) in killed and (root.pid, root.start) in killed  # after the grace
+    assert not identity.is_alive(bg) and not identity.is_alive(root)
+    assert _proc_marked_sleeps(procs.mark, procs.born) == []
+
+
+@pytest.mark.mechanism
+def test_control_a_graceful_close_alone_leaves_the_stubborn_background_job(sessions, procs):
+    """Control for the test above: the graceful close by itself leaves the
+    background job running (reported, in the session's job)."""
+    s = _sh_session(sessions, procs, _STUBBORN, grace=0.3)
+    bg = _bg_identity(s)
+    r = s.close("graceful")
+    assert r.mode == "graceful"
+    assert identity.is_alive(bg)
+    assert any(i.same_process(bg) for i in r.left_running)
+    s.job.close()
+    assert wait_until(lambda: not identity.is_alive(bg), 5)
+
+
+@pytest.mark.mechanism
 def test_close_completing_while_an_attach_waits(sessions, procs):
     s = _sh_session(sessions, procs, "echo READY; while :; do echo tick; sleep 0.01; done")
     s.read_until(b"READY", 5)
@@ -575,13 +617,13 @@ def test_failed_signal_is_retried(sessions, procs):
     calls: list[tuple[int, int]] = []
     real_send = s._send
 
-    def flaky_send(ident, sig, member=False):
+    def flaky_send(ident, sig, member=False, **kw):
         # A transient failure (as from pidfd_open under EMFILE/ENOMEM) on the
         # first attempt at each process; then the real, identity-checked call.
         calls.append((ident.pid, sig))
         if calls.count((ident.pid, sig)) == 1:
             raise OSError(errno.EAGAIN, "injected transient failure")
-        return real_send(ident, sig, member=member)
+        return real_send(ident, sig, member=member, **kw)
 
     s._send = flaky_send
     r = s.close("immediate")
@@ -603,10 +645,10 @@ def test_signal_failing_every_time_is_reported_and_the_job_still_ends(sessions, 
     wait_until(lambda: _comm(bg.pid) == "sleep")
     real_send = s._send
 
-    def broken_for_bg(ident, sig, member=False):
+    def broken_for_bg(ident, sig, member=False, **kw):
         if ident.pid == bg.pid:
             raise OSError(errno.EAGAIN, "injected persistent failure")
-        return real_send(ident, sig, member=member)
+        return real_send(ident, sig, member=member, **kw)
 
     s._send = broken_for_bg
     r = s.close("immediate")
@@ -665,7 +707,13 @@ def test_fake_pids_of_the_runner_are_refused(sessions, procs, sigurg_seen):
 def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, procs, sigurg_seen,
                                                                    control):
     s = _sh_session(sessions, procs, "read x")
-    victim = procs.popen(["sleep", "120"])  # real, ours, and must survive: its start is faked
+    # real, ours, and must survive: its start is faked. Control: it carries the
+    # session's cookie and keeps its real start, so the gate's proof lets a
+    # signal land (without the cookie the proof alone would spare it).
+    env = procs.env()
+    if control:
+        env[COOKIE_VAR] = s.token
+    victim = procs.popen(["sleep", "120"], env=env)
     v = identity.read(victim.pid)
     assert v is not None
     me = identity.read(os.getpid())
@@ -688,13 +736,13 @@ def test_fake_pids_injected_into_the_capture_never_reach_a_signal(sessions, proc
         cap._kids = None
         return cap
 
-    def guarded_send(ident, sig, member=False):
+    def guarded_send(ident, sig, member=False, **kw):
         sent.append((ident.pid, sig))
         if ident.pid in identity.own_ancestors() or ident.pid <= 1:
             # Tripwire: the real refusal is exercised with a harmless signal,
             # never with the close's SIGTERM/SIGKILL.
-            return real_send(ident, signal.SIGURG, member=member)
-        return real_send(ident, sig, member=member)
+            return real_send(ident, signal.SIGURG, member=member, **kw)
+        return real_send(ident, sig, member=member, **kw)
 
     _wrap_captures(s, capture_with_fakes)
     s._send = guarded_send

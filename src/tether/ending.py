@@ -20,8 +20,9 @@ One end, in order:
    until nothing new appears, so nothing forks its way out of the kill.
 4. SIGKILL to what is left, deepest first (but what the mechanism's kernel
    kill covers), then ``kill()`` (that kernel kill, if any); find again and
-   repeat until nothing is found for ``quiet`` seconds or ``bound`` seconds
-   have passed.
+   repeat until nothing is found for ``quiet`` seconds (once anything was
+   found at all: with nothing found, nothing was killed, and the first empty
+   look ends it) or ``bound`` seconds have passed.
 
 Every signal goes through :func:`tether.identity.send_signal`: only to a
 process whose pid, start ticks and boot id still match, never to PID <= 1,
@@ -300,7 +301,10 @@ def end(
             if not live:
                 if quiet_since is None:
                     quiet_since = now
-                if now - quiet_since >= quiet or now >= deadline:
+                # The quiet watch is for what a kill may have missed (a
+                # pid-hopper's successor): with nothing ever found, nothing
+                # was killed, and one more look (this one) is the watch.
+                if now - quiet_since >= (quiet if seen else 0) or now >= deadline:
                     break
                 time.sleep(0.005)
                 continue
@@ -334,7 +338,10 @@ def end(
             for i in frozen:
                 if _key(i) not in how and identity.is_alive(i):
                     try:
-                        send(i, _SIGCONT, member=vouched(i))
+                        if proof is not None:
+                            send(i, _SIGCONT, member=vouched(i), proof=proof(i))
+                        else:
+                            send(i, _SIGCONT, member=vouched(i))
                     except (SignalRefused, OSError):
                         pass
         out.elapsed = time.monotonic() - t0

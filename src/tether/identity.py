@@ -562,12 +562,8 @@ def newest_pids(span: int = 64) -> list[int]:
     last-pid field of /proc/loadavg, wrapping at pid_max); [] elsewhere. A
     pid-hopper lives a millisecond at a pid: a scan of the whole table never
     reaches it in time, a look at the newest pids does."""
-    if not _LINUX:
-        return []
-    try:
-        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
-        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
-    except (OSError, ValueError, IndexError):
+    last, pid_max = last_pid()
+    if last <= 0:
         return []
     out = []
     for back in range(span):
@@ -576,6 +572,35 @@ def newest_pids(span: int = 64) -> list[int]:
             p += pid_max - 300  # wrapped: the kernel reuses from 300 on
         out.append(p)
     return out
+
+
+def last_pid() -> tuple[int, int]:
+    """(the pid the kernel handed out last in this PID namespace, pid_max),
+    from /proc/loadavg; (0, 0) where it cannot be read. Unchanged between two
+    looks: no process was created in between."""
+    if not _LINUX:
+        return 0, 0
+    try:
+        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
+        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return last, pid_max
+
+
+def pids_since(last: int, now: int, pid_max: int, cap: int = 4096) -> list[int] | None:
+    """The pids handed out after ``last`` up to ``now`` (wrapping at
+    ``pid_max``; the kernel reuses from 300 on), oldest first; None when more
+    than ``cap`` (then read the whole table instead)."""
+    if now == last:
+        return []
+    if now > last:
+        n = now - last
+        return list(range(last + 1, now + 1)) if n <= cap else None
+    n = (pid_max - last - 1) + (now - 300 + 1)
+    if n > cap or pid_max <= 0:
+        return None
+    return list(range(last + 1, pid_max)) + list(range(300, now + 1))
 
 
 def proc_is_ours() -> bool:
@@ -1249,19 +1274,44 @@ class Proof:
     :func:`send_signal` also asks its cgroup (a member of the job's cgroup is
     proven) or else its environment (it must carry the cookie). Where neither
     can be read, the process is spared: "identity ambiguous".
+
+    ``groups`` and ``parents`` (the ``pgroup`` mechanism and PTY close,
+    where no cgroup holds the job): ids of process groups or sessions, and
+    pids, proven to be the job's a moment ago. A process that is a member,
+    not the leader, of one of those groups or sessions, or whose parent is
+    one of those pids, is proven too (read while the pidfd pins it): a group
+    or session id is not reused while it has members, and a stranger handed
+    a dead member's pid in the same tick has its own parent and, leading a
+    group of its own, leads it - so only the cookie proves a leader.
     """
 
-    __slots__ = ("cookie", "cgroup")
+    __slots__ = ("cookie", "cgroup", "groups", "parents")
 
-    def __init__(self, cookie: "bytes | None" = None, cgroup: "str | None" = None) -> None:
+    def __init__(self, cookie: "bytes | None" = None, cgroup: "str | None" = None,
+                 groups: "frozenset[int] | set[int]" = frozenset(),
+                 parents: "frozenset[int] | set[int]" = frozenset()) -> None:
         self.cookie = cookie
         self.cgroup = cgroup
+        self.groups = groups
+        self.parents = parents
 
     def __repr__(self) -> str:
-        return f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r})"
+        return (f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r}, "
+                f"groups={len(self.groups)}, parents={len(self.parents)})")
 
-    def check(self, pid: int) -> "str | None":
-        """None when ``pid`` is proven to be the job's, else why not."""
+    def _related(self, pid: int, cur: "Identity | None") -> bool:
+        if cur is None or not (self.groups or self.parents):
+            return False
+        if cur[3] in self.parents and cur[3] > 1:
+            return True
+        return any(v != pid and v > 1 and v in self.groups for v in (cur[4], cur[5]))
+
+    def check(self, pid: int, cur: "Identity | None" = None) -> "str | None":
+        """None when ``pid`` is proven to be the job's, else why not.
+        ``cur``: the process as read while pinned (its ppid, pgid and sid
+        are asked of ``groups`` and ``parents``)."""
+        if self._related(pid, cur):
+            return None
         if self.cgroup:
             from . import cgroupfs  # only here: the wrapper's hot path never proves
 
@@ -1278,6 +1328,8 @@ class Proof:
             if has is False:
                 return "it does not carry its job's cookie"
         if not self.cgroup and not self.cookie:
+            if self.groups or self.parents:
+                return "neither a member of its job's groups nor a child of its processes"
             return None  # nothing to prove with: pid + start + boot is all there is
         return "identity ambiguous: neither its cgroup nor its environment can be read"
 
@@ -1346,7 +1398,7 @@ def send_signal(ident: "Identity", sig: int, *, member: bool = False,
         if cur is None or cur[1] != ident[1]:
             return False
         if proof is not None and cur[7] not in ("Z", "X", "x"):
-            why = proof.check(pid)
+            why = proof.check(pid, cur)
             # A process inside exit has no environment left to read: a signal
             # cannot hurt it any more, so it is sent (and counts) as to any.
             if why is not None and not _exiting(pid):

@@ -248,6 +248,9 @@ class CloseOperation:
         self.mode = mode
         self._done = threading.Event()
         self._result: CloseResult | None = None
+        # A graceful close that an immediate one joined: it turns immediate.
+        self._escalate = threading.Event()
+        self._sealed = False  # past the last point where it could still turn
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -642,17 +645,25 @@ class PtySession:
         end with the job - when this process exits, or on ``session.job.close()``.
 
         A ``close()`` while another is pending joins it and returns the same
-        result object (whatever ``mode`` it asks for). ``wait=False`` returns
-        the :class:`CloseOperation` at once.
+        result object. An ``immediate`` close that joins a pending
+        ``graceful`` one escalates it: the pending close stops waiting for
+        the program and goes on as an immediate close (capture, end, grace,
+        recheck; its result says ``mode='immediate'``), for every caller
+        joined to it. A ``graceful`` close that joins a pending immediate
+        one gets the immediate result. ``wait=False`` returns the
+        :class:`CloseOperation` at once.
         """
         if mode not in ("immediate", "graceful"):
             raise ValueError(f"mode must be 'immediate' or 'graceful', not {mode!r}")
         with self._lock:
             op = self._op
             starter = op is None
-            if starter:
+            if op is None:
                 op = self._op = CloseOperation(mode)
                 self._state = CLOSING
+            elif mode == "immediate" and op.mode == "graceful" and not op._sealed:
+                op.mode = "immediate"
+                op._escalate.set()
         if starter:
             t = threading.Thread(target=self._run_close, args=(op,), name=f"tether-pty-close-{self.pid}",
                                  daemon=True)
@@ -669,9 +680,18 @@ class PtySession:
             if op.mode == "immediate":
                 self._close_immediate(res)
             else:
-                self._close_graceful(res)
+                self._close_graceful(res, op._escalate)
+                with self._lock:
+                    op._sealed = True  # from here on, an immediate close joins as it is
+                    escalated = op._escalate.is_set()
+                if escalated:
+                    res.mode = "immediate"
+                    res.left_running = []
+                    self._close_immediate(res)
         except BaseException as exc:  # noqa: BLE001 - reported in the result; the job still ends
             res.error = exc
+            with self._lock:
+                op._sealed = True
             try:
                 self._hangup()
                 if op.mode == "immediate":
@@ -711,16 +731,27 @@ class PtySession:
         Elsewhere (``pgroup``, a dead keeper) the whole table is captured
         and walked by descent, session, group and cookie."""
         if self._job_holds_all():
-            return self._from_job(self._capture_job())
+            found_job, cap = self._from_job(self._capture_job())
+            self._proven: tuple[frozenset[int], frozenset[int]] = (
+                frozenset(), frozenset(i.pid for i in found_job) | {self.pid} | self._keeper_pids())
+            return found_job, cap
         cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
                             born_after=self.born_after)
         born = self.born_after
         root_pid = self.pid
         found: dict[int, Identity] = {}
         excluded = {root_pid}
-        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
-        if keeper:
-            excluded.add(keeper)
+        keepers = self._keeper_pids()
+        excluded |= keepers
+        needle = f"{COOKIE_VAR}={self.token}".encode()
+        env_known: dict[tuple[int, int], bool] = {}
+
+        def carries(i: Identity) -> bool:
+            # each process's environment is read at most once per capture
+            k = (i.pid, i.start)
+            if k not in env_known:
+                env_known[k] = bool(identity.environ_has(i.pid, needle))
+            return env_known[k]
 
         def add(idents: Iterable[Identity]) -> list[Identity]:
             new = [i for i in idents if i.pid not in found and i.pid not in excluded]
@@ -730,10 +761,23 @@ class PtySession:
 
         # Seeds. Still-parented descendants of the root, in any group or
         # session, and the root's own session and group (even if the root
-        # has exited by itself: its session outlives it).
-        add(cap.descendants([root_pid], born_after=born))
-        add(cap.by_session(root_pid, born))
-        add(cap.by_pgid(root_pid, born))
+        # has exited by itself: its session outlives it) - but only while the
+        # root's pid is still the session's: once the root is reaped and its
+        # session empty, a stranger may be handed that pid (even within the
+        # same clock tick, when pid + start + boot match). So they are used
+        # only if the root itself, or a member of its session or group,
+        # carries the session's cookie.
+        seeds = (cap.descendants([root_pid], born_after=born) + cap.by_session(root_pid, born)
+                 + cap.by_pgid(root_pid, born))
+        cur = cap.procs.get(root_pid)
+        live_root = (cur is not None and self.root is not None and cur.start == self.root.start
+                     and cur.state not in ("Z", "X", "x"))
+        proven_groups: set[int] = set()
+        if (cur is not None and live_root and carries(cur)) or any(
+                carries(i) for i in seeds if i.pid != root_pid and i.state not in ("Z", "X", "x")
+                and (i.sid == root_pid or i.pgid == root_pid)):
+            add(seeds)
+            proven_groups.add(root_pid)
         # Escapees that left parentage, group and session (double fork +
         # setsid) but kept the environment: the cookie. An orphan is
         # re-parented to the nearest living subreaper among its ancestors, or
@@ -741,9 +785,8 @@ class PtySession:
         # those orphans need their environment read (their own children are
         # found by the descendant walk below). Same uid only, born after the
         # session started, within the capture's own time budget.
-        needle = f"{COOKIE_VAR}={self.token}".encode()
         me_uid = os.geteuid()
-        adopters = identity.own_ancestors() | ({keeper} if keeper else set())
+        adopters = identity.own_ancestors() | keepers
         deadline = time.monotonic() + max(0.0, CAPTURE_TIME_CAP - cap.elapsed)
         for ident in list(cap.procs.values()):
             if ident.pid in found or ident.pid in excluded or ident.pid <= 2:
@@ -756,7 +799,7 @@ class PtySession:
                 cap.complete = False
                 cap.reason = cap.reason or "time cap reached while reading environments"
                 break
-            if identity.environ_has(ident.pid, needle):
+            if carries(ident):
                 add([ident])
         # What the mechanism itself knows to be in the job (cgroup members,
         # subreaper orphans), read fresh. Not for pgroup: its member list is a
@@ -784,7 +827,33 @@ class PtySession:
                     new += add(walk(value, born))
             frontier = new
         safe = identity.own_ancestors() | {os.getpid()}
-        return [i for i in found.values() if i.pid not in safe], cap
+        out = [i for i in found.values() if i.pid not in safe]
+        # Another user's process only under a root owner, and then only with
+        # the cookie (a root session's `su` child is the session's).
+        out = [i for i in out if i.uid == me_uid or (me_uid == 0 and carries(i))]
+        proven_groups |= {v for i in out for v in (i.sid, i.pgid) if v > 1}
+        self._proven = (frozenset(proven_groups),
+                        frozenset(i.pid for i in out) | {root_pid} | keepers)
+        return out, cap
+
+    def _keeper_pids(self) -> set[int]:
+        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
+        return {keeper} if keeper else set()
+
+    def _proof(self) -> identity.Proof:
+        """What proves, at the signal, that a process is the session's: its
+        cookie, its job's cgroup, or (from the last capture) a group or
+        session it is a member of, or its parent (see
+        :class:`tether.identity.Proof`)."""
+        groups, parents = getattr(self, "_proven", (frozenset(), frozenset()))
+        cg = None
+        if self.job is not None and self.mechanism == "cgroup":
+            try:
+                cg = self.job.trace().get("cgroup_path")
+            except (TetherError, OSError):
+                cg = None
+        return identity.Proof(f"{COOKIE_VAR}={self.token}".encode(), cg, groups=groups,
+                              parents=parents | {self.pid} | self._keeper_pids())
 
     def _job_holds_all(self) -> bool:
         job = self.job
@@ -856,10 +925,10 @@ class PtySession:
         return send
 
     def _signal(self, ident: Identity, sig: int, res: CloseResult, *,
-                member: bool = False) -> bool:
+                member: bool = False, proof: identity.Proof | None = None) -> bool:
         """One signal through :meth:`_sender`; False if it did not land."""
         try:
-            return self._sender(res)(ident, sig, member=member)
+            return self._sender(res)(ident, sig, member=member, proof=proof)
         except (SignalRefused, OSError):
             return False
 
@@ -910,8 +979,9 @@ class PtySession:
         # (2) hang up the terminal; the root hears it from us too.
         self._hangup()
         if root is not None:
-            self._signal(root, signal.SIGHUP, res, member=True)
+            self._signal(root, signal.SIGHUP, res, member=True, proof=self._proof())
         everyone = captured + ([root] if root is not None else [])
+        proof = self._proof()
         # (3)-(6) tether.ending: SIGTERM and SIGCONT to all (a stopped process
         # acts on SIGTERM only once continued), the grace, one identity
         # recheck and SIGKILL to what still matches, then the whole job ended
@@ -919,7 +989,7 @@ class PtySession:
         # after it), until every captured process is gone.
         ending = end(targets=everyone, born_after=self.born_after, grace=self.grace,
                      member=lambda i: root is not None and i.same_process(root),
-                     send=self._sender(res), on_round=self._proc.poll,
+                     proof=lambda _i: proof, send=self._sender(res), on_round=self._proc.poll,
                      kill=lambda: self._end_job(res), kill_name="job end",
                      kill_covers=lambda i: False)
         res.terminated = [i for i, how in ending.ended if how in ("SIGTERM", "exit")]
@@ -929,23 +999,31 @@ class PtySession:
         res.survivors = self._alive(ending.survivors)
         self._proc.poll()
 
-    def _close_graceful(self, res: CloseResult) -> None:
+    def _close_graceful(self, res: CloseResult, escalate: threading.Event) -> None:
+        """The graceful steps; they stop where they are once ``escalate`` is
+        set (an immediate close joined: the caller goes on with it)."""
         root = self.root
         self._hangup()
         left = [root] if root is not None else []
         deadline = time.monotonic() + self.grace
         while left and time.monotonic() < deadline:  # the hang-up is the polite step
-            time.sleep(0.005)
+            if escalate.wait(0.005):
+                return
             self._proc.poll()  # lets the keeper reap the root
             left = self._alive(left)
+        if escalate.is_set():
+            return
         if left:
             ending = end(targets=left, born_after=self.born_after, grace=self.grace, member=True,
-                         send=self._sender(res), on_round=self._proc.poll)
+                         send=self._sender(res), on_round=self._proc.poll,
+                         cancel=escalate.is_set, proof=lambda _i: self._proof())
             res.killed = [i for i, how in ending.ended if how == "SIGKILL"]
             left = self._alive(ending.survivors)
         if root is not None and not left:
             res.terminated.append(root)
         res.survivors = left
+        if escalate.is_set():
+            return
         # Report, without touching them, what the hang-up left running.
         captured, cap = self.capture()
         res.capture_complete, res.capture_reason = cap.complete, cap.reason

@@ -116,7 +116,12 @@ class Keeper:
         self.owner_pidfd = owner_pidfd
         self.ctl: socket.socket | None = None  # the socket driver's control socket (a pidns keeper reports on it)
         self.children: set[int] = set()  # direct children we spawned, not yet reaped
-        self.spawned: set[int] = set()  # every child ever spawned, if mech.keeps_spawned
+        # pid -> start ticks of each child spawned, if mech.keeps_spawned (pgroup:
+        # the group it leads); forgotten once reaped with its group empty, or
+        # when the mechanism can no longer prove the group is the job's
+        self.spawned: dict[int, int] = {}
+        # a spawned child reaped while its group lived on: the tick it was reaped
+        self.spawn_reaped: dict[int, int] = {}
         self.status: dict[int, int] = {}  # raw wait statuses, until collected
         self.wake_r = self.wake_w = -1
         # What this keeper ignores, where its driver knows without a look at
@@ -158,6 +163,17 @@ class Keeper:
         if pid in self.children:
             self.children.discard(pid)
             self.on_exit(pid, status)
+        self.forget_spawned(pid)
+
+    def forget_spawned(self, pid: int) -> None:
+        """A spawned child was reaped (by any path): forget its group if it
+        is empty - its pid, free now, may lead a stranger's group next - else
+        note the tick (see posix_pgroup)."""
+        if pid in self.spawned:
+            if _group_alive(pid):
+                self.spawn_reaped[pid] = identity.now_ticks()
+            else:
+                del self.spawned[pid]
 
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
@@ -189,7 +205,8 @@ class Keeper:
             ctx.__exit__(None, None, None)
         self.children.add(pid)
         if self.mech.keeps_spawned:
-            self.spawned.add(pid)
+            # read before we reap it: until then the pid is surely this child's
+            self.spawned[pid] = identity.start_ticks(pid) or 0
         return pid
 
     def end_for_dead_owner(self) -> int:
@@ -330,6 +347,7 @@ class Keeper:
         if status is None:
             try:
                 _, status = os.waitpid(child, 0)  # dead: it was killed above
+                self.forget_spawned(child)
             except ChildProcessError:
                 status = None
         linger = shared and not stop and leftovers and not mech.keeper_inside \
@@ -458,6 +476,20 @@ def _scope_keeper(path: str, caller_fd: int, lock: int) -> None:
         os.rmdir(os.path.dirname(path))  # the caller's run directory, when nothing else is in it
     except OSError:
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member: an existence probe
+    (signal 0 sends nothing; EPERM means a member exists)."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _readable(fd: int) -> bool:

@@ -198,6 +198,7 @@ class SocketKeeper(Keeper):
         except ChildProcessError:
             return None
         self.children.discard(pid)
+        self.forget_spawned(pid)
         return status
 
     def handle(self, msg: dict, fds: list[int]) -> bool:

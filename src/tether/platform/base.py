@@ -333,8 +333,9 @@ class KeeperMechanism:
     def params_for_keeper(self) -> "dict[str, Any]":
         return dict(self.params)
 
-    def note_spawn(self, pid: int) -> None:
-        """The owner learnt of a new direct child (pid as the owner sees it)."""
+    def note_spawn(self, pid: int, start: "int | None" = None) -> None:
+        """The owner learnt of a new direct child (pid as the owner sees it;
+        ``start``: its start ticks, as its keeper read them)."""
 
     def member_pids(self, keeper_pid: int) -> list[int]:
         raise NotImplementedError

@@ -660,7 +660,8 @@ class JobPopen(subprocess.Popen):
             self.pid = outer if outer and outer > 0 else reply["pid"]
         else:
             self.pid = reply["pid"]
-        backend.mech.note_spawn(self.pid)
+        backend.mech.note_spawn(
+            self.pid, self.tether_identity.start if self.tether_identity is not None else None)
         self._child_created = True
 
     @property
