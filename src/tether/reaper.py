@@ -841,16 +841,19 @@ def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) ->
 def _remove_cgroups(stale: list[_StaleRun], probes: list[str], report: ReapReport) -> None:
     from . import cgroupfs as lc
 
+    # A proven-stale cgroup that is gone once its processes are is reported as
+    # removed, whoever's rmdir came first: its keeper, late, or another job
+    # opening beside it, which tidies the empty run dirs of dead owners.
     for sr in stale:
         for jd in sr.jobs:
-            if os.path.isdir(jd) and lc.remove_tree(jd):
+            if not os.path.isdir(jd) or lc.remove_tree(jd):
                 report.cgroups_removed.append(jd)
         if not sr.kept:
             try:
                 os.rmdir(sr.path)
                 report.cgroups_removed.append(sr.path)
             except FileNotFoundError:
-                pass  # its keeper, late, removed it
+                report.cgroups_removed.append(sr.path)
             except OSError as e:
                 report.notes.append(f"could not remove {sr.path}: {e.strerror}")
     for pd in probes:
