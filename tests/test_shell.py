@@ -869,18 +869,13 @@ def test_audit_off_by_env(procs, ts, env):
     assert not os.path.exists(os.path.join(env["XDG_STATE_HOME"], "tether"))
 
 
-def _native(ts) -> bool:
-    with open(ts, "rb") as f:
-        return f.read(4) == b"\x7fELF"
-
-
 @pytest.mark.parametrize("last_prune_days", [2, 0])
 def test_audit_retention_prunes_old_day_files(procs, ts, env, last_prune_days):
     # An older tether-shell's day files age out by the audit log's age rule,
-    # pruned by the audit writer. The native one only appends: it hands its
-    # start over once the last prune (the lock file's mtime) is a day old.
-    # Control: a prune an instant ago - the native one appends and prunes
-    # nothing (the Python one's writer prunes at its first write, always).
+    # pruned by the audit writer. tether-shell only appends (the native one
+    # hands its start over, the Python one calls the writer) once the last
+    # prune (the lock file's mtime) is a day old.
+    # Control: a prune an instant ago - it appends and prunes nothing.
     d = os.path.join(env["XDG_STATE_HOME"], "tether")
     os.makedirs(d, mode=0o700)
     now = time.time()
@@ -901,7 +896,7 @@ def test_audit_retention_prunes_old_day_files(procs, ts, env, last_prune_days):
     env["TETHER_SHELL_LOG_DAYS"] = "14"
     assert run(procs, ts, ["-c", "true"], env)[0] == 0
     names = set(os.listdir(d))
-    pruned = last_prune_days >= 1 or not _native(ts)
+    pruned = last_prune_days >= 1
     assert not names & set(old) if pruned else set(old) <= names
     assert set(keep) | {"unrelated.txt", "audit.jsonl"} <= names
     assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])] == [
@@ -994,16 +989,11 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
              "enum", "tether.job", "tether.platform.base", "tether.platform.posix",
              "tether.platform._keeper", "tether.platform._keeper_socket", "tether.platform._proto",
              "__future__", "importlib", "warnings"}
-    # With the log on, the audit writer (tether.audit: the one writer of the
-    # audit log, its rotation, carry and pruning) loads what it needs, no more.
-    writer = {"json", "threading", "enum", "warnings", "__future__"}
     code = ("import sys; before = set(sys.modules); from tether.shell import cli; "
             "rc = cli(['-c', 'true']); "
             f"print(rc, ' '.join(sorted((set(sys.modules) - before) & {heavy!r})))")
-    rc, out = run_py(procs, {**env, "TETHER_SHELL_LOG": "off"}, code)
-    assert rc == 0 and out.split() == [b"0"], out
     rc, out = run_py(procs, env, code)
-    assert rc == 0 and out.split()[0] == b"0" and set(out.decode().split()[1:]) <= writer, out
+    assert rc == 0 and out.split() == [b"0"], out
     # and a later import of the package finds the same modules
     code = ("import sys; from tether.shell import cli; cli(['-c', 'true']); "
             "import tether.platform as tp; from tether.platform import oneshot; "

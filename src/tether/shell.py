@@ -152,6 +152,13 @@ class ShellLog:
     An unusable directory or file (a symlink, another user's, writable by
     others, not a regular file: the audit writer's rules) turns logging off,
     silently: the command runs anyway.
+
+    As the native tether-shell does, an event's records are appended here in
+    one ``os.write`` (``tether.audit`` costs milliseconds to import) while
+    nothing else is needed: the checks pass, the live file is not within
+    ``START_ROOM`` of ``max_bytes``, and the last prune (the lock file's
+    mtime) is younger than ``tether.audit.PRUNE_EVERY``. Otherwise the
+    ``AuditWriter`` writes them (and rotates, carries, prunes, or refuses).
     """
 
     def __init__(self, directory: str, keep_days: int = DEFAULT_LOG_DAYS,
@@ -161,6 +168,8 @@ class ShellLog:
         self.max_bytes = max_bytes
         self.writer = None
         self.off = False
+        self.fd: int | None = None  # the live file, while appending here will do
+        self._fast_tried = False
         self._job: dict[str, object] | None = None  # the generic path's run and job
 
     @classmethod
@@ -195,12 +204,10 @@ class ShellLog:
               job: "dict[str, object] | None" = None) -> bool:
         """One event of the command (``start``, ``exit`` or ``error``) as its
         audit records; ``job``: the fields that name the job (``_job_fields``)."""
-        w = self._writer()
-        if w is None:
-            return False
         base: dict[str, object] = {"app": _PROG, "wrapper": os.getpid(), "mechanism": mechanism}
         if event == "error":
-            return _put(w, "error", **base, parent=_parent_pid(), mode=mode, **detail)
+            return self._emit([("error", {**base, "parent": _parent_pid(), "mode": mode,
+                                          **detail})])
         if job is None:
             job = self._generic(child)
         boot = job.get("boot")
@@ -218,28 +225,90 @@ class ShellLog:
         shared = scope == "caller" and type(cg) is str
         names = {"run": job["run"], "job": os.path.basename(cg) if shared else job["job"]}
         proc = {"pid": child, "start": tok(job.get("start"))} if child else {}
+        recs: list[tuple[str, dict[str, object]]] = []
         if event == "start":
-            ok = _put(w, "job-open", **base, **names, scope=scope, owner=ident(job.get("owner")),
-                         name=SHELL_SCOPE_JOB if scope == "caller" else SHELL_JOB,
-                         keeper=ident(job.get("keeper")), caller=ident(job.get("caller")),
-                         cookie=job.get("cookie"), cookie_var=job.get("cookie_var"), cgroup=cg,
-                         parent=_parent_pid(), mode=mode, **detail)
+            recs.append(("job-open", {
+                **base, **names, "name": SHELL_SCOPE_JOB if scope == "caller" else SHELL_JOB,
+                "scope": scope, "owner": ident(job.get("owner")), "keeper": ident(job.get("keeper")),
+                "caller": ident(job.get("caller")), "cookie": job.get("cookie"),
+                "cookie_var": job.get("cookie_var"), "cgroup": cg, "parent": _parent_pid(),
+                "mode": mode, **detail}))
             if proc:
-                ok = _put(w, "spawn", **base, **names, **proc, boot=boot, in_job=True,
-                             cgroup=cg) and ok
-            return ok
+                recs.append(("spawn", {**base, **names, **proc, "boot": boot, "in_job": True,
+                                       "cgroup": cg}))
+            return self._emit(recs)
         st: dict[str, object] = dict(detail)
         if "code" in st:
             st["status"] = st.pop("code")
         elif "signal" in st:
             st["status"] = -int(st.pop("signal"))  # type: ignore[call-overload]
-        ok = _put(w, "exit", **base, **names, **proc, **st) if proc else True
+        if proc:
+            recs.append(("exit", {**base, **names, **proc, **st}))
         left = detail.get("leftovers")
         # A command's job is over when it returned; in scope caller only once it
         # left nothing (the caller's shared cgroup job never: it ends with the caller).
         if scope != "caller" or (not shared and left == 0):
-            ok = _put(w, "job-close", **base, **names, leftovers=left) and ok
+            recs.append(("job-close", {**base, **names, "leftovers": left}))
+        return self._emit(recs)
+
+    def _emit(self, recs: "list[tuple[str, dict[str, object]]]") -> bool:
+        """The records of one event: appended in one write where that will do, else
+        through the audit writer. None fields are left out (absent, not null)."""
+        recs = [(ev, {k: v for k, v in f.items() if v is not None}) for ev, f in recs]
+        fd = self._fast()
+        if fd is not None:
+            import time
+
+            ts = time.time()
+            data = "".join(_json_value({"v": 1, "ts": ts, "event": ev, **f}) + "\n"
+                           for ev, f in recs).encode("ascii", "backslashreplace")
+            try:
+                if os.write(fd, data) == len(data):
+                    return True
+            except OSError:
+                pass
+            self.fd = None  # trouble: the audit writer's to say and handle
+        w = self._writer()
+        if w is None:
+            return False
+        ok = True
+        for ev, f in recs:
+            ok = w.write(ev, **f) and ok
         return ok
+
+    def _fast(self) -> "int | None":
+        """The live file opened to append, if nothing but an append is needed (see
+        the class doc); decided once."""
+        if self._fast_tried:
+            return self.fd
+        self._fast_tried = True
+        if not _FAST:
+            return None
+        try:
+            try:
+                st = os.lstat(self.directory)
+            except FileNotFoundError:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                st = os.lstat(self.directory)
+            if not _safe_dir(st):
+                return None
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                          | os.O_CLOEXEC)
+            try:
+                if not _safe_dir(os.fstat(dfd)) or _has_acl(dfd) or not _pruned_lately(dfd):
+                    return None
+                fd = os.open("audit.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                             | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+            st = os.fstat(fd)
+            if not _ours_only(st, fd) or (st.st_size and st.st_size + START_ROOM > self.max_bytes):
+                os.close(fd)
+                return None
+            self.fd = fd
+        except OSError:
+            return None
+        return fd
 
     def _generic(self, child: "int | None") -> "dict[str, object]":
         """The generic path's run and job, named here (the one-command path names its own)."""
@@ -255,13 +324,102 @@ class ShellLog:
         return self._job
 
     def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
         if self.writer is not None:
             self.writer.close()
 
 
-def _put(w, event: str, **fields: object) -> bool:
-    """One audit record, its None fields left out (the audit schema: absent, not null)."""
-    return w.write(event, **{k: v for k, v in fields.items() if v is not None})
+_FAST = sys.platform.startswith("linux") and os.open in os.supports_dir_fd
+START_ROOM = 2048  # > a start's and an exit's records (= shell.c's)
+_LOCK = "audit.jsonl.lock"
+_PRUNE_EVERY = 86400  # = tether.audit.PRUNE_EVERY
+
+
+def _safe_dir(st: "os.stat_result") -> bool:
+    """A directory (not a link to one) of ours that no one else can write."""
+    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022
+
+
+def _has_acl(fd: int) -> bool:
+    try:
+        os.getxattr(fd, "system.posix_acl_access")
+    except OSError:  # ENODATA (no ACL) or ENOTSUP
+        return False
+    return True
+
+
+def _ours_only(st: "os.stat_result", fd: int) -> bool:
+    """A regular file of ours that no one else can write (``tether.audit.file_refusal``'s
+    rule; anything it would have to judge is left to it)."""
+    return (st.st_mode & 0o170000) == 0o100000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022 and not _has_acl(fd)
+
+
+def _pruned_lately(dfd: int) -> bool:
+    """The last prune (the lock file's mtime) is recent, or the lock file is new."""
+    import time
+
+    try:
+        st = os.stat(_LOCK, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            os.close(os.open(_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dfd))
+        except FileExistsError:
+            pass
+        return True
+    now = time.time()
+    return (st.st_mode & 0o170000) == 0o100000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022 and now - _PRUNE_EVERY < st.st_mtime <= now
+
+
+def _json_value(v: object) -> str:
+    # The records hold numbers, booleans, fixed words, ids and paths - never
+    # command text, arguments or environment values - so a tiny encoder does
+    # (json costs ~1 ms to import); ASCII only, as tether.audit writes.
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return _json_str(v)  # type: ignore[arg-type]
+    if t is dict:
+        return "{" + ",".join([f"{_json_str(k)}:{_json_value(x)}"
+                               for k, x in v.items()]) + "}"  # type: ignore[attr-defined]
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
+    return _json_str(str(v))
+
+
+def _json_str(s: str) -> str:
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) > 0x7E:
+            if ord(c) > 0xFFFF:  # a surrogate pair, as json.dumps(ensure_ascii=True) writes it
+                n = ord(c) - 0x10000
+                out.append(f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
 
 
 SHELL_JOB, SHELL_SCOPE_JOB = "tether-shell", "tether-shell scope=caller"  # = tether.runs'
