@@ -528,11 +528,11 @@ static int pruned_lately(int dfd)
            st.st_mtime <= now && now - st.st_mtime < PRUNE_EVERY;
 }
 
-/* A regular file of ours that no one else can write (tether.audit.file_refusal). */
-static int ours_only(int fd, const struct stat *st)
+/* A regular file of ours that no one else can write by its mode
+ * (tether.audit.file_refusal's rule; an ACL is left to it to judge). */
+static int ours_only(const struct stat *st)
 {
-    return S_ISREG(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 022) &&
-           fgetxattr(fd, ACL_XATTR, NULL, 0) < 0;
+    return S_ISREG(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 022);
 }
 
 /* Open the live audit file to append, turn the log off (a directory that
@@ -558,9 +558,18 @@ static void log_open(void)
     L.fd = openat(dfd, AUDIT_FILE,
                   O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
     close(dfd);
-    if (L.fd < 0 || fstat(L.fd, &st) < 0 || !ours_only(L.fd, &st) ||
+    if (L.fd < 0 || fstat(L.fd, &st) < 0 || !ours_only(&st)) {
+        /* a link, a FIFO, no access, another's or others-writable: the audit
+         * writer could not use it either - the log is off for this command */
+        if (L.fd >= 0)
+            close(L.fd);
+        L.fd = -1;
+        L.on = 0;
+        return;
+    }
+    if (fgetxattr(L.fd, ACL_XATTR, NULL, 0) >= 0 ||
         (st.st_size > 0 && st.st_size + START_ROOM > L.max))
-        hand_over(); /* refused, or a rotation due: the audit writer says or does it */
+        hand_over(); /* an ACL to judge, or a rotation due: the audit writer's */
 }
 
 /* A JSON record, built in one buffer: only numbers, fixed words, ids and
