@@ -924,6 +924,25 @@ def test_audit_rotates_by_size_and_loses_nothing(procs, ts, env):
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
 
 
+def test_log_constants_agree_with_the_audit_log():
+    # The shell's append-only writers (shell.py, shell.c) name what tether.audit
+    # and tether.runs define: a change on one side fails here.
+    import re
+
+    from tether import audit, runs, shell
+
+    assert shell._PRUNE_EVERY == audit.PRUNE_EVERY
+    assert shell.DEFAULT_LOG_MAX_BYTES == audit.DEFAULT_MAX_BYTES
+    assert (shell.SHELL_JOB, shell.SHELL_SCOPE_JOB) == (runs.SHELL_JOB, runs.SHELL_SCOPE_JOB)
+    with open(os.path.join(ROOT, "src", "tether", "_native", "shell.c")) as f:
+        c = f.read()
+    assert re.search(r"#define PRUNE_EVERY (\d+)", c).group(1) == str(audit.PRUNE_EVERY)
+    assert re.search(r"#define START_ROOM (\d+)", c).group(1) == str(shell.START_ROOM)
+    assert f'#define AUDIT_FILE "{audit.DEFAULT_FILENAME}"' in c
+    assert re.search(r'"TETHER_SHELL_LOG_MAX_BYTES", (\d+) << 20', c).group(1) == str(
+        audit.DEFAULT_MAX_BYTES >> 20)
+
+
 # -- 8. misc --------------------------------------------------------------------------
 
 def test_cli_entry_for_tether_shell_subcommand(procs, env):

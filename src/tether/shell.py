@@ -118,6 +118,49 @@ def log_dir(env: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     return os.path.join(os.path.expanduser("~"), ".local", "state", "tether")
 
 
+def _json_value(v: object) -> str:
+    # The records hold numbers, booleans, fixed words, ids and paths - never
+    # command text, arguments or environment values - so a tiny encoder does
+    # (json costs ~1 ms to import); ASCII only, as tether.audit writes.
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return _json_str(v)  # type: ignore[arg-type]
+    if t is dict:
+        return "{" + ",".join([f"{_json_str(k)}:{_json_value(x)}"
+                               for k, x in v.items()]) + "}"  # type: ignore[attr-defined]
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
+    return _json_str(str(v))
+
+
+def _json_str(s: str) -> str:
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) > 0x7E:
+            if ord(c) > 0xFFFF:  # a surrogate pair, as json.dumps(ensure_ascii=True) writes it
+                n = ord(c) - 0x10000
+                out.append(f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def _ident(pid: "int | None", start: "int | None") -> "dict[str, object] | None":
     """An identity as ``_job_fields`` gives it: ``{"pid", "start"}`` (start
     ticks; the record's ``boot`` says of which boot)."""
@@ -340,6 +383,14 @@ _LOCK = "audit.jsonl.lock"
 _PRUNE_EVERY = 86400  # = tether.audit.PRUNE_EVERY
 
 
+def _parent_pid() -> int:
+    if sys.platform == "win32":  # os.getppid() aborts the process under Wine: see identity
+        from .identity import parent_pid
+
+        return parent_pid()
+    return os.getppid()
+
+
 def _safe_dir(st: "os.stat_result") -> bool:
     """A directory (not a link to one) of ours that no one else can write."""
     return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid() \
@@ -379,58 +430,7 @@ def _pruned_lately(dfd: int) -> bool:
         and not st.st_mode & 0o022 and now - _PRUNE_EVERY < st.st_mtime <= now
 
 
-def _json_value(v: object) -> str:
-    # The records hold numbers, booleans, fixed words, ids and paths - never
-    # command text, arguments or environment values - so a tiny encoder does
-    # (json costs ~1 ms to import); ASCII only, as tether.audit writes.
-    t = type(v)
-    if t is int:
-        return str(v)
-    if t is str:
-        return _json_str(v)  # type: ignore[arg-type]
-    if t is dict:
-        return "{" + ",".join([f"{_json_str(k)}:{_json_value(x)}"
-                               for k, x in v.items()]) + "}"  # type: ignore[attr-defined]
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if isinstance(v, int):
-        return str(int(v))
-    if isinstance(v, float):
-        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
-    return _json_str(str(v))
-
-
-def _json_str(s: str) -> str:
-    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
-        return f'"{s}"'
-    out = []
-    for c in s:
-        if c in '"\\':
-            out.append("\\" + c)
-        elif ord(c) < 0x20 or ord(c) > 0x7E:
-            if ord(c) > 0xFFFF:  # a surrogate pair, as json.dumps(ensure_ascii=True) writes it
-                n = ord(c) - 0x10000
-                out.append(f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}")
-            else:
-                out.append(f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
-
-
 SHELL_JOB, SHELL_SCOPE_JOB = "tether-shell", "tether-shell scope=caller"  # = tether.runs'
-
-
-def _parent_pid() -> int:
-    if sys.platform == "win32":  # os.getppid() aborts the process under Wine: see identity
-        from .identity import parent_pid
-
-        return parent_pid()
-    return os.getppid()
 
 
 def _usage(msg: str) -> "BaseException":
