@@ -75,6 +75,7 @@ _DEFER_SIGNALS = ("SIGINT", "SIGQUIT")  # the command gets them from the termina
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._sigwatch import SignalWatch
+    from .audit import AuditWriter
 
 
 def _signal_numbers(names: tuple[str, ...]) -> list[int]:
@@ -209,7 +210,7 @@ class ShellLog:
         self.directory = directory
         self.keep_days = keep_days
         self.max_bytes = max_bytes
-        self.writer = None
+        self.writer: AuditWriter | None = None
         self.off = False
         self.fd: int | None = None  # the live file, while appending here will do
         self._fast_tried = False
@@ -266,7 +267,8 @@ class ShellLog:
 
         scope, cg = job.get("scope"), job.get("cgroup")
         shared = scope == "caller" and type(cg) is str
-        names = {"run": job["run"], "job": os.path.basename(cg) if shared else job["job"]}
+        names = {"run": job["run"],
+                 "job": os.path.basename(cg) if shared and isinstance(cg, str) else job["job"]}
         proc = {"pid": child, "start": tok(job.get("start"))} if child else {}
         recs: list[tuple[str, dict[str, object]]] = []
         if event == "start":
