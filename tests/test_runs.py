@@ -145,3 +145,72 @@ def test_a_missing_log_is_empty_and_an_unsafe_dir_is_refused(tmp_path):
     os.chmod(bad, 0o777)
     with pytest.raises(audit.AuditDirError):
         read_runs(bad)
+
+
+# -- an older tether-shell's day files (shell-YYYY-MM-DD.jsonl) ----------------------
+
+FIXTURE = Path(__file__).parent / "data" / "shell-legacy.jsonl"
+
+
+def _legacy_day_file(state: Path, owner: identity.Identity, child: identity.Identity,
+                     days_old: float) -> Path:
+    """tests/data/shell-legacy.jsonl as an older tether-shell left it: its
+    placeholders filled with a live owner and command, dated days_old ago."""
+    import time
+
+    text = FIXTURE.read_text()
+    for key, value in (("@OWNER_PID@", owner.pid), ("@OWNER_START@", owner.start),
+                       ("@PID@", child.pid), ("@START@", child.start), ("@BOOT@", child.boot)):
+        text = text.replace(key, str(value))
+    t = time.time() - days_old * 86400
+    path = state / time.strftime("shell-%Y-%m-%d.jsonl", time.gmtime(t))
+    path.write_text(text)
+    path.chmod(0o600)
+    os.utime(path, (t, t))
+    return path
+
+
+@pytest.fixture
+def two_live():
+    ps = [subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        yield [identity.read(p.pid) for p in ps]
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+
+
+def test_an_older_tether_shells_day_file_is_still_read(state, two_live):
+    owner, child = two_live
+    _legacy_day_file(state, owner, child, 1)
+    notes: list[str] = []
+    runs = read_runs(state, notes=notes)
+    run = runs[f"{owner.pid}-{owner.start}"]
+    assert run.owner is not None and run.owner.same_process(owner) and run.state() == LIVE
+    (job,) = run.jobs.values()
+    assert job.name == "tether-shell" and job.mechanism == "subreaper" and not job.closed
+    assert job.cookie and job.cookie.startswith(f"{owner.pid}-{owner.start}:")
+    assert [(p.pid, p.start) for p in run.procs.values()] == [(child.pid, child.start)]
+    assert "4300-77" not in runs or not runs["4300-77"].jobs  # started, exited, closed
+    assert notes == []
+
+
+@pytest.mark.parametrize("days_old", [15, 13])
+def test_an_older_tether_shells_day_file_ages_out_by_the_audit_rule(state, two_live, days_old):
+    # The first write of an audit writer prunes: a day file older than
+    # keep_days goes - after what still proves a live process (its job and
+    # its command) was carried into audit.jsonl. Control: a younger one stays.
+    owner, child = two_live
+    path = _legacy_day_file(state, owner, child, days_old)
+    with audit.AuditWriter(state, keep_days=14) as w:
+        assert w.write("reap", how="test")
+    assert path.exists() == (days_old < 14)
+    carried = [r for r in audit.read_records(state) if r.get("carried")]
+    if days_old < 14:
+        assert carried == []
+        return
+    assert sorted(r["event"] for r in carried) == ["job-open", "spawn"]
+    run = read_runs(state)[f"{owner.pid}-{owner.start}"]
+    assert [(p.pid, p.start) for p in run.procs.values()] == [(child.pid, child.start)]
+    assert run.state() == LIVE

@@ -826,19 +826,15 @@ def test_terminal_passes_through_and_ctrl_c_reaches_the_command(procs, ts, env):
 # -- 7. the audit log ----------------------------------------------------------------
 
 def log_records(state_home) -> list[dict]:
-    import json
+    """tether-shell's records in the audit log (every rotated copy, oldest first)."""
+    from tether.audit import read_records
 
     d = os.path.join(state_home, "tether")
-    out = []
-    for name in sorted(os.listdir(d)):
-        if name.startswith("shell-"):
-            with open(os.path.join(d, name)) as f:
-                out.extend(json.loads(line) for line in f)
-    return out
+    return [r for r in read_records(d) if r.get("app") == "tether-shell"]
 
 
 def wait_start_record(state_home, timeout: float = 10.0) -> dict:
-    """The last start record, waiting for the wrapper to write it.
+    """The last start (``job-open``) record, waiting for the wrapper to write it.
 
     While the command already runs, the wrapper may not yet have created the
     log's directory, or may be part way through its one line: both mean "not
@@ -847,7 +843,7 @@ def wait_start_record(state_home, timeout: float = 10.0) -> dict:
 
     def starts():
         try:
-            return [r for r in log_records(state_home) if r["event"] == "start"]
+            return [r for r in log_records(state_home) if r["event"] == "job-open"]
         except (FileNotFoundError, json.JSONDecodeError):
             return []
 
@@ -863,13 +859,14 @@ def test_audit_records_metadata_and_never_the_secret(procs, ts, env, tmp_path):
     run(procs, ts, ["-x", secret], env)  # an error record too
     state = env["XDG_STATE_HOME"]
     recs = log_records(state)
-    start, exit_, error = recs[-3], recs[-2], recs[-1]
-    assert start["event"] == "start" and start["mode"] == "shell" and start["detail"]["login"] is True
-    assert start["detail"]["argc"] == 4 and start["child"] > 0
-    assert exit_["event"] == "exit" and exit_["detail"]["code"] == 5 and exit_["child"] == start["child"]
+    start, spawn, exit_, close, error = recs[-5:]
+    assert start["event"] == "job-open" and start["mode"] == "shell" and start["login"] is True
+    assert start["argc"] == 4 and spawn["event"] == "spawn" and spawn["pid"] > 0
+    assert exit_["event"] == "exit" and exit_["status"] == 5 and exit_["pid"] == spawn["pid"]
+    assert close["event"] == "job-close" and close["job"] == start["job"] == exit_["job"]
     assert start["mechanism"] in ("cgroup", "subreaper", "pgroup")
-    assert error["event"] == "error" and error["detail"]["error"] == "usage"
-    assert {r["wrapper"] for r in recs[-3:-1]} == {start["wrapper"]}
+    assert error["event"] == "error" and error["error"] == "usage"
+    assert {r["wrapper"] for r in recs[-5:-1]} == {start["wrapper"]}
     for dirpath, _, files in os.walk(state):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
@@ -879,8 +876,8 @@ def test_audit_records_metadata_and_never_the_secret(procs, ts, env, tmp_path):
 
 def test_audit_counts_leftovers(procs, ts, env):
     run(procs, ts, ["-c", "sleep 60 & sleep 60 &"], env)
-    rec = log_records(env["XDG_STATE_HOME"])[-1]
-    assert rec["event"] == "exit" and rec["detail"]["leftovers"] == 2
+    rec = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "exit"][-1]
+    assert rec["leftovers"] == 2
 
 
 @pytest.mark.parametrize("where", ["uncreatable", "a-file", "world-writable", "symlink"])
@@ -914,33 +911,81 @@ def test_audit_off_by_env(procs, ts, env):
     assert not os.path.exists(os.path.join(env["XDG_STATE_HOME"], "tether"))
 
 
-def test_audit_retention_deletes_old_days(procs, ts, env):
+@pytest.mark.parametrize("last_prune_days", [2, 0])
+def test_audit_retention_prunes_old_day_files(procs, ts, env, last_prune_days):
+    # An older tether-shell's day files age out by the audit log's age rule,
+    # pruned by the audit writer. tether-shell only appends (the native one
+    # hands its start over, the Python one calls the writer) once the last
+    # prune (the lock file's mtime) is a day old.
+    # Control: a prune an instant ago - it appends and prunes nothing.
     d = os.path.join(env["XDG_STATE_HOME"], "tether")
     os.makedirs(d, mode=0o700)
     now = time.time()
     old = [time.strftime("shell-%Y-%m-%d.jsonl", time.gmtime(now - k * 86400)) for k in (15, 30, 400)]
     keep = [time.strftime("shell-%Y-%m-%d.jsonl", time.gmtime(now - k * 86400)) for k in (1, 13)]
-    for name in old + keep + ["unrelated.txt"]:
-        with open(os.path.join(d, name), "w") as f:
+    for name, k in [*zip(old, (15, 30, 400), strict=True), *zip(keep, (1, 13), strict=True),
+                    ("unrelated.txt", 400)]:
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
             f.write("{}\n")
+        os.chmod(path, 0o600)
+        os.utime(path, (now - k * 86400, now - k * 86400))
+    lock = os.path.join(d, "audit.jsonl.lock")
+    with open(lock, "w"):
+        pass
+    os.chmod(lock, 0o600)
+    os.utime(lock, (now - last_prune_days * 86400, now - last_prune_days * 86400))
     env["TETHER_SHELL_LOG_DAYS"] = "14"
     assert run(procs, ts, ["-c", "true"], env)[0] == 0
     names = set(os.listdir(d))
-    assert not names & set(old)
-    assert set(keep) | {"unrelated.txt"} <= names
+    pruned = last_prune_days >= 1
+    assert not names & set(old) if pruned else set(old) <= names
+    assert set(keep) | {"unrelated.txt", "audit.jsonl"} <= names
+    assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])] == [
+        "job-open", "spawn", "exit", "job-close"]
+    if pruned:
+        assert os.stat(lock).st_mtime > now - 60  # the prune is marked
 
 
-def test_audit_size_cap(procs, ts, env):
-    env["TETHER_SHELL_LOG_MAX_BYTES"] = "700"
-    for _ in range(5):
-        assert run(procs, ts, ["-c", "true"], env)[0] == 0
+def test_audit_rotates_by_size_and_loses_nothing(procs, ts, env):
+    # The shell's records rotate as every audit record does (the native one
+    # hands a start over to the Python writer once the live file is near its
+    # size): copies .1, .2 ..., no file far past the size, every record read back.
+    env["TETHER_SHELL_LOG_MAX_BYTES"] = "3000"
+    for k in range(4):
+        assert run(procs, ts, ["-c", f"exit {k}"], env)[0] == k
     d = os.path.join(env["XDG_STATE_HOME"], "tether")
-    (name,) = os.listdir(d)
-    st = os.stat(os.path.join(d, name))
-    assert st.st_size <= 700 and stat.S_IMODE(st.st_mode) == 0o600
+    names = sorted(os.listdir(d))
+    assert "audit.jsonl.1" in names and "audit.jsonl" in names, names
+    for name in names:
+        st = os.stat(os.path.join(d, name))
+        assert st.st_size <= 3000 + 1024 and stat.S_IMODE(st.st_mode) == 0o600
     recs = log_records(env["XDG_STATE_HOME"])
-    assert recs[-1]["detail"] == {"error": "capped"}
+    assert [r["status"] for r in recs if r["event"] == "exit"] == [0, 1, 2, 3]
+    assert [r["event"] for r in recs].count("job-open") == 4
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
+def test_log_constants_have_one_source():
+    # The shell's append-only writers (shell.py, shell.c) take what tether.audit
+    # and tether.runs use from tether._constants (shell.c through the header
+    # generated from it): no value of them is written out a second time.
+    import re
+
+    from tether import _constants as k
+    from tether import audit, runs, shell
+
+    assert (audit.PRUNE_EVERY, audit.DEFAULT_MAX_BYTES, audit.DEFAULT_FILENAME) == \
+        (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.AUDIT_FILE)
+    assert (shell._PRUNE_EVERY, shell.DEFAULT_LOG_MAX_BYTES, shell.START_ROOM) == \
+        (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.SHELL_LOG_START_ROOM)
+    assert (shell.SHELL_JOB, shell.SHELL_SCOPE_JOB) == (runs.SHELL_JOB, runs.SHELL_SCOPE_JOB) == \
+        (k.SHELL_JOB, k.SHELL_SCOPE_JOB)
+    with open(os.path.join(ROOT, "src", "tether", "_native", "shell.c")) as f:
+        c = f.read()
+    for name in ("AUDIT_FILE", "PRUNE_EVERY", "START_ROOM"):
+        assert re.search(rf"#define {name} TETHER_", c), name
+    assert '"TETHER_SHELL_LOG_MAX_BYTES", TETHER_AUDIT_MAX_BYTES' in c
 
 
 # -- 8. misc --------------------------------------------------------------------------
@@ -1071,7 +1116,7 @@ def test_cli_from_a_multithreaded_caller_falls_back_to_the_generic_path(procs, e
             "print(*out, 'tether.job' in sys.modules)\n")
     rc, out = run_py(procs, env, code, timeout=30)
     assert (rc, out) == (0, b"4 5 True\n")
-    assert [r["detail"].get("code") for r in log_records(env["XDG_STATE_HOME"])
+    assert [r.get("status") for r in log_records(env["XDG_STATE_HOME"])
             if r["event"] == "exit"] == [4, 5]
 
 
@@ -1134,9 +1179,9 @@ def test_caller_sigkilled_under_pgroup_keeps_the_exit_record(procs, ts, env):
     caller.wait(timeout=5)
     assert wait_dead(tree, 3.0) == []
     assert wait_dead([wrapper], 5.0) == []
-    recs = [r for r in log_records(env["XDG_STATE_HOME"]) if r.get("child") == tree[0].pid]
-    assert [r["event"] for r in recs] == ["start", "exit"], recs
-    assert recs[1]["mechanism"] == "pgroup" and recs[1]["detail"].get("signal") == signal.SIGKILL, recs[1]
+    recs = [r for r in log_records(env["XDG_STATE_HOME"]) if r.get("pid") == tree[0].pid]
+    assert [r["event"] for r in recs] == ["spawn", "exit"], recs
+    assert recs[1]["mechanism"] == "pgroup" and recs[1].get("status") == -signal.SIGKILL, recs[1]
     assert procs.wait_all_dead(3.0) == []
 
 
@@ -1194,7 +1239,7 @@ def test_caller_alive_nothing_changes(procs, ts, env):
     assert caller.returncode == 9 and len(words) == 2 and words.count(b"out") == 1
     assert next(w for w in words if w != b"out").isdigit()  # the caller's line: the wrapper's pid
     assert living(read_pids(env["P"], 1, gone_ok=True)) == []
-    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "job-open"][-1]
     assert start["caller"]["pid"] == caller.pid and start["parent"] == caller.pid
 
 
@@ -1531,7 +1576,8 @@ def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_p
     got, version = out.decode().split(maxsplit=1)
     assert os.path.samefile(got, real) and version[0].isdigit()
     # it ran in a job: its log says so
-    assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])][-2:] == ["start", "exit"]
+    assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])][-4:] == [
+        "job-open", "spawn", "exit", "job-close"]
     # installed again over itself (the links or the launchers are its own)
     assert _install(procs, env, d)[0] == 0
 
@@ -1607,7 +1653,7 @@ def test_good_values_are_taken(procs, ts, env):
 def _day_file(env) -> str:
     d = os.path.join(env["XDG_STATE_HOME"], "tether")
     os.makedirs(d, mode=0o700, exist_ok=True)
-    return os.path.join(d, time.strftime("shell-%Y-%m-%d.jsonl", time.gmtime()))
+    return os.path.join(d, "audit.jsonl")
 
 
 @pytest.mark.parametrize("what", ["fifo", "fifo-with-reader", "other-writable", "regular"])
@@ -1675,7 +1721,8 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
         assert [ln for ln in err.splitlines() if b"tether" in ln] == [
             b"tether: keeper died; the job is no longer guarded"]
         assert wait_dead(tree, 3.0) == []
-    assert log_records(env["XDG_STATE_HOME"])[-1]["detail"]["error"] == "keeper-died"
+    assert [r for r in log_records(env["XDG_STATE_HOME"])
+            if r["event"] == "exit"][-1]["error"] == "keeper-died"
 
 
 def _ptrace_hold(pid: int) -> None:
@@ -1739,7 +1786,7 @@ def test_the_command_carries_the_cookie_first_and_the_log_names_it(procs, ts, en
     rc, out, _ = run(procs, ts, ["-c", "tr '\\0' '\\n' < /proc/$$/environ | head -n 1"], env)
     name, _, cookie = out.decode().strip().partition("=")
     assert rc == 0 and name == "TETHER_JOB"
-    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "start"][-1]
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "job-open"][-1]
     assert start["cookie"] == cookie and start["job"] in cookie and start["run"] in cookie
     assert start["owner"]["pid"] == start["wrapper"] and start["keeper"]["pid"] > 0
 

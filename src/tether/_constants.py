@@ -34,6 +34,20 @@ EXIT_INTERNAL = 125  # tether's own failure
 EXIT_NOEXEC = 126
 EXIT_NOT_FOUND = 127
 
+#: The audit log (tether.audit): its live file's name, the size at which it
+#: rotates by default, and how often the writer prunes old copies (seconds;
+#: the lock file's mtime says when it last did). tether-shell's front ends
+#: only append to it, and hand a start to tether.audit's writer when the
+#: live file is within SHELL_LOG_START_ROOM bytes of its rotation size (more
+#: than a start's and an exit's records) or a prune is due.
+AUDIT_FILE = "audit.jsonl"
+AUDIT_MAX_BYTES = 5 * 2**20
+AUDIT_PRUNE_EVERY = 86400
+SHELL_LOG_START_ROOM = 2048
+#: The job names tether-shell's records carry (a command's job; a caller's).
+SHELL_JOB = "tether-shell"
+SHELL_SCOPE_JOB = "tether-shell scope=caller"
+
 #: The keeper protocol (docs/protocol.md): its version, said in the hello.
 PROTOCOL_VERSION = 1
 #: Largest frame body (CBOR bytes after the 4-byte length) a peer may send.

@@ -171,8 +171,9 @@ KEEP_EVENTS = frozenset(("run-start", "job-open"))
 MAX_PENDING = 256  # kept records per writer; past that they count as lost
 MAX_GAP_RUNS = 64  # run ids an audit-gap record names
 
-DEFAULT_FILENAME = "audit.jsonl"
-DEFAULT_MAX_BYTES = 5 * 2**20
+from ._constants import AUDIT_FILE as DEFAULT_FILENAME  # noqa: E402 - shared with shell.c
+from ._constants import AUDIT_MAX_BYTES as DEFAULT_MAX_BYTES  # noqa: E402
+
 DEFAULT_KEEP_FILES = 5
 DEFAULT_KEEP_DAYS = 14
 # The longest line a reader accepts, and so the longest line a writer writes.
@@ -192,6 +193,8 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and not _WINDOWS
 _READ_BLOCK = 256 * 1024
 _LOCK_TRIES = 10  # x 5 ms: a rotation never waits long on a stopped process
+#: Seconds after a prune (the lock file's mtime) when the native tether-shell,
+#: which never prunes, hands its start to the Python one, whose writer does.
 
 
 class AuditDirError(TetherError):
@@ -746,6 +749,7 @@ class AuditWriter:
             try:
                 if lock >= 0 or _WINDOWS:
                     self._prune()
+                    _touch(lock)
             finally:
                 if lock >= 0:
                     os.close(lock)
@@ -798,6 +802,7 @@ class AuditWriter:
                     self._rename(old, f"{name}.{n + 1}")
                 self._rename(name, f"{name}.1")
                 self._prune()
+                _touch(lock)
         except OSError:
             # Rotation trouble (Windows: a file open elsewhere) is not a lost
             # record: write to the live file and try again at the next write.
@@ -851,6 +856,10 @@ class AuditWriter:
             return
         cutoff = time.time() - self.keep_days * 86400 if self.keep_days else None
         doomed = []
+        if cutoff is not None and self.filename == DEFAULT_FILENAME:
+            # An older tether-shell's day files age out by the same rule.
+            doomed += [name for name in names if _legacy_shell_file(name)
+                       and self._mtime(name) < cutoff]
         for n, name in _rotated(names, self.filename):
             try:
                 if n > self.keep_files:
@@ -869,16 +878,31 @@ class AuditWriter:
             except OSError:
                 pass
 
+    def _mtime(self, name: str) -> float:
+        try:
+            return os.stat(self._p(name), **self._kw(), follow_symlinks=False).st_mtime
+        except OSError:
+            return float("inf")
+
     def _carry(self, doomed: list[str]) -> bool:
         """Append to the live file, marked ``carried``, every record of the
         copies in *doomed* (oldest first) that still proves a process that may
         be alive (:func:`tether.runs.still_needed`), at most ``max_bytes // 2``
         of them; past that, an ``audit-carry-loss`` error record says what was
         dropped. False when the carry could not be written."""
-        from tether.runs import still_needed  # lazy: only a rotation that deletes needs it
+        from tether.runs import legacy_shell_records, still_needed  # lazy: only a prune needs it
+
+        def legacy(name: str) -> Iterator[bytes]:  # an old day file: as the audit records it meant
+            for rec in read_records(self.state_dir, filename=name, max_line=self.max_line):
+                recs = legacy_shell_records(rec)
+                if recs:
+                    yield b"".join(_encode(r) for r in recs)
 
         def blocks() -> Iterator[bytes]:  # whole lines; a line over max_line is dropped
             for name in doomed:
+                if _legacy_shell_file(name):
+                    yield from legacy(name)
+                    continue
                 try:
                     fd = os.open(self._p(name), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
                                  | _O_BINARY, **self._kw())
@@ -991,6 +1015,23 @@ class AuditWriter:
             self.close()
         except Exception:  # noqa: BLE001 - nothing may escape a finalizer
             pass
+
+
+def _touch(lock: int) -> None:
+    """Mark the lock file's mtime as the time of the last prune: the native
+    tether-shell, which only appends, hands a start over to this writer once
+    that is older than :data:`PRUNE_EVERY` (see docs/audit.md)."""
+    if lock >= 0:
+        try:
+            os.utime(lock)
+        except OSError:
+            pass
+
+
+def _legacy_shell_file(name: str) -> bool:
+    """``shell-YYYY-MM-DD.jsonl``: a day file of an older tether-shell."""
+    return (len(name) == 22 and name.startswith("shell-") and name.endswith(".jsonl")
+            and name[6:16].replace("-", "").isdigit())
 
 
 def _why(e: OSError, state_dir: Path) -> str:

@@ -8,7 +8,8 @@ Sources, merged into one list of jobs:
 * **cgroup traces**: tether's run directories ``tether-<ownerpid>-<start>``
   anywhere in the cgroup v2 hierarchy (a bounded walk), one sub-directory per
   job, whose ``cgroup.procs`` list the members exactly, escapees included;
-* tether-shell's **day files** (read with the audit log, ``tether.runs``): a
+* tether-shell's **records** (in the audit log; an older one's day files too,
+  ``tether.runs``): a
   command's job, or a caller's scope (``TETHER_SHELL_SCOPE=caller``), whose
   owner is the caller - the agent CLI - so it is listed with it;
 * **keepers**: the process that holds each job (found from a record, as the

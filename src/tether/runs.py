@@ -17,15 +17,16 @@ log's length:
 * an ``exit`` record removes its process;
 * records of another boot are dropped (nothing of it is alive).
 
-tether-shell's day files (``shell-YYYY-MM-DD.jsonl`` beside the audit log,
-``tether.shell.ShellLog``) are read here too, after the audit log: a
-``start``/``exit`` record of its one-command path names the wrapper (or, in
-scope ``caller``, the caller) as owner, the job with its cookie, keeper and
-cgroup, and the shell's identity; :func:`shell_records` turns each into the
-audit records it stands for (``job-open`` + ``spawn``; ``exit`` +
-``job-close``). In scope ``caller`` the job is the caller's: one job per
-caller cgroup (``shell-scope``), or one per command with the subreaper, left
-open while what the command left may run.
+tether-shell writes ordinary audit records (``job-open`` + ``spawn`` at a
+command's start, ``exit`` + ``job-close`` at its end, ``app`` =
+``"tether-shell"``). The day files of an older tether-shell
+(``shell-YYYY-MM-DD.jsonl`` beside the audit log) are still read, after the
+audit log, until they age out (``tether.audit`` prunes them by its
+``keep_days``): :func:`legacy_shell_records` turns each of their
+``start``/``exit`` records into the audit records a tether-shell writes now.
+In scope ``caller`` the job is the caller's: one job per caller cgroup
+(``shell-scope``), or one per command with the subreaper, left open while
+what the command left may run.
 
 Every app's runs are read, always: a run that is not being reaped still
 protects its processes from a walk that starts at another run's leftover.
@@ -46,7 +47,7 @@ from . import identity
 from .audit import parse_pid, parse_start
 from .identity import Identity
 
-__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "shell_records",
+__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "legacy_shell_records",
            "shell_log_names", "SOURCES", "LIVE", "OVER", "UNKNOWN", "SHELL_JOB", "SHELL_SCOPE_JOB"]
 
 #: The events that say something about runs (reap and error records prove nothing).
@@ -55,7 +56,7 @@ MAX_TASKS = 256  # tasks kept of one ``tasks`` record (a record is at most 64 Ki
 LIVE, OVER, UNKNOWN = "live", "over", "unknown"
 #: Job names of tether-shell's jobs: one command's, and a caller's scope (its
 #: commands' leftovers, kept until the caller ends).
-SHELL_JOB, SHELL_SCOPE_JOB = "tether-shell", "tether-shell scope=caller"
+from ._constants import SHELL_JOB, SHELL_SCOPE_JOB  # noqa: E402 - shared with shell.c
 
 
 class Proc:
@@ -225,7 +226,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     for name in shell_log_names(state_dir):
         for rec in audit.read_records(state_dir, filename=name, stats=stats, since=since):
             try:
-                for r in shell_records(rec):
+                for r in legacy_shell_records(rec):
                     if not _absorb(r, runs, boot, cache, alive):
                         unusable += 1
             except (TypeError, ValueError, KeyError, AttributeError):
@@ -276,19 +277,21 @@ def _gap(rec: dict[str, Any], out: dict[str | None, int]) -> None:
 
 
 def shell_log_names(state_dir: str | os.PathLike[str]) -> list[str]:
-    """tether-shell's day files in ``state_dir`` (``shell-YYYY-MM-DD.jsonl``), oldest first."""
+    """An older tether-shell's day files in ``state_dir``
+    (``shell-YYYY-MM-DD.jsonl``), oldest first."""
+    from .audit import _legacy_shell_file
+
     try:
         names = os.listdir(state_dir)
     except OSError:
         return []
-    return sorted(n for n in names if len(n) == 22 and n.startswith("shell-")
-                  and n.endswith(".jsonl") and n[6:16].replace("-", "").isdigit())
+    return sorted(n for n in names if _legacy_shell_file(n))
 
 
-def shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The audit records a tether-shell record stands for (see the module
-    doc); ``[]`` for one that names no job (an ``error``, an older wrapper's
-    record, the generic path's)."""
+def legacy_shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The audit records a record of an older tether-shell's day file stands
+    for (see the module doc); ``[]`` for one that names no job (an ``error``,
+    an even older wrapper's record, the generic path's)."""
     event = rec.get("event")
     run, job = _str(rec.get("run")), _str(rec.get("job"))
     if event not in ("start", "exit") or run is None or job is None:

@@ -29,8 +29,8 @@ nothing run)::
                             or caller (it runs on until the caller ends)
     TETHER_SHELL_WITH_CALLER  1 (default: the caller's death ends the job) or 0
     TETHER_SHELL_LOG        on (default) or off (also 1/0, yes/no, true/false)
-    TETHER_SHELL_LOG_DAYS   days of logs kept (14)
-    TETHER_SHELL_LOG_MAX_BYTES  cap of one day's log file (4 MiB)
+    TETHER_SHELL_LOG_DAYS   days the audit log's rotated copies are kept (14)
+    TETHER_SHELL_LOG_MAX_BYTES  the audit log's rotation size (5 MiB)
     TETHER_STATE_DIR        state directory (the log's; the reaper reads it)
 
 Modes: ``-c CMD`` (SHELL), ``/c CMD`` (COMSPEC, Windows) and interactive (no
@@ -56,11 +56,19 @@ import sys
 
 __all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
 
-from ._constants import EXIT_INTERNAL, EXIT_NOEXEC, EXIT_NOT_FOUND, EXIT_USAGE  # noqa: E402
+from ._constants import (  # noqa: E402  # noqa: E402
+    AUDIT_MAX_BYTES,
+    AUDIT_PRUNE_EVERY,
+    EXIT_INTERNAL,
+    EXIT_NOEXEC,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+)
 from ._constants import SHELL_GRACE as DEFAULT_GRACE  # noqa: E402
+from ._constants import SHELL_LOG_START_ROOM as START_ROOM  # noqa: E402
 
 DEFAULT_LOG_DAYS = 14
-DEFAULT_LOG_MAX_BYTES = 4 * 2**20
+DEFAULT_LOG_MAX_BYTES = AUDIT_MAX_BYTES
 _PROG = "tether-shell"
 _HANDED_ARGV0 = "_TETHER_SHELL_ARGV0"  # = shell.c's ARGV0_VAR
 _MECHANISMS = ("auto", "cgroup", "subreaper", "pgroup", "jobobject")
@@ -73,6 +81,7 @@ _DEFER_SIGNALS = ("SIGINT", "SIGQUIT")  # the command gets them from the termina
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._sigwatch import SignalWatch
+    from .audit import AuditWriter
 
 
 def _signal_numbers(names: tuple[str, ...]) -> list[int]:
@@ -117,16 +126,17 @@ def log_dir(env: "dict[str, str] | os._Environ[str] | None" = None) -> str:
 
 
 def _json_value(v: object) -> str:
-    # The log holds numbers, booleans, fixed identifiers we choose, ids and
-    # paths - never command text, arguments or environment values - so a
-    # tiny encoder does; json costs ~1 ms to import.
+    # The records hold numbers, booleans, fixed words, ids and paths - never
+    # command text, arguments or environment values - so a tiny encoder does
+    # (json costs ~1 ms to import); ASCII only, as tether.audit writes.
     t = type(v)
     if t is int:
         return str(v)
-    if type(v) is str:
-        return _json_str(v[:1024])
-    if type(v) is dict:
-        return "{" + ",".join([f'"{k}":{_json_value(x)}' for k, x in v.items()]) + "}"
+    if t is str:
+        return _json_str(v)  # type: ignore[arg-type]
+    if t is dict:
+        return "{" + ",".join([f"{_json_str(k)}:{_json_value(x)}"
+                               for k, x in v.items()]) + "}"  # type: ignore[attr-defined]
     if v is None:
         return "null"
     if v is True:
@@ -136,8 +146,8 @@ def _json_value(v: object) -> str:
     if isinstance(v, int):
         return str(int(v))
     if isinstance(v, float):
-        return repr(round(v, 3))
-    return _json_str(str(v)[:1024])
+        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
+    return _json_str(str(v))
 
 
 def _json_str(s: str) -> str:
@@ -147,52 +157,58 @@ def _json_str(s: str) -> str:
     for c in s:
         if c in '"\\':
             out.append("\\" + c)
-        elif ord(c) < 0x20 or 0xD800 <= ord(c) < 0xE000 or ord(c) == 0x7F:
-            out.append(f"\\u{ord(c):04x}")  # a control character, or a lone surrogate
+        elif ord(c) < 0x20 or ord(c) > 0x7E:
+            if ord(c) > 0xFFFF:  # a surrogate pair, as json.dumps(ensure_ascii=True) writes it
+                n = ord(c) - 0x10000
+                out.append(f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{ord(c):04x}")
         else:
             out.append(c)
     return '"' + "".join(out) + '"'
 
 
 def _ident(pid: "int | None", start: "int | None") -> "dict[str, object] | None":
-    """An identity for the log: ``{"pid", "start"}`` (start ticks; the
-    record's ``boot`` says of which boot)."""
+    """An identity as ``_job_fields`` gives it: ``{"pid", "start"}`` (start
+    ticks; the record's ``boot`` says of which boot)."""
     if not pid or not start:
         return None
     return {"pid": pid, "start": start}
 
 
 class ShellLog:
-    """One JSON Lines file per UTC day: ``shell-YYYY-MM-DD.jsonl`` in :func:`log_dir`.
+    """tether-shell's records, written as ordinary audit records by
+    ``tether.audit.AuditWriter`` into the audit log (``audit.jsonl`` in
+    :func:`log_dir`): its rotation, carry and pruning, with ``max_bytes`` =
+    ``TETHER_SHELL_LOG_MAX_BYTES`` and ``keep_days`` = ``TETHER_SHELL_LOG_DAYS``.
 
-    Record fields: ``v`` (schema 1), ``ts`` (epoch seconds), ``event``
-    (``start``/``exit``/``error``), ``wrapper`` (this pid), ``parent`` (its
-    caller's pid), ``child`` (the shell's pid or null), ``mode``
-    (``shell``/``interactive``/``comspec``), ``mechanism``, ``detail``
-    (``argc`` and ``login`` at start; ``code`` or ``signal``, ``leftovers``
-    and ``ms`` at exit; ``error`` - a fixed code such as ``ENOENT`` - for
-    errors). Never command text, arguments or environment values.
+    A command's start is a ``job-open`` (``run``, ``job``, ``name``
+    ``tether-shell``, ``scope``, ``owner`` - the wrapper, or in scope
+    ``caller`` the caller -, ``keeper``, ``caller``, ``cookie``,
+    ``cookie_var`` when not ``TETHER_JOB``, ``cgroup``, ``mechanism``) and a
+    ``spawn`` of the shell (``pid``, ``start``, ``boot``, ``in_job``); its end
+    an ``exit`` (``status``: the code, or minus the signal; or ``error``:
+    ``no-status``/``keeper-died``; ``leftovers``, ``ms``, ``stopped_by``,
+    ``ended_by``) and a ``job-close``; a command that did not start an
+    ``error`` record (``error``: ``usage``, ``no-shell``, ``job-refused`` or
+    an errno name such as ``ENOENT``). Every record has ``app``
+    ``tether-shell``, ``wrapper`` (this pid) and ``mechanism``; ``job-open``
+    and ``error`` also ``parent`` (the caller's pid), ``mode``
+    (``shell``/``interactive``/``comspec``), ``argc``, and ``job-open``
+    ``login``. Never command text, arguments or environment values. The
+    generic path (no one-command job) names its own run and job, with the
+    wrapper as owner.
 
-    What ``tether reap`` and ``tether ps`` read (``tether.runs`` knows these
-    records), on ``start`` and ``exit`` of the one-command path: ``run``,
-    ``job``, ``scope`` (``command``/``caller``), ``boot`` (the boot id the
-    start ticks belong to), ``start`` (the shell's start ticks: with
-    ``child``, its identity); on ``start`` also ``owner`` (``{"pid",
-    "start"}``: the wrapper, or in scope ``caller`` the caller - the run is
-    over when it is gone), ``keeper`` and ``caller`` (identities), ``cookie``
-    (and ``cookie_var`` when not ``TETHER_JOB``: the entry every process of
-    the job carries first in its environment) and ``cgroup`` (the job's).
+    An unusable directory or file (a symlink, another user's, writable by
+    others, not a regular file: the audit writer's rules) turns logging off,
+    silently: the command runs anyway.
 
-    Each record is one ``os.write`` on an ``O_APPEND`` descriptor (lines of
-    concurrent wrappers never interleave on a local file system). Files older
-    than ``keep_days`` are deleted when a day's file is created; a day's file
-    stops growing at ``max_bytes`` (one ``capped`` record marks it). A
-    directory that cannot be created, is a symlink, belongs to someone else
-    or is writable by others turns logging off, and so does a day's file that
-    is not a regular file (a FIFO, a device: opened ``O_NONBLOCK`` so nothing
-    can block), is a symlink, belongs to someone else or that another user
-    can write (mode bits or ACL: ``tether.audit.file_refusal``); the command
-    runs anyway.
+    As the native tether-shell does, an event's records are appended here in
+    one ``os.write`` (``tether.audit`` costs milliseconds to import) while
+    nothing else is needed: the checks pass, the live file is not within
+    ``START_ROOM`` of ``max_bytes``, and the last prune (the lock file's
+    mtime) is younger than ``tether.audit.PRUNE_EVERY``. Otherwise the
+    ``AuditWriter`` writes them (and rotates, carries, prunes, or refuses).
     """
 
     def __init__(self, directory: str, keep_days: int = DEFAULT_LOG_DAYS,
@@ -200,10 +216,11 @@ class ShellLog:
         self.directory = directory
         self.keep_days = keep_days
         self.max_bytes = max_bytes
-        self.fd: int | None = None
-        self.path: str | None = None
-        self.size = 0
+        self.writer: AuditWriter | None = None
         self.off = False
+        self.fd: int | None = None  # the live file, while appending here will do
+        self._fast_tried = False
+        self._job: dict[str, object] | None = None  # the generic path's run and job
 
     @classmethod
     def from_env(cls, env: "dict[str, str] | os._Environ[str] | None" = None) -> "ShellLog | None":
@@ -221,11 +238,103 @@ class ShellLog:
             return None
         return cls(directory, days, cap)
 
-    def _open(self) -> bool:
-        if self.fd is not None:
-            return True
-        if self.off:
+    def _writer(self):
+        if self.writer is None and not self.off:
+            from .audit import AuditDirError, AuditWriter
+
+            try:
+                self.writer = AuditWriter(self.directory, max_bytes=self.max_bytes,
+                                          keep_days=self.keep_days, on_loss=lambda _m: None)
+            except (AuditDirError, OSError, ValueError):
+                self.off = True
+        return self.writer
+
+    def write(self, event: str, *, child: int | None, mode: str | None,
+              mechanism: str | None, detail: dict[str, object],
+              job: "dict[str, object] | None" = None) -> bool:
+        """One event of the command (``start``, ``exit`` or ``error``) as its
+        audit records; ``job``: the fields that name the job (``_job_fields``)."""
+        base: dict[str, object] = {"app": _PROG, "wrapper": os.getpid(), "mechanism": mechanism}
+        if event == "error":
+            return self._emit([("error", {**base, "parent": _parent_pid(), "mode": mode,
+                                          **detail})])
+        if job is None:
+            job = self._generic(child)
+        boot = job.get("boot")
+
+        def tok(v: object) -> "str | None":  # start ticks as the audit log writes them
+            if type(v) is dict:
+                v = v.get("start")
+            return f"{v}@{boot}" if type(v) is int and v and type(boot) is str else None
+
+        def ident(v: object) -> "dict[str, object] | None":
+            t = tok(v)
+            return {"pid": v["pid"], "start": t} if t and type(v) is dict else None
+
+        scope, cg = job.get("scope"), job.get("cgroup")
+        shared = scope == "caller" and type(cg) is str
+        names = {"run": job["run"],
+                 "job": os.path.basename(cg) if shared and isinstance(cg, str) else job["job"]}
+        proc = {"pid": child, "start": tok(job.get("start"))} if child else {}
+        recs: list[tuple[str, dict[str, object]]] = []
+        if event == "start":
+            recs.append(("job-open", {
+                **base, **names, "name": SHELL_SCOPE_JOB if scope == "caller" else SHELL_JOB,
+                "scope": scope, "owner": ident(job.get("owner")), "keeper": ident(job.get("keeper")),
+                "caller": ident(job.get("caller")), "cookie": job.get("cookie"),
+                "cookie_var": job.get("cookie_var"), "cgroup": cg, "parent": _parent_pid(),
+                "mode": mode, **detail}))
+            if proc:
+                recs.append(("spawn", {**base, **names, **proc, "boot": boot, "in_job": True,
+                                       "cgroup": cg}))
+            return self._emit(recs)
+        st: dict[str, object] = dict(detail)
+        if "code" in st:
+            st["status"] = st.pop("code")
+        elif "signal" in st:
+            st["status"] = -int(st.pop("signal"))  # type: ignore[call-overload]
+        if proc:
+            recs.append(("exit", {**base, **names, **proc, **st}))
+        left = detail.get("leftovers")
+        # A command's job is over when it returned; in scope caller only once it
+        # left nothing (the caller's shared cgroup job never: it ends with the caller).
+        if scope != "caller" or (not shared and left == 0):
+            recs.append(("job-close", {**base, **names, "leftovers": left}))
+        return self._emit(recs)
+
+    def _emit(self, recs: "list[tuple[str, dict[str, object]]]") -> bool:
+        """The records of one event: appended in one write where that will do, else
+        through the audit writer. None fields are left out (absent, not null)."""
+        recs = [(ev, {k: v for k, v in f.items() if v is not None}) for ev, f in recs]
+        fd = self._fast()
+        if fd is not None:
+            import time
+
+            ts = time.time()
+            data = "".join(_json_value({"v": 1, "ts": ts, "event": ev, **f}) + "\n"
+                           for ev, f in recs).encode("ascii", "backslashreplace")
+            try:
+                if os.write(fd, data) == len(data):
+                    return True
+            except OSError:
+                pass
+            self.fd = None  # trouble: the audit writer's to say and handle
+        w = self._writer()
+        if w is None:
             return False
+        ok = True
+        for ev, f in recs:
+            ok = w.write(ev, **f) and ok
+        return ok
+
+    def _fast(self) -> "int | None":
+        """The live file opened to append, if nothing but an append is needed (see
+        the class doc); decided once."""
+        if self._fast_tried:
+            return self.fd
+        self._fast_tried = True
+        if not _FAST:
+            return None
         try:
             try:
                 st = os.lstat(self.directory)
@@ -233,103 +342,37 @@ class ShellLog:
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
                 st = os.lstat(self.directory)
             if not _safe_dir(st):
-                self.off = True
-                return False
-            import time
-
-            day = time.strftime("%Y-%m-%d", time.gmtime())
-            self.path = os.path.join(self.directory, f"shell-{day}.jsonl")
-            # O_NONBLOCK: a FIFO (or a device) at the path must never block
-            # us (with no reader, opening a FIFO so fails with ENXIO); the
-            # file is checked through the descriptor before the first write.
-            flags = (os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-                     | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_BINARY", 0))
+                return None
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                          | os.O_CLOEXEC)
             try:
-                self.fd = os.open(self.path, flags)
-            except FileNotFoundError:
-                try:
-                    self.fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-                    self.prune(day)  # the first wrapper of a day cleans up old days
-                except FileExistsError:
-                    self.fd = os.open(self.path, flags)
-            st = os.fstat(self.fd)
-            if not _safe_file(st, self.fd):
-                os.close(self.fd)
-                self.fd = None
-                self.off = True
-                return False
-            self.size = st.st_size
+                if not _safe_dir(os.fstat(dfd)) or _has_acl(dfd) or not _pruned_lately(dfd):
+                    return None
+                fd = os.open("audit.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                             | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+            st = os.fstat(fd)
+            if not _ours_only(st, fd) or (st.st_size and st.st_size + START_ROOM > self.max_bytes):
+                os.close(fd)
+                return None
+            self.fd = fd
         except OSError:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
-            self.off = True
-            return False
-        return True
+            return None
+        return fd
 
-    def prune(self, today: str | None = None) -> list[str]:
-        """Delete ``shell-*.jsonl`` files older than ``keep_days``; return their names."""
-        import time
+    def _generic(self, child: "int | None") -> "dict[str, object]":
+        """The generic path's run and job, named here (the one-command path names its own)."""
+        if self._job is None:
+            from .audit import new_run_id
+            from .identity import boot_id, read
 
-        if today is None:
-            today = time.strftime("%Y-%m-%d", time.gmtime())
-        try:
-            y, m, d = (int(x) for x in today.split("-"))
-            # days since epoch, from the calendar date (no datetime import)
-            t0 = time.mktime((y, m, d, 12, 0, 0, 0, 0, 0))
-        except (ValueError, OverflowError):
-            return []
-        removed = []
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return []
-        for name in names:
-            if not (name.startswith("shell-") and name.endswith(".jsonl") and len(name) == 22):
-                continue
-            try:
-                y, m, d = (int(x) for x in name[6:16].split("-"))
-                t = time.mktime((y, m, d, 12, 0, 0, 0, 0, 0))
-            except (ValueError, OverflowError):
-                continue
-            if (t0 - t) / 86400 >= self.keep_days - 0.5:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                    removed.append(name)
-                except OSError:
-                    pass
-        return removed
-
-    def write(self, event: str, *, child: int | None, mode: str | None,
-              mechanism: str | None, detail: dict[str, object],
-              job: "dict[str, object] | None" = None) -> bool:
-        """One record; ``job``: the fields that name the job (see the class doc)."""
-        if not self._open() or self.fd is None:  # (open: fd is set)
-            return False
-        import time
-
-        rec = {"v": 1, "ts": time.time(), "event": event, "wrapper": os.getpid(),
-               "parent": _parent_pid(), "child": child, "mode": mode, "mechanism": mechanism,
-               "detail": detail}
-        if job:
-            rec.update((k, v) for k, v in job.items() if v is not None)
-        line = (_json_value(rec) + "\n").encode()
-        # Room is kept for the one "capped" marker, so the file never passes the cap.
-        if self.size + len(line) > self.max_bytes - _CAP_RESERVE:
-            if self.size > self.max_bytes - _CAP_RESERVE:
-                return False
-            line = (_json_value({"v": 1, "ts": time.time(), "event": "error",
-                                 "wrapper": os.getpid(), "detail": {"error": "capped"}})
-                    + "\n").encode()
-            self.size = self.max_bytes  # nothing more today
-        try:
-            os.write(self.fd, line)
-        except OSError:
-            self.off = True
-            return False
-        self.size += len(line)
-        return True
+            me = read(os.getpid())
+            kid = read(child) if child else None
+            self._job = {"run": new_run_id(), "job": "1", "scope": "command", "boot": boot_id(),
+                         "owner": _ident(os.getpid(), me.start if me else None),
+                         "start": kid.start if kid else None}
+        return self._job
 
     def close(self) -> None:
         if self.fd is not None:
@@ -338,9 +381,13 @@ class ShellLog:
             except OSError:
                 pass
             self.fd = None
+        if self.writer is not None:
+            self.writer.close()
 
 
-_CAP_RESERVE = 128  # > the length of the "capped" record
+_FAST = sys.platform.startswith("linux") and os.open in os.supports_dir_fd
+_LOCK = "audit.jsonl.lock"
+_PRUNE_EVERY = AUDIT_PRUNE_EVERY
 
 
 def _parent_pid() -> int:
@@ -352,30 +399,45 @@ def _parent_pid() -> int:
 
 
 def _safe_dir(st: "os.stat_result") -> bool:
-    if (st.st_mode & 0o170000) != 0o040000:  # a directory, not a symlink to one
+    """A directory (not a link to one) of ours that no one else can write."""
+    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022
+
+
+def _has_acl(fd: int) -> bool:
+    try:
+        os.getxattr(fd, "system.posix_acl_access")
+    except OSError:  # ENODATA (no ACL) or ENOTSUP
         return False
-    if sys.platform == "win32":
-        return True
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    return True
 
 
-def _safe_file(st: "os.stat_result", fd: int) -> bool:
-    """Whether the opened day's file may be written: a regular file of ours
-    that no one else can write. The common case is decided here; anything
-    else (a FIFO, another owner, group/other write bits, an ACL) is left to
-    ``tether.audit.file_refusal`` - the audit log's own rule - imported only
-    then (it costs milliseconds to import)."""
-    if sys.platform != "win32" and (st.st_mode & 0o170000) == 0o100000 \
-            and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+def _ours_only(st: "os.stat_result", fd: int) -> bool:
+    """A regular file of ours that no one else can write (``tether.audit.file_refusal``'s
+    rule; anything it would have to judge is left to it)."""
+    return (st.st_mode & 0o170000) == 0o100000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022 and not _has_acl(fd)
+
+
+def _pruned_lately(dfd: int) -> bool:
+    """The last prune (the lock file's mtime) is recent, or the lock file is new."""
+    import time
+
+    try:
+        st = os.stat(_LOCK, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
         try:
-            os.getxattr(fd, "system.posix_acl_access")
-        except OSError:  # ENODATA (no ACL) or ENOTSUP: nothing grants anyone else
-            return True
-        except AttributeError:
-            return True
-    from .audit import file_refusal
+            os.close(os.open(_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dfd))
+        except FileExistsError:
+            pass
+        return True
+    now = time.time()
+    return (st.st_mode & 0o170000) == 0o100000 and st.st_uid == os.geteuid() \
+        and not st.st_mode & 0o022 and now - _PRUNE_EVERY < st.st_mtime <= now
 
-    return file_refusal(st, fd) is None
+
+from ._constants import SHELL_JOB, SHELL_SCOPE_JOB  # noqa: E402
 
 
 def _usage(msg: str) -> "BaseException":

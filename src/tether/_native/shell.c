@@ -431,14 +431,24 @@ static double env_grace(void)
     return !v || !*v ? TETHER_SHELL_GRACE : parse_grace(v);
 }
 
-/* -- the audit log (tether.shell.ShellLog) ------------------------------------------ */
+/* -- the audit log (tether.shell.ShellLog: ordinary records in audit.jsonl) ----------- */
+
+/* This front end only appends: one write() of whole lines on an O_APPEND fd,
+ * under the checks tether.audit applies. Rotation, carry and pruning are the
+ * Python writer's (tether.audit.AuditWriter): whenever one may be due - the
+ * live file near its rotation size, no prune for PRUNE_EVERY (the lock
+ * file's mtime) - or a check fails, the start is handed over. */
+#define AUDIT_FILE TETHER_AUDIT_FILE
+#define AUDIT_LOCK TETHER_AUDIT_FILE ".lock"
+#define PRUNE_EVERY TETHER_AUDIT_PRUNE_EVERY
+#define START_ROOM TETHER_SHELL_LOG_START_ROOM /* > a start's and an exit's records */
+#define ACL_XATTR "system.posix_acl_access"
 
 static struct {
     int on;
     char dir[PATH_MAX];
-    char path[PATH_MAX + 64];
     int fd;
-    long long size, max;
+    long long max;
     long long days;
 } L = {.fd = -1};
 
@@ -498,58 +508,34 @@ static void log_dir(void)
         L.on = 0;
 }
 
-static long day_number(int y, int m, int d)
+/* The last prune (the lock file's mtime) is recent, or the lock file is new
+ * (nothing rotated yet): else the Python writer is due to prune. */
+static int pruned_lately(int dfd)
 {
-    struct tm tm = {0};
-    tm.tm_year = y - 1900;
-    tm.tm_mon = m - 1;
-    tm.tm_mday = d;
-    tm.tm_hour = 12;
-    tm.tm_isdst = 0;
-    return (long)mktime(&tm);
-}
-
-static int parse_day(const char *s, int *y, int *m, int *d)
-{
-    char *e;
-    if (strspn(s, "0123456789") == 0)
-        return 0;
-    *y = (int)strtol(s, &e, 10);
-    if (*e != '-' || strspn(e + 1, "0123456789") == 0)
-        return 0;
-    *m = (int)strtol(e + 1, &e, 10);
-    if (*e != '-' || strspn(e + 1, "0123456789") == 0)
-        return 0;
-    *d = (int)strtol(e + 1, &e, 10);
-    return *e == '\0';
-}
-
-/* The first wrapper of a day deletes the files older than the days kept. */
-static void log_prune(int y, int m, int d)
-{
-    double t0 = (double)day_number(y, m, d);
-    struct dir_walk w;
-    if (dir_open(&w, L.dir) < 0)
-        return;
-    for (const struct dent64 *e; (e = dir_next(&w));) {
-        size_t n = strlen(e->name);
-        if (n != 22 || strncmp(e->name, "shell-", 6) || strcmp(e->name + 16, ".jsonl"))
-            continue;
-        char day[11];
-        memcpy(day, e->name + 6, 10);
-        day[10] = '\0';
-        int fy, fm, fd_;
-        if (!parse_day(day, &fy, &fm, &fd_))
-            continue;
-        if ((t0 - (double)day_number(fy, fm, fd_)) / 86400 >= (double)L.days - 0.5)
-            unlinkat(w.fd, e->name, 0);
+    struct stat st;
+    if (fstatat(dfd, AUDIT_LOCK, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno != ENOENT)
+            return 0;
+        int lk = openat(dfd, AUDIT_LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK |
+                        O_CLOEXEC, 0600);
+        if (lk >= 0)
+            close(lk);
+        return lk >= 0 || errno == EEXIST;
     }
-    close(w.fd);
+    time_t now = time(NULL);
+    return S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022) &&
+           st.st_mtime <= now && now - st.st_mtime < PRUNE_EVERY;
 }
 
-/* Open today's file, or turn the log off; a file the quick rule cannot
- * clear (another owner, group/other write, an ACL) is the audit module's to
- * judge: handed over. */
+/* A regular file of ours that no one else can write by its mode
+ * (tether.audit.file_refusal's rule; an ACL is left to it to judge). */
+static int ours_only(const struct stat *st)
+{
+    return S_ISREG(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 022);
+}
+
+/* Open the live audit file to append, turn the log off (a directory that
+ * cannot be made or is unsafe: as the Python writer does), or hand over. */
 static void log_open(void)
 {
     struct stat st;
@@ -563,36 +549,26 @@ static void log_open(void)
         L.on = 0;
         return;
     }
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    snprintf(L.path, sizeof L.path, "%s/shell-%04d-%02d-%02d.jsonl", L.dir, tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday);
-    int flags = O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
-    L.fd = openat(AT_FDCWD, L.path, flags);
-    if (L.fd < 0 && errno == ENOENT) {
-        L.fd = openat(AT_FDCWD, L.path, flags | O_CREAT | O_EXCL, 0600);
+    int dfd = open(L.dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 || fstat(dfd, &st) < 0 || !safe_dir(&st) ||
+        fgetxattr(dfd, ACL_XATTR, NULL, 0) >= 0 || !pruned_lately(dfd))
+        hand_over(); /* a swapped directory, an ACL, a prune due: the audit writer's */
+    /* O_NONBLOCK: a FIFO planted there never blocks (ENXIO without a reader) */
+    L.fd = openat(dfd, AUDIT_FILE,
+                  O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    close(dfd);
+    if (L.fd < 0 || fstat(L.fd, &st) < 0 || !ours_only(&st)) {
+        /* a link, a FIFO, no access, another's or others-writable: the audit
+         * writer could not use it either - the log is off for this command */
         if (L.fd >= 0)
-            log_prune(tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
-        else if (errno == EEXIST)
-            L.fd = openat(AT_FDCWD, L.path, flags);
-    }
-    if (L.fd < 0) {
-        L.on = 0;
-        return;
-    }
-    if (fstat(L.fd, &st) < 0) {
-        close(L.fd);
+            close(L.fd);
         L.fd = -1;
         L.on = 0;
         return;
     }
-    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) ||
-        fgetxattr(L.fd, "system.posix_acl_access", NULL, 0) >= 0) {
-        close(L.fd);
-        hand_over();
-    }
-    L.size = st.st_size;
+    if (fgetxattr(L.fd, ACL_XATTR, NULL, 0) >= 0 ||
+        (st.st_size > 0 && st.st_size + START_ROOM > L.max))
+        hand_over(); /* an ACL to judge, or a rotation due: the audit writer's */
 }
 
 /* A JSON record, built in one buffer: only numbers, fixed words, ids and
@@ -654,10 +630,11 @@ static void jstr(const char *s)
     jraw("\"");
 }
 
+/* An identity as the audit log writes it: {"pid": N, "start": "ticks@bootid"} */
 static void jident(const char *key, pid_t pid, unsigned long long start)
 {
-    if (pid > 0 && start)
-        jf(",\"%s\":{\"pid\":%d,\"start\":%llu}", key, (int)pid, start);
+    if (pid > 0 && start && K.boot[0])
+        jf(",\"%s\":{\"pid\":%d,\"start\":\"%llu@%s\"}", key, (int)pid, start, K.boot);
 }
 
 static double wall_now(void)
@@ -678,47 +655,29 @@ static void jtime(void)
     jraw(t);
 }
 
-static void jhead(const char *event, pid_t child, const char *mechanism)
+/* A record's first fields; jend closes it. Several records go in one write. */
+static void jhead(const char *event, const char *mechanism)
 {
-    J.n = 0;
     jraw("{\"v\":1,\"ts\":");
     jtime();
-    jf(",\"event\":\"%s\",\"wrapper\":%d,\"parent\":%d,\"child\":", event, (int)getpid(),
-       (int)getppid());
-    if (child > 0)
-        jf("%d", (int)child);
-    else
-        jraw("null");
-    jraw(",\"mode\":\"shell\",\"mechanism\":");
-    if (mechanism)
+    jf(",\"event\":\"%s\",\"app\":\"tether-shell\",\"wrapper\":%d", event, (int)getpid());
+    if (mechanism) {
+        jraw(",\"mechanism\":");
         jstr(mechanism);
-    else
-        jraw("null");
-    jraw(",\"detail\":{");
+    }
 }
 
-/* The record jhead began, its detail closed by the caller: closed, and written. */
-static void log_write(void)
+static void jend(void)
 {
     jraw("}\n");
-    if (!L.on || L.fd < 0)
-        return;
-    if (L.size + (long long)J.n > L.max - 128) { /* room is kept for the one "capped" marker */
-        if (L.size > L.max - 128)
-            return;
-        J.n = 0;
-        jraw("{\"v\":1,\"ts\":");
-        jtime();
-        jf(",\"event\":\"error\",\"wrapper\":%d,\"detail\":{\"error\":\"capped\"}}\n",
-           (int)getpid());
-        L.size = L.max;
-    }
-    ssize_t n = write(L.fd, J.b, J.n);
-    if (n < 0) {
+}
+
+/* The records jhead..jend built: one write, then the buffer is empty again. */
+static void log_write(void)
+{
+    if (L.on && L.fd >= 0 && J.n < sizeof J.b - 1 && write(L.fd, J.b, J.n) < 0)
         L.on = 0;
-        return;
-    }
-    L.size += (long long)J.n;
+    J.n = 0;
 }
 
 /* errno.errorcode's name for err (glibc's, but where Python's table differs) */
@@ -1837,14 +1796,24 @@ static int shell_stop(const struct signalfd_siginfo *si)
     return si->ssi_signo == SIGTERM || si->ssi_signo == SIGHUP;
 }
 
+/* run, job, and the command's identity (pid, "ticks@bootid") */
+static void jjob(pid_t child, unsigned long long start)
+{
+    jf(",\"run\":\"%s\",\"job\":\"%s\"", R.run_id, R.job_id);
+    if (child > 0)
+        jf(",\"pid\":%d", (int)child);
+    if (child > 0 && start && K.boot[0])
+        jf(",\"start\":\"%llu@%s\"", start, K.boot);
+}
+
+/* A command's start: job-open and spawn, as tether.shell.ShellLog writes them. */
 static void shell_started(struct outcome *o)
 {
-    jhead("start", o->child, o->mechanism);
-    jf("\"argc\":%d,\"login\":%s}", shell_argc, shell_login ? "true" : "false");
-    jf(",\"run\":\"%s\",\"job\":\"%s\",\"scope\":\"command\",\"boot\":", R.run_id, R.job_id);
-    jstr(K.boot);
-    if (o->child_start)
-        jf(",\"start\":%llu", o->child_start);
+    if (!L.on)
+        return;
+    jhead("job-open", o->mechanism);
+    jjob(0, 0);
+    jraw(",\"name\":\"tether-shell\",\"scope\":\"command\"");
     jident("owner", R.owner, R.owner_start);
     jident("keeper", o->keeper, o->keeper_start);
     if (R.caller)
@@ -1855,6 +1824,60 @@ static void shell_started(struct outcome *o)
         jraw(",\"cgroup\":");
         jstr(o->cgroup);
     }
+    jf(",\"parent\":%d,\"mode\":\"shell\",\"argc\":%d,\"login\":%s", (int)getppid(),
+       shell_argc, shell_login ? "true" : "false");
+    jend();
+    if (o->child > 0) {
+        jhead("spawn", o->mechanism);
+        jjob(o->child, o->child_start);
+        jraw(",\"boot\":");
+        jstr(K.boot);
+        jraw(",\"in_job\":true");
+        if (o->cgroup[0]) {
+            jraw(",\"cgroup\":");
+            jstr(o->cgroup);
+        }
+        jend();
+    }
+    log_write();
+}
+
+/* A command that did not start: one error record (err: a fixed code). */
+static void log_error(const char *err, const char *mechanism)
+{
+    if (!L.on)
+        return;
+    jhead("error", mechanism);
+    jraw(",\"error\":");
+    jstr(err);
+    jf(",\"parent\":%d,\"mode\":\"shell\"", (int)getppid());
+    jend();
+    log_write();
+}
+
+/* A command's end: exit (status: the code, or minus the signal) and job-close. */
+static void log_exit(const struct outcome *o, double ms)
+{
+    if (!L.on || o->child <= 0)
+        return;
+    const char *mech = o->mechanism[0] ? o->mechanism : NULL;
+    int st = o->status;
+    jhead("exit", mech);
+    jjob(o->child, o->child_start);
+    if (st < 0)
+        jf(",\"error\":\"%s\"", o->keeper_died ? "keeper-died" : "no-status");
+    else
+        jf(",\"status\":%d", WIFSIGNALED(st) ? -WTERMSIG(st) : WEXITSTATUS(st));
+    jf(",\"leftovers\":%lld,\"ms\":%.1f", o->leftovers, ms);
+    if (o->stopped_by)
+        jf(",\"stopped_by\":%d", o->stopped_by);
+    if (o->ended_by_caller)
+        jraw(",\"ended_by\":\"caller\"");
+    jend();
+    jhead("job-close", mech);
+    jjob(0, 0);
+    jf(",\"leftovers\":%lld", o->leftovers);
+    jend();
     log_write();
 }
 
@@ -1925,7 +1948,7 @@ static int shell_main(int argc, char **argv)
     int with_caller = env_bool("TETHER_SHELL_WITH_CALLER", 1);
     L.on = env_bool("TETHER_SHELL_LOG", 1);
     L.days = env_count("TETHER_SHELL_LOG_DAYS", 14);
-    L.max = env_count("TETHER_SHELL_LOG_MAX_BYTES", 4 << 20);
+    L.max = env_count("TETHER_SHELL_LOG_MAX_BYTES", TETHER_AUDIT_MAX_BYTES);
     resolve_shell(R.shell, sizeof R.shell);
     {
         /* PowerShell or cmd.exe as the real shell (_shellargs.shell_flavour):
@@ -1997,9 +2020,7 @@ static int shell_main(int argc, char **argv)
     if (keeper < 0) {
         say("cannot create a job, nothing was run: cannot start the job's keeper: %s",
             strerror(errno));
-        jhead("error", 0, mech_word);
-        jraw("\"error\":\"job-refused\"}");
-        log_write();
+        log_error("job-refused", mech_word);
         return EXIT_INTERNAL;
     }
     o.keeper = keeper;
@@ -2015,17 +2036,11 @@ static int shell_main(int argc, char **argv)
     if (o.fail_kind[0]) {
         if (!strcmp(o.fail_kind, "exec")) {
             say("%s: %s", R.shell, strerror(o.fail_err));
-            jhead("error", 0, mech_word);
-            jraw("\"error\":");
-            jstr(errname(o.fail_err));
-            jraw("}");
-            log_write();
+            log_error(errname(o.fail_err), mech_word);
             return o.fail_err == ENOENT ? EXIT_NOT_FOUND : EXIT_NOEXEC;
         }
         say("cannot create a job, nothing was run: %s", o.fail_text[0] ? o.fail_text : strerror(o.fail_err));
-        jhead("error", 0, mech_word);
-        jraw("\"error\":\"job-refused\"}");
-        log_write();
+        log_error("job-refused", mech_word);
         return EXIT_INTERNAL;
     }
     if (!o.child && o.stopped_by)
@@ -2038,25 +2053,7 @@ static int shell_main(int argc, char **argv)
     int rc_known = st >= 0;
     int sig = rc_known && WIFSIGNALED(st) ? WTERMSIG(st) : 0;
     int code = rc_known && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-    if (L.on) {
-        jhead("exit", o.child, o.mechanism[0] ? o.mechanism : NULL);
-        if (!rc_known)
-            jf("\"error\":\"%s\"", o.keeper_died ? "keeper-died" : "no-status");
-        else if (sig)
-            jf("\"signal\":%d", sig);
-        else
-            jf("\"code\":%d", code);
-        jf(",\"leftovers\":%lld,\"ms\":%.1f", o.leftovers, (now_s() - t0) * 1000.0);
-        if (o.stopped_by)
-            jf(",\"stopped_by\":%d", o.stopped_by);
-        if (o.ended_by_caller)
-            jraw(",\"ended_by\":\"caller\"");
-        jf("},\"run\":\"%s\",\"job\":\"%s\",\"scope\":\"command\",\"boot\":", R.run_id, R.job_id);
-        jstr(K.boot);
-        if (o.child_start)
-            jf(",\"start\":%llu", o.child_start);
-        log_write();
-    }
+    log_exit(&o, (now_s() - t0) * 1000.0);
     if (o.stopped_by)
         die_by(o.stopped_by);
     if (!rc_known) {
