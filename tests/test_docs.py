@@ -26,7 +26,15 @@ rendered page):
     a transcript: every ``$ `` line is run, in order, in one bash (variables,
     the working directory and background jobs carry over); what each printed
     is compared with the lines under it. ``unordered``: compare the whole
-    transcript's lines as a multiset (for background output).
+    transcript's lines as a multiset (for background output). ``tty``: its
+    output goes to a terminal (a PTY, 100 columns), as a user's would (a
+    command that draws differently on one, like ``tether ps``). ``alone``: it
+    runs as on a machine where nothing else runs - in PID, cgroup, mount and
+    network namespaces of its own (the cgroup v2 hierarchy mounted anew where
+    it was, rooted at the test's own cgroup), so a machine-wide view such as
+    ``tether ps`` shows only this transcript's jobs, not those of the tests
+    beside it; when the namespaces leave, the kernel ends all it started.
+    Needs root; elsewhere the page is skipped.
 
 Comparison is loose only where output must vary: each run of digits matches
 any run of digits (pids, times), a UUID any UUID (a boot id) and the
@@ -45,12 +53,13 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 from procutil import ROOT, SRC
 
-from tether import cgroupfs
+from tether import cgroupfs, identity
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the docs' examples are Linux transcripts")
@@ -208,15 +217,70 @@ def _own_cgroup() -> str | None:
     return path
 
 
-def _run(args: list[str], cwd, env, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], cwd, env, timeout: float = 120, *,
+         tty: bool = False) -> subprocess.CompletedProcess[str]:
     if _CGROUP:
         args = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', _CGROUP[0], *args]
-    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+    if tty:
+        r = _run_on_tty(args, cwd, env, timeout)
+    else:
+        r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
     if _CGROUP:  # the page shows the cgroup a user's shell is in: ours
         r.stdout = r.stdout.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
         r.stderr = r.stderr.replace(_CGROUP[0], os.path.dirname(_CGROUP[0]))
     return r
+
+
+def _run_on_tty(args: list[str], cwd, env, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``args`` with stdout and stderr on a fresh PTY of 100 columns; what it
+    printed, its line ends as a file's."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        p = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=slave,
+                             stderr=slave)
+    finally:
+        os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([master], [], [], left)[0]:
+                p.kill()
+                raise subprocess.TimeoutExpired(args, timeout)
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the last writer closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+    code = p.wait(timeout=10)
+    out = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    return subprocess.CompletedProcess(args, code, out, "")
+
+
+def _alone(args: list[str]) -> list[str]:
+    """``args`` in PID, cgroup, mount and network namespaces of their own
+    (see ``alone`` above). Run from the test's cgroup, which becomes the root
+    of the hierarchy mounted anew inside."""
+    if os.geteuid() != 0 or not _CGROUP:
+        pytest.skip("an `alone` transcript needs root and a cgroup of the test's own")
+    mount = cgroupfs.mount()
+    assert mount is not None
+    setup = f'umount -l {shlex.quote(mount)} && mount -t cgroup2 none {shlex.quote(mount)} && exec "$@"'
+    return ["unshare", "--pid", "--fork", "--mount-proc", "--cgroup", "--mount", "--net",
+            "--propagation", "private", "sh", "-c", setup, "sh", *args]
 
 
 def _console(block: Block, cwd, env) -> None:
@@ -232,7 +296,8 @@ def _console(block: Block, cwd, env) -> None:
     script = ["exec 2>&1"]
     for n, cmd in enumerate(cmds):
         script += [f"echo '@@tether-doc {n}'", cmd]
-    r = _run(["bash", "-c", "\n".join(script)], cwd, env)
+    args = ["bash", "-c", "\n".join(script)]
+    r = _run(_alone(args) if "alone" in block.opts else args, cwd, env, tty="tty" in block.opts)
     parts = re.split(r"^@@tether-doc \d+\n", r.stdout.replace(str(cwd), "/tmp/demo"),
                      flags=re.M)[1:]
     assert len(parts) == len(cmds), f"{block.id}: the transcript stopped early:\n{r.stdout}"
@@ -342,6 +407,41 @@ def test_the_runner_sees_a_broken_example(sandbox, tmp_path):
     rel = os.path.relpath(page, ROOT)
     with pytest.raises(AssertionError, match="the page says"):
         run_page(rel, *sandbox)
+
+
+@needs_docs
+def test_alone_and_tty_are_what_they_say(sandbox, tmp_path):
+    # The controls for ``alone`` and ``tty``: a job running outside the
+    # transcript is seen by `tether ps` in a plain transcript and not in an
+    # ``alone`` one; stdout is a terminal only with ``tty``. Each page that
+    # says the other answer fails (the check can fail).
+    if os.geteuid() != 0 or not _CGROUP:
+        pytest.skip("an `alone` transcript needs root and a cgroup of the test's own")
+    cwd, env = sandbox
+    outside = subprocess.Popen(["tether", "run", "--", "sleep", "300"], env=env,
+                               stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(i.comm == "sleep" for i in identity.descendants([outside.pid])):
+            assert time.monotonic() < deadline and outside.poll() is None, "no job outside"
+            time.sleep(0.05)
+        cmds = (f"tether ps | grep -q 'owner={outside.pid} ' && echo seen || echo unseen",
+                "[ -t 1 ] && echo terminal || echo pipe")
+        for opts, right, wrong in (("", ("seen", "pipe"), ("unseen", "terminal")),
+                                   (", tty, alone", ("unseen", "terminal"), ("seen", "pipe"))):
+            for answers, fails in ((right, False), ((right[0], wrong[1]), True),
+                                   ((wrong[0], right[1]), True)):
+                page = tmp_path / "alone.md"
+                page.write_text(f"<!-- run: console{opts} -->\n```\n$ {cmds[0]}\n{answers[0]}\n"
+                                f"$ {cmds[1]}\n{answers[1]}\n```\n")
+                if fails:
+                    with pytest.raises(AssertionError, match="the page says"):
+                        run_page(os.path.relpath(page, ROOT), cwd, env)
+                else:
+                    run_page(os.path.relpath(page, ROOT), cwd, env)
+    finally:
+        outside.kill()
+        outside.wait(timeout=10)
 
 
 @pytest.mark.parametrize("page", RUNNABLE)

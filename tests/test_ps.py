@@ -357,3 +357,28 @@ def test_what_limited_the_view_is_said_in_every_form(tmp_path):
     good.mkdir(mode=0o700)
     r = ps("--plain", state_dir=str(good))
     assert r.returncode == 0 and "audit log not read" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("mech", [m for m in MECHS if m in ("subreaper", "cgroup")])
+def test_a_gone_keepers_reused_pid_hides_no_member(owner_factory, state_dir, mech):
+    # The audit log names the keeper of a run that is over; that keeper is
+    # gone and its pid now names a member of a live job (pids are reused; in
+    # a fresh PID namespace, often). The member is still listed: only a
+    # keeper that is still the same process is tether's own, not a member.
+    o = owner_factory(mech, state_dir)
+    p = identity.read(o.info["p"])
+    assert p is not None
+    boot = identity.boot_id()
+    gone = {"pid": p.pid, "start": f"{p.start - 1}@{boot}"}  # not the process at that pid now
+    rec = {"v": 1, "ts": time.time() - 60, "event": "job-open", "run": f"{p.pid}-{p.start - 2}",
+           "owner": {"pid": p.pid, "start": f"{p.start - 2}@{boot}"}, "job": "j0-1",
+           "mechanism": mech, "name": "over", "keeper": gone}
+    with open(os.path.join(state_dir, "audit.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+    doc = ps_json(state_dir)
+    j = find(doc, o.job)
+    assert j is not None and j["member_count"] == 4, j
+    assert p.pid in {m["pid"] for m in flatten(j["members"])}
+    # The record was read (the check can fail): the run it names is in the log.
+    from tether.runs import read_runs
+    assert f"{p.pid}-{p.start - 2}" in read_runs(state_dir)

@@ -381,9 +381,11 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
             j.started_ticks = ident.start
         j.keeper = ident
         j.sources.add("keeper")
-    # tether's own processes are never a job's members.
+    # tether's own processes are never a job's members: a recorded keeper only
+    # while it is that very process (its pid may now name a member elsewhere).
     helpers = {k.pid for k in keepers} | {j.keeper.pid for j in book.jobs.values()
-                                          if j.keeper is not None}
+                                          if j.keeper is not None
+                                          and identity.is_alive(j.keeper)}
 
     out: list[PsJob] = []
     for j in book.jobs.values():
