@@ -16,6 +16,7 @@ identity, whatever the test saw, so a failing test leaves nothing behind.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import re
@@ -284,9 +285,18 @@ def leaklog(tmp_path, monkeypatch):
 def run_inner(pytester, *args: str):
     # hypothesis and pytest-benchmark cost ~1.5 s of CPU per inner start-up
     # and play no part here; blocking a plugin that is not installed is fine.
-    return pytester.runpytest_subprocess(
+    # setsid: the inner pytest leads a session of its own, as one started from
+    # a terminal does. The hint (--tether-leaks=off) names orphans of its own
+    # session, and pytest-xdist runs every test of this run in one session:
+    # another test's deliberately orphaned tree was named as this one's leak.
+    basetemp = pytester.path / f"basetemp-{next(_INNER)}"
+    return pytester.run(
+        "setsid", "-w", sys.executable, "-mpytest", f"--basetemp={basetemp}",
         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark",
         *args, timeout=60)
+
+
+_INNER = itertools.count()
 
 
 def test_outer_session_matches_its_mode(request):
