@@ -273,6 +273,12 @@ def test_host_of_one_session_its_job_is_the_sessions(procs, tmp_path: Path, host
     assert events[0] == ("job-open", "k1", APP) and events[-1] == ("job-close", "k1", APP), events
     assert not any(e[0] in ("run-start", "run-end") for e in events), events
     assert sum(e[0] == "job-open" for e in events) == 1, events
+    # refused (require="kernel", no kernel mechanism): raised, no record written
+    h3 = open_host(hosts, tmp_path / "state3", host_job=False, reap=False, read_log=False,
+                   require="kernel", mechanism="none")
+    with pytest.raises(JobRefused, match="^process-tree ownership could not be established: "):
+        h3.session("k1")
+    assert list(audit.iter_records(tmp_path / "state3")) == []
     # closed without a session: nothing written, nothing held
     h2 = open_host(hosts, tmp_path / "state2", host_job=False, reap=False, read_log=False)
     h2.close()

@@ -985,15 +985,21 @@ class Host:
         if self.reap_report.ended:
             logger.info("tether host %r: %s", self.app, str(self.reap_report).strip())
 
-    def _open_host_job(self, name: str | None = None, **kwargs: Any) -> _AppJob:
-        """The host's job (``host_job=False``: the session's, ``kwargs`` its own)."""
+    def _open_host_job(self, name: str | None = None, grace: float | None = None,
+                       **kwargs: Any) -> _AppJob:
+        """The host's job (``host_job=False``: the session's, ``kwargs`` its own;
+        refused under ``require="kernel"``: raised, nothing written)."""
         name = self.app if name is None else name
+        grace = self.grace if grace is None else grace
         try:
-            job = self._job(name, mechanism=self.mechanism, grace=self.grace,
+            job = self._job(name, mechanism=self.mechanism, grace=grace,
                             require=self.require, **kwargs)
         except JobRefused as exc:
             self._disable(str(exc))
-            return self._job(name, mechanism="none", reason=str(exc), grace=self.grace, **kwargs)
+            if not self._own_job and self.require == "kernel":
+                raise JobRefused(f"process-tree ownership could not be established: {exc}",
+                                 reason=str(exc)) from exc
+            return self._job(name, mechanism="none", reason=str(exc), grace=grace, **kwargs)
         if job.guarantee.disabled:
             self._disable(job.guarantee.disabled)
         return job
@@ -1143,9 +1149,9 @@ class Host:
                 resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
                 if not self._own_job:
-                    job = self._host_job = self._open_host_job(name, session=key)
+                    job = self._host_job = self._open_host_job(name, g, session=key)
                     if self.safety_net_disabled and self.require == "kernel":
-                        job.close()
+                        job.close()  # opened, but with no safety net
                         raise JobRefused("process-tree ownership could not be established: "
                                          f"{self.safety_net_disabled}",
                                          reason=self.safety_net_disabled)
