@@ -268,11 +268,11 @@ def test_host_of_one_session_its_job_is_the_sessions(procs, tmp_path: Path, host
     members = session_tree(procs, s)
     assert {m.pid for m in h.members()} == {m.pid for m in members}
     h.close()
-    assert not procs.wait_all_dead(3)
+    assert not procs.wait_all_dead(5)
     events = [(r["event"], r.get("session"), r.get("app")) for r in audit.iter_records(state)]
-    assert events[0] == ("job-open", "k1", APP) and events[-1] == ("job-close", "k1", APP), events
-    assert not any(e[0] in ("run-start", "run-end") for e in events), events
-    assert sum(e[0] == "job-open" for e in events) == 1, events
+    # one job, the session's; no run-start/run-end
+    assert [e for e in events if e[0] in ("job-open", "job-close", "run-start", "run-end")] == \
+        [("job-open", "k1", APP), ("job-close", "k1", APP)], events
     # refused (require="kernel", no kernel mechanism): raised, no record written
     h3 = open_host(hosts, tmp_path / "state3", host_job=False, reap=False, read_log=False,
                    require="kernel", mechanism="none")
