@@ -16,7 +16,9 @@ current file, as rotation leaves them. Cases:
 * ``--take-over`` of a live copy (``tether run --session KEY -- sleep 60``,
   started before the round's timing): its end included.
 
-Also: the records one run appends, and the bytes it read (``rchar`` of
+Also: the records one run appends (all, and those of its own run: a
+take-over also makes the copy it ends write its job-close, and writes a reap
+record for each process it ended), and the bytes it read (``rchar`` of
 ``/proc/PID/io``, interpreter start-up and imports included: the run is
 started under a tiny Python parent that reads its child's ``io`` while it is
 a zombie, before reaping it).
@@ -53,7 +55,7 @@ os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 dt = time.perf_counter() - t
 io = dict(l.split(": ") for l in open(f"/proc/{pid}/io").read().splitlines())
 _, st = os.waitpid(pid, 0)
-print(dt * 1000, int(io["rchar"]), os.waitstatus_to_exitcode(st))
+print(dt * 1000, int(io["rchar"]), os.waitstatus_to_exitcode(st), pid)
 """
 
 
@@ -91,12 +93,19 @@ def _crashed(state: str, key: str) -> None:
     os.chmod(os.path.join(d, f"{digest}.lock"), 0o600)
 
 
-def _records(state: str) -> int:
+def _records(state: str, pid: int | None = None) -> int:
+    """The log's records; with ``pid``: only those of the run of that pid (its
+    run id is "PID-START"), not those it made others write (a taken-over copy's
+    job-close) or wrote about them (the reap record of each process it ended)."""
     try:
         with open(os.path.join(state, "audit.jsonl"), "rb") as f:
-            return f.read().count(b"\n")
+            lines = f.read().splitlines()
     except FileNotFoundError:
         return 0
+    if pid is None:
+        return len(lines)
+    return sum(json.loads(ln).get("run", "").startswith(f"{pid}-") and
+               json.loads(ln).get("event") != "reap" for ln in lines)
 
 
 def main() -> int:
@@ -141,23 +150,27 @@ def main() -> int:
         times: dict[str, list[float]] = {}
         reads: dict[str, list[int]] = {}
         appended: dict[str, list[int]] = {}
+        own: dict[str, list[int]] = {}
         for r in range(a.n):
             order = [(n, s) for n in names for s in (small, big)]
             random.shuffle(order)
             for name, state in order:
                 label = f"{name} [{'100 MiB log' if state == big else 'empty log'}]"
+                argv = case(name, state, r)  # (a live copy to take over: its records before)
                 before = _records(state)
-                out = subprocess.run([sys.executable, "-c", _PROBE, *case(name, state, r)],
+                out = subprocess.run([sys.executable, "-c", _PROBE, *argv],
                                      env=env, capture_output=True, text=True, check=True)
-                ms, rchar, code = out.stdout.split()
+                ms, rchar, code, pid = out.stdout.split()
                 if int(code) != 0:
                     raise SystemExit(f"{label}: exit {code}: {out.stderr}")
                 times.setdefault(label, []).append(float(ms))
                 reads.setdefault(label, []).append(int(rchar))
                 appended.setdefault(label, []).append(_records(state) - before)
+                own.setdefault(label, []).append(_records(state, int(pid)))
         rows = {k: {"median_ms": round(statistics.median(v), 1),
                     "read_bytes_median": int(statistics.median(reads[k])),
-                    "records_appended": int(statistics.median(appended[k]))}
+                    "records_appended": int(statistics.median(appended[k])),
+                    "records_of_the_run": int(statistics.median(own[k]))}
                 for k, v in times.items()}
         out = {"bench": "session_cost", "n": a.n, "log_bytes": log_bytes,
                "python": platform.python_version(), "kernel": platform.release(),
@@ -168,10 +181,10 @@ def main() -> int:
             f.write("\n")
         print(f"tether run --session cost, {a.n} interleaved rounds, log {log_bytes / 2**20:.0f} MiB "
               f"(load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus)")
-        print(f"  {'case':<52} {'median ms':>10} {'read MiB':>9} {'records':>8}")
+        print(f"  {'case':<52} {'median ms':>10} {'read MiB':>9} {'records':>8} {'its own':>8}")
         for k, v in sorted(rows.items()):
             print(f"  {k:<52} {v['median_ms']:>10.1f} {v['read_bytes_median'] / 2**20:>9.2f} "
-                  f"{v['records_appended']:>8}")
+                  f"{v['records_appended']:>8} {v['records_of_the_run']:>8}")
         print(f"wrote {os.path.relpath(RESULTS, REPO)}")
     finally:
         for h in holders:  # taken over: each has exited; reap them (bounded)

@@ -254,6 +254,37 @@ def test_host_audit_records_carry_app_session_and_detached(procs, tmp_path: Path
     assert any(r["event"] == "run-start" and r.get("app") == APP for r in recs)
 
 
+def test_host_of_one_session_its_job_is_the_sessions(procs, tmp_path: Path, hosts) -> None:
+    # host_job=False (tether run --session): no host job, no run-start/run-end;
+    # the session's job is the host's, its stop and close end its tree.
+    state = tmp_path / "state"
+    h = open_host(hosts, state, host_job=False, reap=False, read_log=False)
+    with pytest.raises(RuntimeError, match="no session open yet"):
+        h.job  # noqa: B018 - the property raises
+    s = h.session("k1")
+    assert h.job is s.job and h.session("k1") is s
+    with pytest.raises(ValueError, match="holds one session"):
+        h.session("k2")
+    members = session_tree(procs, s)
+    assert {m.pid for m in h.members()} == {m.pid for m in members}
+    h.close()
+    assert not procs.wait_all_dead(5)
+    events = [(r["event"], r.get("session"), r.get("app")) for r in audit.iter_records(state)]
+    # one job, the session's; no run-start/run-end
+    assert [e for e in events if e[0] in ("job-open", "job-close", "run-start", "run-end")] == \
+        [("job-open", "k1", APP), ("job-close", "k1", APP)], events
+    # refused (require="kernel", no kernel mechanism): raised, no record written
+    h3 = open_host(hosts, tmp_path / "state3", host_job=False, reap=False, read_log=False,
+                   require="kernel", mechanism="none")
+    with pytest.raises(JobRefused, match="^process-tree ownership could not be established: "):
+        h3.session("k1")
+    assert list(audit.iter_records(tmp_path / "state3")) == []
+    # closed without a session: nothing written, nothing held
+    h2 = open_host(hosts, tmp_path / "state2", host_job=False, reap=False, read_log=False)
+    h2.close()
+    assert list(audit.iter_records(tmp_path / "state2")) == []
+
+
 def test_a_relative_state_dir_is_resolved_once(procs, tmp_path: Path, hosts, monkeypatch) -> None:
     # A chdir after the host opened used to move the session locks and the
     # sessions' log to another directory: a second instance of the app,

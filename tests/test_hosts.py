@@ -459,6 +459,30 @@ def test_node_sessions_snippet(procs, bindir, snippets, state):
     assert r.stdout == b"again\nsession closed: nothing left to end\n", r
 
 
+def test_session_run_costs_at_most_one_record_more_than_a_plain_run(procs, bindir, tmp_path):
+    """Issue 33, cost: `--session` adds at most one audit record to what
+    `tether run --state-dir` writes (no host job, no run-start/run-end of its
+    own), and the records it writes still name the app, the key and the label."""
+    import json
+
+    counts = {}
+    for kind, extra in (("plain", []), ("session", ["--app", "myapp", "--session", "chat-1",
+                                                    "--label", "agent"])):
+        d = tmp_path / kind
+        d.mkdir(mode=0o700)
+        r = subprocess.run(["tether", "run", "--state-dir", str(d), *extra, "--", "true"],
+                           env=_senv(procs, bindir), capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        recs = [json.loads(ln) for ln in (d / "audit.jsonl").read_text().splitlines()]
+        counts[kind] = len(recs)
+        if kind == "session":
+            assert all(rec.get("app") == "myapp" for rec in recs), recs
+            assert [rec["event"] for rec in recs if rec.get("session") == "chat-1"] == \
+                ["job-open", "spawn", "job-close"], recs
+            assert [rec.get("label") for rec in recs if rec["event"] == "spawn"] == ["agent"], recs
+    assert counts["plain"] >= 3 and counts["session"] <= counts["plain"] + 1, counts
+
+
 def test_session_report_when_the_command_cannot_start(procs, bindir, state, tmp_path):
     import json
 

@@ -802,6 +802,12 @@ class Host:
     ``reap=False``; what ``tether run --session`` uses): the log is not read
     at start; a session's resume rule reads it only when the key's last
     holder died holding it (a clean release leaves nothing to resume).
+    ``host_job=False`` (what ``tether run --session`` uses, with
+    ``reap=False, read_log=False``): a host of one session, whose job is the
+    host's job - no job of the host's own and no ``run-start``/``run-end``
+    records (the session's records carry the app and key): a run costs the
+    log what a plain job does. ``host.job`` is the session's, once opened; a
+    second key raises ``ValueError``.
     """
 
     def __init__(
@@ -822,6 +828,7 @@ class Host:
         audit_keep_days: float | None = _audit.DEFAULT_KEEP_DAYS,
         work_holds: str | None = "all",
         read_log: bool = True,
+        host_job: bool = True,
     ) -> None:
         if not isinstance(app, str) or not app.strip():
             raise ValueError(f"app must be a non-empty string, not {app!r}")
@@ -875,6 +882,8 @@ class Host:
         self._read_notes: list[str] = []  # what limited the reading (a size cap's loss, ...)
         self._resume_error: str | None = None
         self._lazy_log = not read_log and not reap
+        # False: one session, whose job is the host's (opened by session(key))
+        self._own_job = bool(host_job)
         if self._lazy_log and self._audit is not None:
             pass  # read by the resume rule, if ever needed
         elif self._audit is None:
@@ -894,7 +903,7 @@ class Host:
         self._write("run-start")
         if reap and self._runs is not None:
             self._reap_earlier_runs()
-        self.job: _AppJob = self._open_host_job()
+        self._host_job: _AppJob | None = self._open_host_job() if host_job else None
         self._lock_dir = self._session_lock_dir()
 
     # -- plumbing ------------------------------------------------------------------
@@ -919,8 +928,8 @@ class Host:
                       f"no resume across restarts): {why}", AuditWarning, stacklevel=3)
 
     def _write(self, event: str, **fields: Any) -> None:
-        if self._audit is None:
-            return
+        if self._audit is None or (not self._own_job and event in ("run-start", "run-end")):
+            return  # (a host of one session: its session's records say it all)
         me = identity.own()
         fields.setdefault("run", self.run)
         fields.setdefault("owner", {"pid": os.getpid(), "start": me.token() if me else None})
@@ -976,13 +985,21 @@ class Host:
         if self.reap_report.ended:
             logger.info("tether host %r: %s", self.app, str(self.reap_report).strip())
 
-    def _open_host_job(self) -> _AppJob:
+    def _open_host_job(self, name: str | None = None, grace: float | None = None,
+                       **kwargs: Any) -> _AppJob:
+        """The host's job (``host_job=False``: the session's, ``kwargs`` its own;
+        refused under ``require="kernel"``: raised, nothing written)."""
+        name = self.app if name is None else name
+        grace = self.grace if grace is None else grace
         try:
-            job = self._job(self.app, mechanism=self.mechanism, grace=self.grace,
-                            require=self.require)
+            job = self._job(name, mechanism=self.mechanism, grace=grace,
+                            require=self.require, **kwargs)
         except JobRefused as exc:
             self._disable(str(exc))
-            return self._job(self.app, mechanism="none", reason=str(exc), grace=self.grace)
+            if not self._own_job and self.require == "kernel":
+                raise JobRefused(f"process-tree ownership could not be established: {exc}",
+                                 reason=str(exc)) from exc
+            return self._job(name, mechanism="none", reason=str(exc), grace=grace, **kwargs)
         if job.guarantee.disabled:
             self._disable(job.guarantee.disabled)
         return job
@@ -1057,6 +1074,14 @@ class Host:
 
     # -- state ------------------------------------------------------------------------
     @property
+    def job(self) -> _AppJob:
+        """The host job, inside which every session's job runs (``host_job=False``:
+        the session's job; ``RuntimeError`` before it is opened)."""
+        if self._host_job is None:
+            raise RuntimeError(f"host {self.app!r} (host_job=False) has no session open yet")
+        return self._host_job
+
+    @property
     def guarantee(self) -> _base.Guarantee:
         """What protects every session's processes (``disabled`` says when nothing does)."""
         return self.job.guarantee
@@ -1074,7 +1099,7 @@ class Host:
     def members(self) -> list[Identity]:
         """Every live process of every session (background and detached left out)."""
         seen: dict[int, Identity] = {}
-        for m in self.job.members():
+        for m in self._host_job.members() if self._host_job is not None else ():
             seen[m.pid] = m
         for s in self.sessions.values():
             for m in s.members():
@@ -1082,7 +1107,8 @@ class Host:
         return list(seen.values())
 
     def __repr__(self) -> str:
-        return f"<tether.Host {self.app!r} {self.job.mechanism} sessions={len(self._sessions)}>"
+        mechanism = self._host_job.mechanism if self._host_job is not None else "-"
+        return f"<tether.Host {self.app!r} {mechanism} sessions={len(self._sessions)}>"
 
     # -- sessions ---------------------------------------------------------------------
     def session(self, key: str, *, grace: float | None = None,
@@ -1111,6 +1137,9 @@ class Host:
             existing = self._sessions.get(key)
             if existing is not None and not existing.closed:
                 return existing
+            if not self._own_job and self._host_job is not None:
+                raise ValueError(f"host {self.app!r} (host_job=False) holds one session: "
+                                 f"{self._host_job.session!r}, not {key!r}")
             if self.safety_net_disabled and self.require == "kernel":
                 raise JobRefused("process-tree ownership could not be established: "
                                  f"{self.safety_net_disabled}", reason=self.safety_net_disabled)
@@ -1119,7 +1148,14 @@ class Host:
             try:
                 resumed = self._resume(key, lock.previous, taken, take_over)
                 name = f"{self.app}:{key}"
-                if self.job.mechanism == "none":
+                if not self._own_job:
+                    job = self._host_job = self._open_host_job(name, g, session=key)
+                    if self.safety_net_disabled and self.require == "kernel":
+                        job.close()  # opened, but with no safety net
+                        raise JobRefused("process-tree ownership could not be established: "
+                                         f"{self.safety_net_disabled}",
+                                         reason=self.safety_net_disabled)
+                elif self.job.mechanism == "none":
                     job = self._job(name, mechanism="none", grace=g,
                                     reason=self.safety_net_disabled, session=key)
                 else:
@@ -1368,7 +1404,8 @@ class Host:
         jobs and detached launches are left running, on purpose. Idempotent.
         In a forked child of the host's process it ends nothing and releases
         no key: it lets go of the child's copies (see ``Session.close``)."""
-        forked = self.job._forked()
+        job = self._host_job  # (None: a host of one session that opened none)
+        forked = job is not None and job._forked()
         with self._lock:
             if self._closed:
                 return []
@@ -1377,7 +1414,8 @@ class Host:
         if forked:
             for s in sessions:
                 s.job.close()  # (lets go)
-            self.job.close()
+            if job is not None:
+                job.close()
             return []
         reports = []
         try:
@@ -1385,7 +1423,8 @@ class Host:
                 reports.append(s.stop(reason))
         finally:
             try:
-                self.job.close()
+                if job is not None:
+                    job.close()
             finally:
                 self._write("run-end")
                 if self._audit is not None:

@@ -726,7 +726,8 @@ class _SessionRun:
         # CLI says what it ended in its own lines below
         logging.getLogger("tether.host").addHandler(logging.NullHandler())
         self.host = Host(a.app, a.state_dir, self.require, mechanism=self.mechanism,
-                         grace=self.grace, reap=False, audit="required", read_log=False)
+                         grace=self.grace, reap=False, audit="required", read_log=False,
+                         host_job=False)
         try:
             self.session = self.host.session(a.key, take_over=a.take_over,
                                              take_over_before=_started_at())

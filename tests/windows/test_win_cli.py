@@ -122,3 +122,44 @@ def test_die_with_parent_and_lifeline_bad_input(tracker):
                                             "cmd", "/c", "exit 0"], stderr=PIPE, text=True))
         _, err = p.communicate(timeout=60)
         assert p.returncode == 125 and words in err and err.count("\n") == 1, err
+
+
+# tether with the read end of a pipe as its C runtime fd 3 (as Node's stdio[3]
+# makes it): Python's subprocess passes no fd past 2 on Windows, so the handle
+# goes through the handle list and the launcher makes it fd 3 itself, in
+# tether's own process, before tether's CLI reads its arguments.
+_LIFELINE_LAUNCHER = (
+    "import msvcrt, os, sys\n"
+    "fd = msvcrt.open_osfhandle(int(sys.argv[1]), os.O_RDONLY)\n"
+    "if fd != 3:\n"
+    "    os.dup2(fd, 3, inheritable=False)\n"
+    "    os.close(fd)\n"
+    "from tether.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
+def test_lifeline_pipe_closed_ends_the_job(tracker, child_cmd, token):
+    """--lifeline 3: while the app holds the pipe's write end the job runs on
+    (the control: the same check, seen alive); the app closes it, tether ends
+    the job: the command's tree is gone, exit 137 (as for SIGKILL on POSIX)."""
+    import msvcrt
+    import os
+
+    r, w = os.pipe()
+    handle = msvcrt.get_osfhandle(r)
+    os.set_handle_inheritable(handle, True)
+    si = subprocess.STARTUPINFO(lpAttributeList={"handle_list": [handle]})
+    try:
+        p = tracker.popen(subprocess.Popen(
+            [sys.executable, "-c", _LIFELINE_LAUNCHER, str(handle), "run", "--lifeline", "3",
+             "--", *child_cmd("tree", token)], stdout=PIPE, text=True, startupinfo=si))
+    finally:
+        os.close(r)  # the app keeps only the write end
+    _, child, grandchild = p.stdout.readline().split()
+    tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
+    assert tracker.wait_gone(tree, 1.0) == tree  # the write end held: the job runs on
+    assert p.poll() is None
+    os.close(w)
+    assert p.wait(30) == 128 + 9
+    assert tracker.wait_gone(tree, 3.0) == []
