@@ -73,6 +73,7 @@ check_x86_64() {
   fi
   got="$(run timeout 120 tether run -- sh -c 'echo ran $((6 * 7))' 2>&1)"
   [ "$got" = "ran 42" ] && ok "x86_64: tether run -- sh -c ..." || bad "x86_64: tether run: $got"
+  check_doctor_nobody "$whl"
   local mech
   for mech in $(run tether doctor 2>/dev/null | sed -n 's/^  \[yes\] \([a-z]*\) .*/\1/p'); do
     got="$(run timeout 120 tether demo -m "$mech" 2>&1)"
@@ -82,6 +83,29 @@ check_x86_64() {
       echo "$got"; bad "x86_64: tether demo -m $mech"
     fi
   done
+}
+
+# docs/guarantees.md shows `runuser -u nobody -- tether doctor` with the wheel
+# installed into a venv uid 65534 can read (the system Python's: root's pyenv
+# is not readable): compared with a real run, as tests/test_docs.py compares
+# the examples it can run itself.
+check_doctor_nobody() {
+  local whl="$1" nv="$WORK/nobody-venv"
+  if [ "$(id -u)" != 0 ] || ! [ -x /usr/bin/python3 ] || ! command -v runuser >/dev/null \
+     || ! id nobody >/dev/null 2>&1; then
+    say "x86_64: docs/guarantees.md's doctor sample as nobody: not checked (needs root, runuser, /usr/bin/python3)"
+    return
+  fi
+  chmod 755 "$WORK"
+  /usr/bin/python3 -m venv "$nv" && "$nv/bin/python" -m pip install -q --no-index --no-deps \
+    --disable-pip-version-check "$whl" || { bad "x86_64: a venv nobody can read"; return; }
+  chmod -R a+rX "$nv"
+  local out
+  if out="$("$PY" "$REPO/scripts/doc-doctor-nobody.py" "$nv" 2>&1)"; then
+    ok "x86_64: docs/guarantees.md's doctor sample is what nobody's doctor prints"
+  else
+    echo "$out"; bad "x86_64: docs/guarantees.md's doctor sample (runuser -u nobody -- tether doctor)"
+  fi
 }
 
 check_aarch64() {
