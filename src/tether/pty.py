@@ -957,10 +957,12 @@ class PtySession:
     def _alive(self, idents: Iterable[Identity]) -> list[Identity]:
         return [i for i in idents if identity.is_alive(i)]
 
-    def _end_job(self, res: CloseResult) -> None:
+    def _end_job(self, res: CloseResult, known: list[Identity] | None = None) -> None:
+        # ``known``: what this close captured, handed to the job's close so it
+        # does not read its members again (under pgroup, a whole-table capture).
         if self.job is not None and not self.job.closed:
             try:
-                self.job.close()
+                self.job.close(known=known)
                 res.job_ended = True
             except TetherError as exc:
                 res.failed.append((self.root, int(signal.SIGKILL), f"job close: {exc}"))
@@ -990,11 +992,11 @@ class PtySession:
         ending = end(targets=everyone, born_after=self.born_after, grace=self.grace,
                      member=lambda i: root is not None and i.same_process(root),
                      proof=lambda _i: proof, send=self._sender(res), on_round=self._proc.poll,
-                     kill=lambda: self._end_job(res), kill_name="job end",
+                     kill=lambda: self._end_job(res, everyone), kill_name="job end",
                      kill_covers=lambda i: False)
         res.terminated = [i for i, how in ending.ended if how in ("SIGTERM", "exit")]
         res.killed = [i for i, how in ending.ended if how == "SIGKILL"]
-        self._end_job(res)
+        self._end_job(res, everyone)
         # The owner record stays until every captured process is gone.
         res.survivors = self._alive(ending.survivors)
         self._proc.poll()

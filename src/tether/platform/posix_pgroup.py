@@ -116,11 +116,16 @@ class Mechanism(KeeperMechanism):
             # set up yet - its name may already be the new program's). Asked
             # again for a few milliseconds (one look may be all a kill loop
             # makes), within a budget per look.
-            while has is None and self.__dict__.get("env_wait", 0.0) < 0.05 \
-                    and identity.is_alive(i):
+            # An environment set up empty (a process exec'd with none, e.g.
+            # another job's native keeper) is a "no" at once: waiting on it
+            # cost every look 50 ms.
+            while has is None and not identity.environ_empty(i.pid) \
+                    and self.__dict__.get("env_wait", 0.0) < 0.05 and identity.is_alive(i):
                 time.sleep(0.001)
                 self.__dict__["env_wait"] = self.__dict__.get("env_wait", 0.0) + 0.001
                 has = identity.environ_has(i.pid, cookie)
+            if has is None and identity.environ_empty(i.pid):
+                has = False
             if has is None:
                 return False
             if not has:
