@@ -9,8 +9,10 @@ Real processes throughout; the table reads are counted by wrapping
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -71,13 +73,41 @@ def test_a_pgroup_look_does_not_wait_on_an_empty_environment(procs) -> None:
     assert identity.is_alive(identity.read(stranger.pid))  # never the job's
 
 
+def forked_keeper(job: tether.Job) -> int:
+    """The job's keeper's pid; skips unless it was forked from here (then
+    it runs this test's wrapper of ``identity.capture``). A multi-threaded
+    owner (an xdist worker) has its keepers forked by a warden process."""
+    keeper = job.trace()["keeper_pid"]
+    k = identity.read(keeper)
+    if job.trace().get("keeper") != "python" or k is None or k.ppid != os.getpid():
+        pytest.skip("the keeper was not forked from this process: its captures are not seen")
+    return keeper
+
+
+class Calls(list):
+    """Times of ``identity.capture`` calls in this process; ``log``: every
+    call's pid, in a file - a keeper forked from here inherits the wrapper,
+    so its captures are there too."""
+
+    log: Path
+
+    def by(self, pid: int) -> int:
+        return self.log.read_text().split().count(str(pid))
+
+
 @pytest.fixture
-def captures(monkeypatch):
-    calls: list[float] = []
+def captures(monkeypatch, tmp_path):
+    calls = Calls()
+    calls.log = tmp_path / "captures.log"
+    calls.log.touch()
     real = identity.capture
+    me = os.getpid()
 
     def counting(**kw):
-        calls.append(time.monotonic())
+        if os.getpid() == me:
+            calls.append(time.monotonic())
+        with open(calls.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
         return real(**kw)
 
     monkeypatch.setattr(identity, "capture", counting)
@@ -112,11 +142,30 @@ def test_a_pgroup_pty_close_captures_the_table_once_in_its_owner(procs, captures
             assert time.monotonic() < deadline, "the session's sleeps never started"
             time.sleep(0.01)
         n = len(captures)
+        keeper = forked_keeper(s.job)
         r = s.close("immediate")
         assert r.ok and len(r.captured) == 3
         assert len(captures) - n == 1  # the PTY's own capture; the job's close reuses it
+        # ...and so does the keeper's kill loop: it reads only what was
+        # created since the owner's look (the old loop captured the table).
+        assert captures.by(keeper) == 0
         assert not [i for i in procs.alive() if i.comm == "sleep"]
     finally:
         s.close("immediate")
         if s.job is not None:
             s.job.close()
+
+
+def test_control_a_keepers_close_without_the_owners_look_captures_the_table(captures) -> None:
+    """The check above can fail: the same keeper, closed with no look of
+    the owner's, captures the table (and its captures are logged here)."""
+    job = tether.Job(mechanism="pgroup")
+    try:
+        keeper = forked_keeper(job)
+    except BaseException:
+        job.close()
+        raise
+    _execd(job.popen(["sleep", "30"]))
+    job._backend.close()  # the backend's close alone: no look handed over
+    job.close()
+    assert captures.by(keeper) >= 1
