@@ -845,7 +845,7 @@ class PtySession:
         mech = getattr(getattr(job, "_backend", None), "mech", None)
         look_from = getattr(mech, "look_from", None)
         keeper = getattr(job._backend, "keeper_pid", None) if job is not None else None
-        if job is None or job.closed or look_from is None or not keeper:
+        if job is None or job.closed or mech is None or look_from is None or not keeper:
             return
         seen = look_from(keeper, cap, getattr(self, "_capture_last", 0))
         if seen is not None:
