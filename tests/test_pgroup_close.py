@@ -2,23 +2,21 @@
 empty is a "no" at once (a look no longer spends its 50 ms budget waiting on
 another job's native keeper, exec'd with no environment), and the job's close
 takes the members its caller has just captured instead of capturing the whole
-process table again (a PTY close reads the table once in its owner).
+process table again, nor does the keeper's kill loop, which starts from the
+owner's look: a PTY close scans the table once.
 
 Real processes throughout; the table reads are counted by wrapping
 ``identity.capture`` (the real function still runs)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 import tether
 from tether import identity
-from tether.pty import PtySession
 
 pytestmark = pytest.mark.skipif(not identity._LINUX, reason="reads /proc")
 
@@ -73,41 +71,14 @@ def test_a_pgroup_look_does_not_wait_on_an_empty_environment(procs) -> None:
     assert identity.is_alive(identity.read(stranger.pid))  # never the job's
 
 
-def forked_keeper(job: tether.Job) -> int:
-    """The job's keeper's pid; skips unless it was forked from here (then
-    it runs this test's wrapper of ``identity.capture``). A multi-threaded
-    owner (an xdist worker) has its keepers forked by a warden process."""
-    keeper = job.trace()["keeper_pid"]
-    k = identity.read(keeper)
-    if job.trace().get("keeper") != "python" or k is None or k.ppid != os.getpid():
-        pytest.skip("the keeper was not forked from this process: its captures are not seen")
-    return keeper
-
-
-class Calls(list):
-    """Times of ``identity.capture`` calls in this process; ``log``: every
-    call's pid, in a file - a keeper forked from here inherits the wrapper,
-    so its captures are there too."""
-
-    log: Path
-
-    def by(self, pid: int) -> int:
-        return self.log.read_text().split().count(str(pid))
-
-
 @pytest.fixture
-def captures(monkeypatch, tmp_path):
-    calls = Calls()
-    calls.log = tmp_path / "captures.log"
-    calls.log.touch()
+def captures(monkeypatch):
+    """Times of this process's calls of ``identity.capture`` (the real one runs)."""
+    calls: list[float] = []
     real = identity.capture
-    me = os.getpid()
 
     def counting(**kw):
-        if os.getpid() == me:
-            calls.append(time.monotonic())
-        with open(calls.log, "a") as f:
-            f.write(f"{os.getpid()}\n")
+        calls.append(time.monotonic())
         return real(**kw)
 
     monkeypatch.setattr(identity, "capture", counting)
@@ -132,40 +103,78 @@ def test_job_close_with_known_members_reads_no_table(procs, captures) -> None:
     assert not identity.is_alive(ident2) and ident2.pid in [i.pid for i in closed2]
 
 
-def test_a_pgroup_pty_close_captures_the_table_once_in_its_owner(procs, captures) -> None:
+# In a fresh, single-threaded owner, so that its keeper is forked from it and
+# inherits the wrapper (an xdist worker has its keepers forked by a warden):
+# each call of identity.capture is logged with its caller's pid.
+_OWNER = r"""
+import json, os, sys, time
+from tether import identity
+import tether
+from tether.pty import PtySession
+
+log, mode = sys.argv[1], sys.argv[2]
+real = identity.capture
+def counting(**kw):
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return real(**kw)
+identity.capture = counting
+
+def sleeps(born, root):
+    return [i for i in real(born_after=born).descendants([root])
+            if i.comm == "sleep" and i.state not in "ZXx"]
+
+if mode == "pty":
     s = PtySession(["/bin/sh", "-c", "for i in 1 2 3; do sleep 30 & done; echo READY; wait"],
-                   env=procs.env(), mechanism="pgroup")
-    try:
-        s.read_until(b"READY", 20)
-        deadline = time.monotonic() + 10
-        while len([i for i in procs.alive() if i.comm == "sleep"]) < 3:
-            assert time.monotonic() < deadline, "the session's sleeps never started"
-            time.sleep(0.01)
-        n = len(captures)
-        keeper = forked_keeper(s.job)
-        r = s.close("immediate")
-        assert r.ok and len(r.captured) == 3
-        assert len(captures) - n == 1  # the PTY's own capture; the job's close reuses it
-        # ...and so does the keeper's kill loop: it reads only what was
-        # created since the owner's look (the old loop captured the table).
-        assert captures.by(keeper) == 0
-        assert not [i for i in procs.alive() if i.comm == "sleep"]
-    finally:
-        s.close("immediate")
-        if s.job is not None:
-            s.job.close()
-
-
-def test_control_a_keepers_close_without_the_owners_look_captures_the_table(captures) -> None:
-    """The check above can fail: the same keeper, closed with no look of
-    the owner's, captures the table (and its captures are logged here)."""
+                   mechanism="pgroup")
+    s.read_until(b"READY", 20)
+    deadline = time.monotonic() + 10
+    while len(tree := sleeps(s.born_after, s.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    keeper = s.job.trace()["keeper_pid"]
+    open(log, "w").close()
+    r = s.close("immediate")
+    out = {"ok": r.ok, "captured": len(r.captured)}
+    left = [i for i in tree if identity.is_alive(i)]
+else:  # the job's close alone: no look of the owner's handed over
     job = tether.Job(mechanism="pgroup")
-    try:
-        keeper = forked_keeper(job)
-    except BaseException:
-        job.close()
-        raise
-    _execd(job.popen(["sleep", "30"]))
-    job._backend.close()  # the backend's close alone: no look handed over
+    keeper = job.trace()["keeper_pid"]
+    p = job.popen(["sleep", "30"])
+    time.sleep(0.2)
+    open(log, "w").close()
     job.close()
-    assert captures.by(keeper) >= 1
+    out = {"ok": True, "captured": 1}
+    left = [i for i in [identity.read(p.pid)] if i is not None and i.state not in "ZXx"]
+pids = open(log).read().split()
+out.update(owner=pids.count(str(os.getpid())),
+           keeper=pids.count(str(keeper)), left=len(left))
+print(json.dumps(out), flush=True)
+"""
+
+
+def _owner(procs, tmp_path, mode: str) -> dict:
+    import json
+    import sys
+
+    p = procs.popen([sys.executable, "-c", _OWNER, str(tmp_path / "captures.log"), mode],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    return json.loads(out)
+
+
+def test_a_pgroup_pty_close_scans_the_table_once(procs, tmp_path) -> None:
+    r = _owner(procs, tmp_path, "pty")
+    assert r["ok"] and r["captured"] == 3 and r["left"] == 0
+    # The PTY's own capture; the job's close and the keeper's kill loop
+    # reuse it: the keeper reads only what was created since the owner's look.
+    assert r["owner"] == 1, r
+    assert r["keeper"] == 0, r
+
+
+def test_control_a_keepers_close_without_the_owners_look_scans_the_table(procs, tmp_path) -> None:
+    """The check above can fail: the same keeper, closed with no look of the
+    owner's, captures the table - and its captures are seen."""
+    r = _owner(procs, tmp_path, "job")
+    assert r["left"] == 0
+    assert r["keeper"] >= 1, r
