@@ -266,12 +266,13 @@ class Mechanism(KeeperMechanism):
     def seed(self, seen: object) -> None:
         """Keep the owner's look (``look_from``) for the next kill loop; a
         malformed one is dropped (the loop then looks for itself)."""
+        if not isinstance(seen, dict):
+            return
         try:
-            assert isinstance(seen, dict)
             last = int(seen["last"])
             known = [(int(p), int(t)) for p, t in seen["known"]]
             groups = {int(g) for g in seen["groups"]}
-        except (AssertionError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             return
         if last > 0 and all(p > 1 for p, _ in known):
             self.__dict__["seeded"] = (last, known, groups)
