@@ -973,11 +973,12 @@ class PtySession:
         return [i for i in idents if identity.is_alive(i)]
 
     def _end_job(self, res: CloseResult, known: list[Identity] | None = None) -> None:
-        # ``known``: what this close captured, handed to the job's close so it
-        # does not read its members again (under pgroup, a whole-table capture).
+        # ``known``: what this close captured, handed to the job's close (what
+        # of it is still alive: its members now) so it does not read its
+        # members again (under pgroup, a whole-table capture).
         if self.job is not None and not self.job.closed:
             try:
-                self.job.close(known=known)
+                self.job.close(known=None if known is None else self._alive(known))
                 res.job_ended = True
             except TetherError as exc:
                 res.failed.append((self.root, int(signal.SIGKILL), f"job close: {exc}"))
