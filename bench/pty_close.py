@@ -52,7 +52,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
+# TETHER_BENCH_SRC: another tree's src (--compare runs a close with it).
+sys.path.insert(0, os.environ.get("TETHER_BENCH_SRC") or str(HERE.parent / "src"))
 
 from tether import identity  # noqa: E402
 from tether.job import Job  # noqa: E402
@@ -198,14 +199,17 @@ def one_close(mechanism: str, n: int) -> dict:
         s.close("immediate")
 
 
-def run_one_close(mechanism: str, unrelated: int, trace: str | None = None) -> dict:
+def run_one_close(mechanism: str, unrelated: int, trace: str | None = None,
+                  src: str | None = None) -> dict:
     """One close in a fresh interpreter (under ``strace -f`` with ``trace``),
     with ``unrelated`` sleeps of ours in another job, started after the
-    session opened and alive while it closes."""
+    session opened and alive while it closes; ``src``: with that tree's tether."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", mechanism, "10"]
     if trace:
         cmd = ["strace", "-f", "-qq", "-e", "trace=openat,newfstatat,stat", "-o", trace, *cmd]
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ, TETHER_BENCH_SRC=src, PYTHONPATH=src) if src else None
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=env)
     other = Job(name="bench-unrelated", mechanism="auto")
     try:
         if child.stdout.readline().strip() != "ready":
@@ -262,22 +266,25 @@ def count_reads(trace: str) -> dict[str, int]:
     return out
 
 
-def bench_reads(unrelated: int, repeats: int) -> dict:
+def bench_reads(unrelated: int, repeats: int, compare: str | None = None) -> dict:
+    """With ``compare`` (another tree's src): each close with that tree too,
+    one after the other in the same run, keyed "old: ..."."""
     import shutil
     import tempfile
 
     if not shutil.which("strace"):
         return {"skipped": "strace is not installed"}
     res: dict = {}
+    trees = [("old: ", compare), ("", None)] if compare else [("", None)]
     for k in (0, unrelated):
-        for m in ("cgroup", "pgroup"):
-            key = f"{m}, {k} unrelated"
+        for m, (label, src) in [(m, t) for m in ("cgroup", "pgroup") for t in trees]:
+            key = f"{label}{m}, {k} unrelated"
             with tempfile.NamedTemporaryFile(prefix="tether-strace-", suffix=".log") as log:
-                run_one_close(m, k, trace=log.name)
+                run_one_close(m, k, trace=log.name, src=src)
                 reads = count_reads(log.name)
             times = []
             for _ in range(repeats):
-                one = run_one_close(m, k)
+                one = run_one_close(m, k, src=src)
                 if not one["ok"]:
                     raise RuntimeError(f"{key}: the close left something: {one}")
                 times.append(one["ms"])
@@ -344,6 +351,9 @@ def main() -> int:
                     help="also count /proc reads of a close (strace), with --unrelated others")
     ap.add_argument("--unrelated", type=int, default=2000)
     ap.add_argument("--reads-repeats", type=int, default=5)
+    ap.add_argument("--compare", metavar="SRC",
+                    help="with --reads: each close also with the tether of SRC (another tree's "
+                         "src directory, e.g. `git archive main src`), same run")
     ap.add_argument("--one", nargs=2, metavar=("MECHANISM", "N"),
                     help=argparse.SUPPRESS)  # one close, in a fresh interpreter (--reads)
     args = ap.parse_args()
@@ -390,7 +400,7 @@ def main() -> int:
             results["close"][str(n)] = res
         results["ctty"] = bench_ctty(max(60, args.repeats * 6)) if args.repeats else {}
         if args.reads:
-            results["reads"] = bench_reads(args.unrelated, args.reads_repeats)
+            results["reads"] = bench_reads(args.unrelated, args.reads_repeats, args.compare)
     finally:
         for ident in marked_alive(born):
             try:
@@ -422,7 +432,7 @@ def main() -> int:
                 continue
             r = v["reads"]
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.items()) if not k.startswith("total"))
-            print(f"  {key:<24} {v['close_ms_median']:7.1f} ms  {r['total /proc/PID files']:6d} "
+            print(f"  {key:<29} {v['close_ms_median']:7.1f} ms  {r['total /proc/PID files']:6d} "
                   f"files ({kinds}); {v['processes']} processes")
     print("\ncontrolling terminal: spawn+exit of /bin/true on a PTY in a job")
     for k, v in results["ctty"].items():

@@ -77,7 +77,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +168,8 @@ class _AppJob(Job):
         fields.setdefault("app", self.app)
         super()._log(event, **fields)
 
-    def close(self) -> Closed:
-        ended = super().close()
+    def close(self, *, known: Iterable[Identity] | None = None) -> Closed:
+        ended = super().close(known=known)
         # Its job-close is its last record: its log's two fds go now, not when
         # the garbage collector breaks the session's reference cycles.
         if self._closed and self._audit is not None and not self._forked():

@@ -850,6 +850,25 @@ def environ_has(pid: int, entry: bytes) -> bool | None:
         os.close(fd)
 
 
+def environ_empty(pid: int) -> bool:
+    """Whether ``pid``'s environment is set up and empty (exec'd with none):
+    ``/proc/PID/stat``'s env_start and env_end (proc(5) fields 50, 51) equal
+    and not 0. An empty read of ``/proc/PID/environ`` means that, or a process
+    exiting (no memory: 0 there) or inside exec (the new memory's fields are 0
+    until the kernel lays out the new stack) - the two worth asking again.
+    False where it cannot be told (not Linux, gone, fields not shown)."""
+    if not _LINUX:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        start, end = int(fields[47]), int(fields[48])
+    except (OSError, ValueError, IndexError):
+        return False
+    return start == end != 0
+
+
 def environ_value(pid: int, name: bytes) -> bytes | None:
     """The value of the first ``name=`` entry in the environment of ``pid``
     (Linux: at most 1 MiB read), or None: no such entry, or not readable. One

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from . import identity
 from .ending import DEFAULT_GRACE, check_grace, end
@@ -442,12 +442,17 @@ class Job:
                      kill_name=self.mechanism, polite=getattr(backend, "polite", None))
         return ending.identities()
 
-    def close(self) -> Closed:
+    def close(self, *, known: Iterable[Identity] | None = None) -> Closed:
         """End every member now (no grace) and release the job. Idempotent.
 
         Returns the members it ended (a list of identities); a member it
         could not end within the bound (frozen, or in uninterruptible sleep)
         is in the result's ``left`` and named in a ``RuntimeWarning``.
+
+        ``known``: the members as the caller has just read them (a PTY
+        close's capture): reported and checked instead of reading them again
+        (under ``pgroup`` that read is a capture of the whole process table).
+        The mechanism still ends every member, known or not.
 
         In a forked child of the process that opened the job it ends nothing:
         it lets go of the child's copy (the job stays its owner's), as does
@@ -459,7 +464,7 @@ class Job:
                 return Closed()
             for child in list(self._children):
                 child.close()
-            before = self.members()
+            before = self.members() if known is None else list(known)
             self._closed = True
             try:
                 self._backend.close()

@@ -735,6 +735,7 @@ class PtySession:
             self._proven: tuple[frozenset[int], frozenset[int]] = (
                 frozenset(), frozenset(i.pid for i in found_job) | {self.pid} | self._keeper_pids())
             return found_job, cap
+        self._capture_last = identity.last_pid()[0]  # before it: see _seed_job_close
         cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
                             born_after=self.born_after)
         born = self.born_after
@@ -835,6 +836,20 @@ class PtySession:
         self._proven = (frozenset(proven_groups),
                         frozenset(i.pid for i in out) | {root_pid} | keepers)
         return out, cap
+
+    def _seed_job_close(self, cap: identity.Capture) -> None:
+        """pgroup: the job's own look at its members, made from this close's
+        capture and handed to its keeper's close (which would otherwise
+        capture the whole table again): one table scan per close."""
+        job = self.job
+        mech = getattr(getattr(job, "_backend", None), "mech", None)
+        look_from = getattr(mech, "look_from", None)
+        keeper = getattr(job._backend, "keeper_pid", None) if job is not None else None
+        if job is None or job.closed or mech is None or look_from is None or not keeper:
+            return
+        seen = look_from(keeper, cap, getattr(self, "_capture_last", 0))
+        if seen is not None:
+            mech.close_seen = seen
 
     def _keeper_pids(self) -> set[int]:
         keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
@@ -957,10 +972,13 @@ class PtySession:
     def _alive(self, idents: Iterable[Identity]) -> list[Identity]:
         return [i for i in idents if identity.is_alive(i)]
 
-    def _end_job(self, res: CloseResult) -> None:
+    def _end_job(self, res: CloseResult, known: list[Identity] | None = None) -> None:
+        # ``known``: what this close captured, handed to the job's close (what
+        # of it is still alive: its members now) so it does not read its
+        # members again (under pgroup, a whole-table capture).
         if self.job is not None and not self.job.closed:
             try:
-                self.job.close()
+                self.job.close(known=None if known is None else self._alive(known))
                 res.job_ended = True
             except TetherError as exc:
                 res.failed.append((self.root, int(signal.SIGKILL), f"job close: {exc}"))
@@ -969,6 +987,8 @@ class PtySession:
         # (1) capture, before anything is signalled: a hang-up makes processes
         # exit and reparent, which would hide their descendants.
         captured, cap = self.capture()
+        if self.mechanism == "pgroup":
+            self._seed_job_close(cap)
         res.captured = captured
         res.capture_complete, res.capture_reason = cap.complete, cap.reason
         res.capture_ms = cap.elapsed * 1e3
@@ -990,11 +1010,11 @@ class PtySession:
         ending = end(targets=everyone, born_after=self.born_after, grace=self.grace,
                      member=lambda i: root is not None and i.same_process(root),
                      proof=lambda _i: proof, send=self._sender(res), on_round=self._proc.poll,
-                     kill=lambda: self._end_job(res), kill_name="job end",
+                     kill=lambda: self._end_job(res, everyone), kill_name="job end",
                      kill_covers=lambda i: False)
         res.terminated = [i for i, how in ending.ended if how in ("SIGTERM", "exit")]
         res.killed = [i for i, how in ending.ended if how == "SIGKILL"]
-        self._end_job(res)
+        self._end_job(res, everyone)
         # The owner record stays until every captured process is gone.
         res.survivors = self._alive(ending.survivors)
         self._proc.poll()

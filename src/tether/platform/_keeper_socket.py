@@ -220,6 +220,9 @@ class SocketKeeper(Keeper):
                 self.reap()
                 _proto.send(self.ctl, {"ok": True})
             elif op == "close":
+                seed = getattr(self.mech, "seed", None)
+                if seed is not None and msg.get("seen") is not None:
+                    seed(msg["seen"])  # the owner's look (pgroup): the kill loop starts from it
                 self.mech.kill_all(self, timeout=float(msg.get("timeout", KILL_BOUND)))
                 self.reap()
                 self.mech.cleanup(self)

@@ -380,7 +380,11 @@ class KeeperJob(JobBackend):
                 return
             self._closed = True
             try:
-                _proto.send(self._sock, {"op": "close", "timeout": timeout})
+                msg: dict = {"op": "close", "timeout": timeout}
+                seen = self.mech.__dict__.pop("close_seen", None)  # pgroup: the owner's look
+                if seen is not None:
+                    msg["seen"] = seen
+                _proto.send(self._sock, msg)
                 self._sock.settimeout(timeout + 5.0)
                 while True:
                     reply, fds = _proto.recv(self._sock)

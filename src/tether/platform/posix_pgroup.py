@@ -116,11 +116,16 @@ class Mechanism(KeeperMechanism):
             # set up yet - its name may already be the new program's). Asked
             # again for a few milliseconds (one look may be all a kill loop
             # makes), within a budget per look.
-            while has is None and self.__dict__.get("env_wait", 0.0) < 0.05 \
-                    and identity.is_alive(i):
+            # An environment set up empty (a process exec'd with none, e.g.
+            # another job's native keeper) is a "no" at once: waiting on it
+            # cost every look 50 ms.
+            while has is None and not identity.environ_empty(i.pid) \
+                    and self.__dict__.get("env_wait", 0.0) < 0.05 and identity.is_alive(i):
                 time.sleep(0.001)
                 self.__dict__["env_wait"] = self.__dict__.get("env_wait", 0.0) + 0.001
                 has = identity.environ_has(i.pid, cookie)
+            if has is None and identity.environ_empty(i.pid):
+                has = False
             if has is None:
                 return False
             if not has:
@@ -168,7 +173,8 @@ class Mechanism(KeeperMechanism):
         return proven
 
     def _related(self, keeper_pid: int, leaders: dict[int, int] | None = None,
-                 keeper=None, hot: bool = False) -> list[identity.Identity]:
+                 keeper=None, hot: bool = False,
+                 cap: identity.Capture | None = None) -> list[identity.Identity]:
         """The job's live members: the keeper's descendants, the members of
         every remembered group and session that is still the job's, what
         those started, and every process born since the job opened that
@@ -193,7 +199,8 @@ class Mechanism(KeeperMechanism):
                 if i is not None and i.start >= self.born_after and own(i) \
                         and self._carries(i, cookie):
                     hopped.append(i)
-        cap = identity.capture(born_after=self.born_after)
+        if cap is None:
+            cap = identity.capture(born_after=self.born_after)
         proven = self._proven_ids(cap, leaders, keeper, cookie)
         found = {i.pid: i for i in cap.descendants([keeper_pid], born_after=self.born_after)}
         for g in proven:
@@ -230,6 +237,46 @@ class Mechanism(KeeperMechanism):
         self.complete = cap.complete
         return out
 
+    # -- a look the owner made, for the keeper's kill loop ------------------------
+    #
+    # A PTY close captures the whole table in the owner; the keeper's kill
+    # loop, asked to close the job right after, would capture it again. So
+    # the owner makes its look from that same capture (``look_from``) and
+    # sends it in the close request; the keeper starts its loop from it
+    # (``seed``): it reads only the processes created since the owner's look,
+    # as after a complete look of its own. Used only when complete and when
+    # every group the keeper remembers is among the look's groups (the
+    # keeper proves a group by its unreaped child or the reap time, which
+    # the owner cannot see).
+
+    def look_from(self, keeper_pid: int, cap: identity.Capture, last: int) -> dict | None:
+        """The job's members found in ``cap`` (a capture of the whole table
+        the caller made after the kernel's last pid was ``last``), as the
+        keeper's close takes them; None when it cannot serve."""
+        if not last or not cap.complete or (cap.born_after or 0) > self.born_after:
+            return None  # (a capture from later than the job opened misses members)
+        out = self._related(keeper_pid, cap=cap)
+        if not self.complete:
+            return None
+        groups = set(self.proof.groups if self.proof else ()) \
+            | {v for i in out for v in (i.pgid, i.sid) if v > 1}
+        return {"last": last, "known": [[i.pid, i.start] for i in out],
+                "groups": sorted(groups)}
+
+    def seed(self, seen: object) -> None:
+        """Keep the owner's look (``look_from``) for the next kill loop; a
+        malformed one is dropped (the loop then looks for itself)."""
+        if not isinstance(seen, dict):
+            return
+        try:
+            last = int(seen["last"])
+            known = [(int(p), int(t)) for p, t in seen["known"]]
+            groups = {int(g) for g in seen["groups"]}
+        except (KeyError, TypeError, ValueError):
+            return
+        if last > 0 and all(p > 1 for p, _ in known):
+            self.__dict__["seeded"] = (last, known, groups)
+
     def _finder(self, keeper_pid: int, leaders: dict[int, int] | None = None, keeper=None):
         """``_related`` for a kill loop, which looks again and again: after a
         complete look, a look reads only the processes created since (the
@@ -242,6 +289,14 @@ class Mechanism(KeeperMechanism):
         cookie = self._cookie()
         uid = os.geteuid()
         st: dict = {"last": None}
+        seeded = self.__dict__.pop("seeded", None)
+        if seeded is not None and set(self._leaders() if leaders is None else leaders) \
+                <= seeded[2]:
+            last, known, groups = seeded
+            st.update(last=last, known={keeper_pid, *(p for p, _ in known)}, groups=set(groups),
+                      first=known)
+            self.proof = identity.Proof(cookie, groups=frozenset(groups),
+                                        parents=frozenset(st["known"]))
 
         def maybe_ours(pid: int) -> bool:
             i = identity.read(pid)
@@ -260,7 +315,11 @@ class Mechanism(KeeperMechanism):
                     st["last"] = now
                     if not any([maybe_ours(p) for p in new]):
                         self.looks_saved = getattr(self, "looks_saved", 0) + 1
-                        return []  # (the loop keeps what it found before, by identity)
+                        # (the loop keeps what it found before, by identity;
+                        # the first look of a seeded loop: what the owner found)
+                        return [i for p, t in st.pop("first", ()) if (i := identity.read(p))
+                                is not None and i.start == t and i.state not in "ZXx"]
+            st.pop("first", None)
             last = identity.last_pid()[0]  # before the look: what is born after it is "new"
             out = self._related(keeper_pid, leaders, keeper, hot=st["last"] is None)
             if self.complete and last:
