@@ -103,7 +103,11 @@ while any(out[m]["same_tick"] < WANT for m in MODES) and i < BUDGET:
 out["tries"] = i
 
 # What the proofs must still prove: a live child of ours (own_child), and a
-# process whose parent the last look found (tracking).
+# process whose parent the last look found (tracking). As a keeper and tether
+# init are, this process is the subreaper its tree's orphans come to (a
+# grandchild whose parent was killed first is then a child of a root).
+import ctypes
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
 c = subprocess.Popen(["sleep", "300"])
 ci = identity.read(c.pid)
 out["own_child_live"] = identity.send_signal(ci, signal.SIGKILL, member=True,
