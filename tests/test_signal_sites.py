@@ -15,8 +15,11 @@ nothing (signal 0). A new call site has to be argued for here, or go through
 the gate.
 
 It also lists the calls of the gate (``send_signal``) and of ``ending.end``
-that pass no Proof; those in the PTY session and the pgroup mechanism must
-pass one (issue 36: "PTY close and capture included").
+and fails on one that passes no Proof (issue 36: "every signal tether sends
+to a process it did not just reap goes through the gate with a Proof - PTY
+close and capture included"). A process's own unreaped child is proven by
+``Proof.own_child()`` (its parent, read while pinned, is us); a tree found a
+moment ago by ``Proof.tracking``; the rest by the job's cookie or cgroup.
 """
 
 from __future__ import annotations
@@ -78,8 +81,9 @@ ALLOWED_C = {
     ("shell.c", "die_by", "raise"): "itself (dies by the signal its command died by)",
 }
 
-# Gate calls that must carry a Proof: (file, enclosing function).
-MUST_PROVE = {"pty.py", "platform/posix_pgroup.py"}
+# Gate calls that must carry a Proof: every module's. A call without one has
+# to be argued for here: (file, enclosing function, call) -> why.
+ALLOWED_UNPROVED: dict[tuple[str, str, str], str] = {}
 
 
 def _py_files():
@@ -93,13 +97,18 @@ def _py_files():
 class _Calls(ast.NodeVisitor):
     def __init__(self) -> None:
         self.imported: set[str] = set()  # signal functions imported by name (from os import kill)
+        self.gates: set[str] = set()  # the gate and ending.end, imported by name
         self.func: list[str] = ["<module>"]
+        self.shadow: list[set[str]] = [set()]  # parameter names of the enclosing functions
         self.raw: list[tuple[str, str, int]] = []
         self.gate: list[tuple[str, str, bool, int]] = []
 
     def visit_FunctionDef(self, node) -> None:
         self.func.append(node.name)
+        a = node.args
+        self.shadow.append({x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]})
         self.generic_visit(node)
+        self.shadow.pop()
         self.func.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -108,6 +117,10 @@ class _Calls(ast.NodeVisitor):
         for a in node.names:
             if (node.module or "", a.name) in RAW_PY:
                 self.imported.add(a.asname or a.name)
+            mod = (node.module or "").rsplit(".", 1)[-1]
+            if (mod, a.name) in (("ending", "end"), ("identity", "send_signal")):
+                self.gates.add(a.asname or a.name)
+        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
@@ -118,9 +131,15 @@ class _Calls(ast.NodeVisitor):
                 self.raw.append((self.func[-1], name, node.lineno))
         elif isinstance(f, ast.Name) and f.id in self.imported:
             self.raw.append((self.func[-1], f.id, node.lineno))  # imported by name
-        if name in ("identity.send_signal",) or (isinstance(f, ast.Name) and f.id == "end"):
-            proved = any(k.arg == "proof" for k in node.keywords)
-            self.gate.append((self.func[-1], name or "end", proved, node.lineno))
+        # A name bound to the gate (not a parameter of the same name: a
+        # caller's own ``end`` callback is no gate call).
+        by_name = isinstance(f, ast.Name) and f.id in self.gates \
+            and not any(f.id in s for s in self.shadow)
+        if name in ("identity.send_signal", "ending.end") or by_name:
+            proved = any(k.arg == "proof" and not (isinstance(k.value, ast.Constant)
+                                                   and k.value.value is None)
+                         for k in node.keywords)
+            self.gate.append((self.func[-1], name or f.id, proved, node.lineno))
         self.generic_visit(node)
 
 
@@ -184,11 +203,18 @@ def test_every_native_signal_call_is_argued_for():
     assert stale == set(), f"allow-list entries no longer in the source: {stale}"
 
 
-def test_pty_close_and_pgroup_signal_only_with_a_proof():
+def test_every_gate_call_carries_a_proof():
     _, gate = _scan_py()
-    mine = [g for g in gate if g[0] in MUST_PROVE]
-    assert mine, "the scan found no gate call in pty.py / posix_pgroup.py"
-    assert [g for g in mine if not g[3]] == [], mine
+    found = {g[:3] for g in gate}
+    # The scan sees the PTY close's and pgroup's (it can find what it checks).
+    assert {g[0] for g in gate} >= {"pty.py", "platform/posix_pgroup.py", "job.py",
+                                    "platform/posix.py", "init.py"}, found
+    unproved = [g for g in gate if not g[3] and g[:3] not in ALLOWED_UNPROVED]
+    assert unproved == [], (
+        "gate calls (identity.send_signal, ending.end) without a Proof: give each the proof "
+        f"it has (cookie, cgroup, Proof.tracking, Proof.own_child) or argue for it: {unproved}")
+    stale = set(ALLOWED_UNPROVED) - found
+    assert stale == set(), f"allow-list entries no longer in the source: {stale}"
 
 
 def test_the_scan_sees_a_bypass(tmp_path):
@@ -207,3 +233,20 @@ def test_the_scan_sees_a_bypass(tmp_path):
             fn = m.group(1)
         hits += [(fn, c, n) for c in C_CALL.findall(line)]
     assert hits == [("rogue", "kill", 4)]
+
+
+def test_the_scan_sees_a_gate_call_without_a_proof():
+    """Control: ``end`` and ``send_signal`` imported from the gate's modules
+    are gate calls (with ``proof=None`` as without one); a parameter named
+    ``end`` (a caller's callback) is not."""
+    v = _Calls()
+    v.visit(ast.parse(
+        "from .ending import end\nfrom . import identity\n"
+        "def bare(find):\n    end(find, born_after=0)\n"
+        "def none(find):\n    end(find, born_after=0, proof=None)\n"
+        "def good(i, p):\n    identity.send_signal(i, 9, proof=p)\n"
+        "def bad(i):\n    identity.send_signal(i, 9, member=True)\n"
+        "def callback(end, p):\n    end(p)\n"))
+    assert v.gate == [("bare", "end", False, 4), ("none", "end", False, 6),
+                      ("good", "identity.send_signal", True, 8),
+                      ("bad", "identity.send_signal", False, 10)]

@@ -50,7 +50,12 @@ def main(argv: list[str]) -> int:
             # We are a member too: the kernel kill ends this process last of all.
             cgroupfs.kill(cg, timeout=1.0)
 
-    end(others, born_after=born, grace=grace, kill=kill if cg else None, kill_name="cgroup.kill")
+    # Proven by the job's cgroup, else as the keeper's tree (the keeper is the
+    # subreaper every orphan of the job comes to).
+    proof = identity.Proof(cgroup=cg or None)
+    find = others if cg else proof.tracking(others, roots=[keeper])
+    end(find, born_after=born, grace=grace, kill=kill if cg else None, kill_name="cgroup.kill",
+        proof=lambda _i: proof)
     return 0
 
 

@@ -172,7 +172,9 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             os.unlink(f)  # the hopper stops hopping when its file is gone
         except OSError:
             pass
-        ended = end(lambda: _tree_after(born, f), born_after=born, grace=0, quiet=0.3, bound=10)
+        proof = identity.Proof(b"F=" + f.encode())  # found by the marker: must still carry it
+        ended = end(lambda: _tree_after(born, f), born_after=born, grace=0, quiet=0.3, bound=10,
+                    proof=lambda _i: proof)
         survivors_cleaned.extend(i.pid for i in ended.identities())
         return {"mechanism": used, "control": control, "results": results,
                 "survivors": sum(r["survived"] for r in results),

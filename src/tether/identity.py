@@ -1318,6 +1318,33 @@ class Proof:
         return (f"Proof(cookie={self.cookie!r}, cgroup={self.cgroup!r}, "
                 f"groups={len(self.groups)}, parents={len(self.parents)})")
 
+    @classmethod
+    def own_child(cls) -> "Proof":
+        """This process's own child, not yet reaped: proven while its parent,
+        read while the pidfd pins it, is this process (a child's pid is not
+        reused before its parent reaps it)."""
+        return cls(parents=frozenset({os.getpid()}))
+
+    def tracking(self, find: "Callable[[], Iterable[Identity]]",
+                 roots: "Iterable[int]" = ()) -> "Callable[[], list[Identity]]":
+        """``find`` wrapped so that each look also proves: a process whose
+        parent is one of ``roots`` (a keeper, this process) or of what the
+        last look found is proven, as a tree found a moment ago is (its pids
+        are pinned by their children's parent links; a stranger handed a
+        member's pid has its own parent). Sets this proof's ``parents``."""
+        base = frozenset(p for p in roots if p > 1)
+        parents: set[int] = set(base)
+        self.parents = parents
+
+        def found() -> "list[Identity]":
+            got = list(find())
+            parents.clear()
+            parents.update(base)
+            parents.update(i[0] for i in got if i[0] > 1)
+            return got
+
+        return found
+
     def _related(self, pid: int, cur: "Identity | None") -> bool:
         if cur is None or not (self.groups or self.parents):
             return False

@@ -438,8 +438,15 @@ class Job:
                     pass
             backend.kill_all()
 
-        ending = end(self.members, born_after=self.born, grace=grace, kill=kill,
-                     kill_name=self.mechanism, polite=getattr(backend, "polite", None))
+        # Proven by the job's cookie, its cgroup, or as the tree below its
+        # keeper (or, with no keeper, below this process) as last looked at.
+        tr = backend.trace() or {}
+        proof = identity.Proof(f"{self.cookie_var}={self.cookie}".encode(), tr.get("cgroup_path"))
+        find = proof.tracking(self.members,
+                              roots=[getattr(backend, "keeper_pid", 0) or os.getpid()])
+        ending = end(find, born_after=self.born, grace=grace, kill=kill,
+                     kill_name=self.mechanism, polite=getattr(backend, "polite", None),
+                     proof=lambda _i: proof)
         return ending.identities()
 
     def close(self, *, known: Iterable[Identity] | None = None) -> Closed:

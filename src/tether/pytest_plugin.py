@@ -544,17 +544,32 @@ class LeakDetector:
                 "ended": None,
             }
 
+        from tether.identity import Proof
+
+        # What proves a target at the signal: the walk below this process, as
+        # it was a moment ago - a child of this process or of a process it
+        # found, or a member (not the leader) of a group or session it went
+        # by; a stranger handed a leaked pid in the same tick is none of these.
+        proof = Proof()
+        mine = {os.getpgrp(), os.getsid(0)}
+
         def still() -> list[Identity]:
             # Found again each round: a leaked process may still be forking.
             # Released fixtures' processes stay targets until they are gone.
-            return [i for i, _ in self._classify(self._walk())]
+            walk = self._walk()
+            proof.parents = frozenset({self.me, *(p.ident.pid for p in walk)})
+            if not self._subreaper:
+                proof.groups = frozenset(g for p in walk for g in (p.ident.sid, p.ident.pgid)
+                                         if g > 1 and g not in mine)
+            return [i for i, _ in self._classify(walk)]
 
         from tether.ending import end
 
         # born_after=None: a released wider fixture's processes are older than
         # the test; every target is proven by the walk below this process.
         ending = end(still, targets=[i for i, _ in leaks], born_after=None, grace=self.grace,
-                     member=True, on_round=lambda: self._reap_adopted(self._walk()))
+                     member=True, on_round=lambda: self._reap_adopted(self._walk()),
+                     proof=lambda _i: proof)
         self._reap_adopted(self._walk())
         for ident, how in ending.ended:
             row = rows.get(_key(ident))

@@ -362,8 +362,20 @@ class Keeper:
     def _end(self, members, born: int, grace: float, kill) -> None:
         from ..ending import end
 
-        end(members, born_after=born, grace=grace, on_round=self.reap,
-            cancel=lambda: not self.owner_alive(), kill=kill, kill_name=self.mech.name)
+        # Proven by the job's cookie or cgroup, or as this keeper's tree (it
+        # is the members' parent or subreaper); pgroup's look proves more
+        # (its groups and sessions): its proof, when it made one.
+        o = self.mech.options
+        mine = identity.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None,
+                              (self.mech.trace() or {}).get("cgroup_path"))
+        find = mine.tracking(members, roots=[os.getpid()])
+
+        def proof(_i):
+            return getattr(self.mech, "proof", None) or mine
+
+        end(find, born_after=born, grace=grace, on_round=self.reap,
+            cancel=lambda: not self.owner_alive(), kill=kill, kill_name=self.mech.name,
+            proof=proof)
 
     def _linger(self, caller_fd: int, drop: set) -> None:
         """Scope caller, subreaper: the command returned and left processes,

@@ -691,7 +691,8 @@ class _Limits:
                 child = identity.read(pid)
                 if child is not None:
                     try:
-                        identity.send_signal(child, _signal.SIGKILL, member=True)
+                        identity.send_signal(child, _signal.SIGKILL, member=True,
+                                             proof=identity.Proof.own_child())
                     except SignalRefused:
                         pass
                 keeper.reap()

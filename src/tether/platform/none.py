@@ -77,11 +77,19 @@ class Backend(JobBackend):
     def member_pids(self) -> list[int]:
         return [i.pid for i in self._members()]
 
+    def _proof(self) -> identity.Proof:
+        """The job's cookie; and its tree: our children (the roots) and what
+        they started, as :meth:`identity.Proof.tracking` finds it."""
+        o = self.options
+        return identity.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None)
+
     def signal_all(self, sig: int) -> list[int]:
         sent = []
-        for ident in self._members():
+        proof = self._proof()
+        members = proof.tracking(self._members, roots=[os.getpid()])()
+        for ident in members:
             try:
-                if identity.send_signal(ident, sig, member=True):
+                if identity.send_signal(ident, sig, member=True, proof=proof):
                     sent.append(ident.pid)
             except SignalRefused:
                 continue
@@ -95,7 +103,9 @@ class Backend(JobBackend):
             for p in self.children:
                 p.poll()
 
-        end(self._members, born_after=self.born, grace=0, on_round=reap, bound=timeout)
+        proof = self._proof()
+        end(proof.tracking(self._members, roots=[os.getpid()]), born_after=self.born, grace=0,
+            on_round=reap, bound=timeout, proof=lambda _i: proof)
 
     def close(self) -> None:
         if not self.closed:

@@ -389,8 +389,9 @@ def _end_from_here(res: "Result", born: int) -> None:
     if res.cgroup and res.scope == COMMAND:
         cgroupfs.kill(res.cgroup, KILL_BOUND)
     entry = f"{res.cookie_var}={res.cookie}".encode()
+    proof = identity.Proof(entry)  # found by the cookie: each must still carry it
     end(lambda: identity.carriers(entry, born_after=born), born_after=born, grace=0,
-        member=False, bound=KILL_BOUND)
+        member=False, bound=KILL_BOUND, proof=lambda _i: proof)
 
 
 # -- the keeper's side ---------------------------------------------------------------

@@ -306,14 +306,25 @@ class KeeperJob(JobBackend):
             return [i.pid for i in self._orphans()]
         return self.mech.member_pids(self.keeper_pid)
 
+    def proof(self) -> identity.Proof:
+        """What proves a process is this job's: its cookie, its cgroup (where
+        the job has one); :meth:`identity.Proof.tracking` adds its tree."""
+        o = self.options
+        entry = f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None
+        return identity.Proof(entry, (self.mech.trace() or {}).get("cgroup_path"))
+
     def signal_all(self, sig: int) -> list[int]:
         sent = []
-        for pid in self.member_pids():
+        pids = self.member_pids()
+        proof = self.proof()
+        # A member's parent is the keeper (its subreaper) or another member.
+        proof.parents = frozenset(p for p in [*pids, self.keeper_pid] if p > 1)
+        for pid in pids:
             ident = identity.read(pid)
             if ident is None or ident.state == "Z":
                 continue
             try:
-                if identity.send_signal(ident, sig, member=True):
+                if identity.send_signal(ident, sig, member=True, proof=proof):
                     sent.append(pid)
             except SignalRefused:  # one refusal must not stop the rest
                 continue
@@ -324,8 +335,11 @@ class KeeperJob(JobBackend):
         inside the namespace the keeper cannot name its members)."""
         from ..ending import end
 
-        end(lambda: [i for i in map(identity.read, self.member_pids()) if i is not None],
-            born_after=self.born_after, grace=0, bound=timeout)
+        proof = self.proof()
+        find = proof.tracking(
+            lambda: [i for i in map(identity.read, self.member_pids()) if i is not None],
+            roots=[self.keeper_pid])
+        end(find, born_after=self.born_after, grace=0, bound=timeout, proof=lambda _i: proof)
 
     def helper_pids(self) -> list[int]:
         return [self.keeper_pid] if self.mech.keeper_inside and not self._closed else []
@@ -343,8 +357,9 @@ class KeeperJob(JobBackend):
         path = (self.mech.trace() or {}).get("cgroup_path")
         if path:
             cgroupfs.kill(path, timeout)
-        end(self._orphans, born_after=self.born_after, grace=0, bound=timeout,
-            on_round=lambda: self._reap_children(block=False))
+        proof = self.proof()  # the keeper is gone: its cookie, its cgroup, its tree
+        end(proof.tracking(self._orphans), born_after=self.born_after, grace=0, bound=timeout,
+            on_round=lambda: self._reap_children(block=False), proof=lambda _i: proof)
 
     def kill_all(self, timeout: float | None = None) -> None:
         timeout = KILL_BOUND if timeout is None else timeout
@@ -784,7 +799,11 @@ class JobPopen(subprocess.Popen):
             return
         ident = identity.read(self.pid)
         if ident is not None:
-            identity.send_signal(ident, sig, member=True)
+            # No pidfd: the keeper's child (its parent) that carries the job's cookie.
+            backend = self._tether_backend
+            proof = backend.proof()
+            proof.parents = frozenset({backend.keeper_pid} - {0, 1})
+            identity.send_signal(ident, sig, member=True, proof=proof)
 
     def __del__(self, _maxsize=sys.maxsize):
         fd = getattr(self, "_pidfd", None)
