@@ -171,8 +171,13 @@ KEEP_EVENTS = frozenset(("run-start", "job-open"))
 MAX_PENDING = 256  # kept records per writer; past that they count as lost
 MAX_GAP_RUNS = 64  # run ids an audit-gap record names
 
-from ._constants import AUDIT_FILE as DEFAULT_FILENAME  # noqa: E402 - shared with shell.c
-from ._constants import AUDIT_MAX_BYTES as DEFAULT_MAX_BYTES  # noqa: E402
+from . import _constants  # noqa: E402 - shared with shell.c
+
+DEFAULT_FILENAME = _constants.AUDIT_FILE
+#: Seconds after a prune (the lock file's mtime) when the native tether-shell,
+#: which never prunes, hands its start to the Python one, whose writer does.
+PRUNE_EVERY = _constants.AUDIT_PRUNE_EVERY
+DEFAULT_MAX_BYTES = _constants.AUDIT_MAX_BYTES
 
 DEFAULT_KEEP_FILES = 5
 DEFAULT_KEEP_DAYS = 14

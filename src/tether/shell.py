@@ -56,7 +56,7 @@ import sys
 
 __all__ = ["main", "cli", "ShellLog", "DEFAULT_GRACE", "log_dir"]
 
-from ._constants import (  # noqa: E402  # noqa: E402
+from ._constants import (  # noqa: E402
     AUDIT_MAX_BYTES,
     AUDIT_PRUNE_EVERY,
     EXIT_INTERNAL,
