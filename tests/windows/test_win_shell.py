@@ -251,11 +251,22 @@ def test_missing_command_is_2(args):
     _refused(subprocess.run([TETHER_CMD, *args], capture_output=True, timeout=60))
 
 
-@pytest.mark.parametrize("args", [["/k", "echo x"], ["/q", "/c", "echo x"], ["-i", "-c", "echo x"],
+@pytest.mark.parametrize("args", [["/k", "echo x"], ["/q", "/c", "echo x"],
                                   ["--norc", "-c", "echo x"], ["/C:", "echo x"]])
 def test_unknown_flag_is_2(args):
     line = _refused(subprocess.run([TETHER_CMD, *args], capture_output=True, timeout=60))
     assert "unrecognised" in line or "missing" in line
+
+
+def test_interactive_flag_for_cmd_is_2(env_for):
+    # -i -c is a POSIX shell's form (OMP runs `$SHELL -i -c CMD` for zsh users):
+    # served where the real shell is one, refused for cmd.exe with the reason.
+    # (Which shell is real is known only once it is found: with none found
+    # the answer is 127, as for -c.)
+    cmd = os.path.join(os.environ.get("SystemRoot", r"C:\windows"), "system32", "cmd.exe")
+    r = subprocess.run([TETHER_CMD, "-i", "-c", "echo x"], capture_output=True, timeout=60,
+                       env=env_for(TETHER_CMD, TETHER_SHELL=cmd))
+    assert "POSIX shell's option" in _refused(r)
 
 
 @pytest.mark.parametrize("which", ["relative", "missing", "self", "self-by-name"])
