@@ -188,6 +188,10 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
     if verbose:
         print(f"tether: {job.guarantee}", file=sys.stderr)
     tty = None if _WINDOWS else _foreground_tty()
+    # A stop signal that comes once the command runs but before _supervise
+    # blocks them (its records are being written meanwhile) is kept for it,
+    # not taken by the default action (dying by it, the job unreported).
+    early = [] if _WINDOWS else _keep_early_stops()
     try:
         try:
             proc = held.session.popen(cmd, label=session.label) if held and session else job.popen(cmd)
@@ -227,7 +231,7 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
         if _WINDOWS:
             status = _supervise_windows(job, proc, die_with_stdin, grace, lines, end)
         else:
-            status = _supervise(job, proc, die_with_stdin, grace, lines, end)
+            status = _supervise(job, proc, die_with_stdin, grace, lines, end, early)
         if handed_fg and tty is not None:
             try:
                 old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
@@ -246,7 +250,24 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
                 job.close()
 
 
-def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines, end=None) -> int:
+#: The stop signals kept when they come before _supervise waits for them
+#: (SIGINT is not among them: typed at a terminal it is the command's).
+_EARLY = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _keep_early_stops() -> list[int]:
+    """Note SIGTERM/SIGHUP in the returned list until _supervise blocks them
+    (a handler, not a blocked mask: a child forked meanwhile must not start
+    with them blocked; exec resets a handler). Ignored ones stay ignored."""
+    early: list[int] = []
+    for s in _EARLY:
+        if signal.getsignal(s) != signal.SIG_IGN:
+            signal.signal(s, lambda sig, _frame: early.append(sig))
+    return early
+
+
+def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines, end=None,
+               early: list[int] | None = None) -> int:
     """Wait for the command; ``end(reason, grace)`` ends the job on a stop
     (reason in the host layer's words; default: ``job.terminate``)."""
     from .stops import APP_EXIT, USER_REQUEST
@@ -303,6 +324,11 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
                          daemon=True).start()
     stop_signal = 0
     stopper: threading.Thread | None = None
+    if early:  # came before the mask above: as if sigwaitinfo had returned it
+        stop_signal = early[0]
+        stopper = threading.Thread(target=_terminate_quietly, args=(end, USER_REQUEST, grace),
+                                   name="tether-stop", daemon=True)
+        stopper.start()
     while True:
         if state["exited"]:
             break
