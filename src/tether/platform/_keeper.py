@@ -165,21 +165,29 @@ class Keeper:
             self.on_exit(pid, status)
         self.forget_spawned(pid)
 
-    def forget_spawned(self, pid: int) -> None:
+    def forget_spawned(self, pid: int, before: int | None = None) -> None:
         """A spawned child was reaped (by any path): forget its group if it
         is empty - its pid, free now, may lead a stranger's group next - else
-        note the tick (see posix_pgroup)."""
+        note when it was reaped (see posix_pgroup). ``before``: the clock
+        tick read before the ``waitpid`` that reaped it. The tick read now
+        would be too late: once the reap freed the pid, a stranger may lead a
+        group of that number (the group probe below then sees it) and have
+        children, all born before *now*, which would read as the job's."""
         if pid in self.spawned:
             if _group_alive(pid):
-                self.spawn_reaped[pid] = identity.now_ticks()
+                self.spawn_reaped[pid] = before if before is not None else self._reap_tick
             else:
                 del self.spawned[pid]
 
     def on_exit(self, pid: int, status: int) -> None:
         self.status[pid] = status
 
+    #: The clock tick read before the latest reap (forget_spawned's ``before``).
+    _reap_tick = 0
+
     def reap(self) -> bool:
         """Reap every exited child; False once there are no children left."""
+        self._reap_tick = identity.now_ticks()
         return identity.reap_exited(self.reaped)
 
     def spawn(self, exe: bytes | str, argv: list, env, **kwargs) -> int:
@@ -346,8 +354,9 @@ class Keeper:
         status = self.status.get(child)
         if status is None:
             try:
+                before = identity.now_ticks()
                 _, status = os.waitpid(child, 0)  # dead: it was killed above
-                self.forget_spawned(child)
+                self.forget_spawned(child, before)
             except ChildProcessError:
                 status = None
         linger = shared and not stop and leftovers and not mech.keeper_inside \

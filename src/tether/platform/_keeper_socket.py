@@ -193,12 +193,13 @@ class SocketKeeper(Keeper):
             return self.status.pop(pid)
         if pid not in self.children:
             return None
+        before = identity.now_ticks()
         try:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:
             return None
         self.children.discard(pid)
-        self.forget_spawned(pid)
+        self.forget_spawned(pid, before)
         return status
 
     def handle(self, msg: dict, fds: list[int]) -> bool:
