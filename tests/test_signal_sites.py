@@ -47,7 +47,7 @@ ALLOWED_PY = {
     ("identity.py", "signal_child", "signal.pidfd_send_signal"): "pinned, parent checked while pinned",
     # Probes: signal 0 sends nothing.
     ("platform/_keeper.py", "owner_alive", "os.kill"): "signal 0: is the owner there",
-    ("platform/_keeper.py", "_group_alive", "os.killpg"): "signal 0: has the group a member",
+    ("identity.py", "group_has_members", "os.killpg"): "signal 0: has the group a member",
     # The caller's own child, through the pidfd the keeper handed over (it
     # pins the child until it is reaped).
     ("platform/posix.py", "send_signal", "signal.pidfd_send_signal"): "own child's pidfd",
@@ -224,7 +224,7 @@ def test_the_scan_sees_a_bypass(tmp_path):
     v.visit(ast.parse("import os\nfrom os import killpg as kp\ndef rogue(pid):\n"
                       "    os.kill(pid, 9)\n    kp(pid, 9)\n"))
     assert v.raw == [("rogue", "os.kill", 4), ("rogue", "kp", 5)]
-    text = _strip_c_comments("/* kill(1, 9) in a comment */\nstatic void rogue(void)\n{\n"
+    text = _strip_c_comments("/* kill(pid, sig) in a comment */\nstatic void rogue(void)\n{\n"
                              "    kill(pid, SIGKILL);\n}\n")
     fn, hits = "<file>", []
     for n, line in enumerate(text.splitlines(), 1):

@@ -479,6 +479,21 @@ def matches(ident: "Identity") -> bool:
     return cur is not None and cur[1] == ident[1]
 
 
+def group_has_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member now: the kernel's own
+    answer (``killpg`` with signal 0 sends nothing; EPERM means a member of
+    another user's exists). Never true for pgid <= 1."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def is_alive(ident: "Identity") -> bool:
     """:func:`matches` and not a zombie (or dead): a zombie counts as dead,
     because orphan reaping by PID 1 can lag by seconds."""

@@ -174,7 +174,7 @@ class Keeper:
         group of that number (the group probe below then sees it) and have
         children, all born before *now*, which would read as the job's."""
         if pid in self.spawned:
-            if _group_alive(pid):
+            if identity.group_has_members(pid):
                 self.spawn_reaped[pid] = before if before is not None else self._reap_tick
             else:
                 del self.spawned[pid]
@@ -497,20 +497,6 @@ def _scope_keeper(path: str, caller_fd: int, lock: int) -> None:
         os.rmdir(os.path.dirname(path))  # the caller's run directory, when nothing else is in it
     except OSError:
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a member: an existence probe
-    (signal 0 sends nothing; EPERM means a member exists)."""
-    if pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _readable(fd: int) -> bool:
