@@ -332,17 +332,34 @@ def test_the_native_tether_shell_decides_delegation_without_an_interpreter(
         sim, tmp_path, unit, answer, delegated):
     """On systemd the native front end handed every start in a writable
     cgroup to the Python one, which ran systemctl each time (36-45 ms a start
-    under a real systemd 252). Now the marks decide natively; where only
-    systemctl can tell, the first start asks it once and the rest read the
-    answer kept on the unit's cgroup. The control is the first start of an
-    unmarked unit: served by the Python one (the check can see it)."""
+    under a real systemd 252). Now the first start in a unit is the Python
+    one's, which decides (systemctl only for an unmarked unit) and leaves the
+    answer on the unit's cgroup; every later start reads it natively. The
+    control is that first start: served by the Python one (the check can
+    see it)."""
+    from tether.systemd import DELEGATION_MEMO
+
     runs = [_native_shell_in(sim[unit], tmp_path, answer) for _ in range(3)]
     asked = runs[-1][1]
     for res, _ in runs:
         under_job = res["cgroup"].startswith(sim[unit][len(cgroupfs.mount() or ""):] + "/tether-")
         assert under_job is delegated, res
-    if unit == "svc":
-        assert asked == 1
-        assert not runs[0][0]["native"] and runs[1][0]["native"] and runs[2][0]["native"], runs
-    else:
-        assert asked == 0 and all(res["native"] for res, _ in runs), runs
+    assert asked == (1 if unit == "svc" else 0)
+    assert not runs[0][0]["native"] and runs[1][0]["native"] and runs[2][0]["native"], runs
+    assert os.getxattr(sim[unit], DELEGATION_MEMO) == (b"yes" if delegated else b"no")
+
+
+def test_an_answer_for_one_user_is_not_read_for_another(sim, tmp_path):
+    """An answer that holds for one uid only (a cgroup its owner was given
+    outside a user manager) is kept as such: the native front end of another
+    user (here root) does not take it, and hands the start over."""
+    from tether.systemd import DELEGATION_MEMO
+
+    os.setxattr(sim["svc"], DELEGATION_MEMO, f"yes:{NOBODY}".encode())
+    res, asked = _native_shell_in(sim["svc"], tmp_path, "no")
+    assert not res["native"] and asked == 1  # root's own answer: systemctl's "no"
+    assert os.getxattr(sim["svc"], DELEGATION_MEMO) == b"no"
+    # Control: an answer for root is read natively.
+    os.setxattr(sim["svc"], DELEGATION_MEMO, b"yes:0")
+    res, asked = _native_shell_in(sim["svc"], tmp_path, "no")
+    assert res["native"] and asked == 1, res  # (the shim's count from before)

@@ -63,6 +63,15 @@ def delegation(path: str, where: str | None = None, *,
         return False, (f"systemd manages this cgroup tree, and {path} is in no unit of it: "
                        "not delegated")
     name, udir = unit
+    ok, why, for_uid = _decide(name, udir, systemctl)
+    if ok is not None:  # a definite answer: the native front ends read it from now on
+        _remember(udir, ("yes" if ok else "no") + (f":{for_uid}" if for_uid is not None else ""))
+    return bool(ok), why
+
+
+def _decide(name: str, udir: str, systemctl: str) -> tuple[bool | None, str, int | None]:
+    """(delegated, why, the uid the answer holds for or None for every uid);
+    delegated None: not known (a no, never remembered)."""
     marks = {}
     for attr in ("trusted.delegate", "user.delegate", "trusted.invocation_id",
                  "user.invocation_id"):
@@ -71,57 +80,63 @@ def delegation(path: str, where: str | None = None, *,
         except OSError:  # absent, unreadable (trusted.* needs root) or unsupported
             continue
     if marks.get("trusted.delegate") == b"1" or marks.get("user.delegate") == b"1":
-        return True, f"{name} is delegated (Delegate=yes)"
+        return True, f"{name} is delegated (Delegate=yes)", None
     not_delegated = (f"{name} was not started with Delegate=yes: systemd asks programs not "
                      f"to create cgroups inside it")
-    if "trusted.delegate" in marks or "user.delegate" in marks or \
-            "trusted.invocation_id" in marks or "user.invocation_id" in marks:
-        return False, not_delegated
+    if marks:
+        return False, not_delegated, None
     euid = os.geteuid()
     managers = [c for c in udir.split("/")[:-1] if c.startswith("user@") and c.endswith(".service")]
     try:
         owner = os.stat(udir).st_uid
     except OSError as exc:
-        return False, f"cannot stat {udir}: {exc.strerror}"
+        return None, f"cannot stat {udir}: {exc.strerror}", None
     if euid != 0 and owner == euid and not managers:
-        return True, f"{name}'s cgroup is owned by uid {euid} (delegated to it)"
+        return True, f"{name}'s cgroup is owned by uid {euid} (delegated to it)", euid
     user = bool(managers) or name.startswith("user@")
     if user and name != f"user@{euid}.service" and managers and managers[-1] != f"user@{euid}.service":
-        return False, f"{name} belongs to another user's manager ({managers[-1]})"
+        return False, f"{name} belongs to another user's manager ({managers[-1]})", euid
     memo = _remembered(udir)
     prop = memo or _unit_delegate(systemctl, name, user and not name.startswith("user@"))
-    if prop in ("yes", "no") and memo is None:
-        _remember(udir, prop)
     said = "remembered from systemctl" if memo else "systemctl"
     if prop == "yes":
-        return True, f"{name} is delegated ({said}: Delegate=yes)"
+        return True, f"{name} is delegated ({said}: Delegate=yes)", None
     if prop == "no":
-        return False, not_delegated
-    return False, (f"cannot tell whether {name} is delegated ({prop}): "
-                   "not using it (fail closed)")
+        return False, not_delegated, None
+    return None, (f"cannot tell whether {name} is delegated ({prop}): "
+                  "not using it (fail closed)"), None
 
 
-#: systemctl's answer for a unit, kept on the unit's own cgroup so that it is
-#: asked once per unit, not on every start: the native tether-shell and
-#: tether run read it (DELEGATION_MEMO in _native/shell.c) and decide without
-#: an interpreter. It lives as long as the unit: a new unit of the same name
-#: is a new directory, and is asked again. Only who may write the unit's
-#: cgroup (its owner) can set it, and the answer is about systemd's wishes
-#: for that owner's own cgroup, not about anyone else's processes.
+#: The answer of delegation() for a unit, kept on the unit's own cgroup:
+#: ``yes`` / ``no``, or ``yes:UID`` / ``no:UID`` where it holds for that user
+#: only. The native tether-shell and tether run only read it (they hand a
+#: start with no answer for them to the Python front end, which decides here
+#: and writes it), so the rules exist once and systemctl is asked once per
+#: unit, not on every start. It lives as long as the unit: a new unit of the
+#: same name is a new directory, and is decided again. Only who may write the
+#: unit's cgroup (its owner) can set it, and the answer is about systemd's
+#: wishes for that owner's own cgroup, not about anyone else's processes.
 from ._constants import DELEGATION_MEMO  # noqa: E402 - shared with the native front ends
 
 
 def _remembered(udir: str) -> str | None:
-    try:
-        val = os.getxattr(udir, DELEGATION_MEMO).strip().decode("ascii", "replace")
-    except OSError:
-        return None
+    """systemctl's answer kept for the unit (an answer for every uid)."""
+    val = _memo(udir)
     return val if val in ("yes", "no") else None
 
 
-def _remember(udir: str, prop: str) -> None:
+def _memo(udir: str) -> str | None:
     try:
-        os.setxattr(udir, DELEGATION_MEMO, prop.encode())
+        return os.getxattr(udir, DELEGATION_MEMO).strip().decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def _remember(udir: str, answer: str) -> None:
+    if _memo(udir) == answer:
+        return
+    try:
+        os.setxattr(udir, DELEGATION_MEMO, answer.encode())
     except OSError:  # not ours to mark, or no user xattrs here: asked again next time
         pass
 

@@ -1408,40 +1408,20 @@ static int unit_mark(const char *dir, const char *name, char *val, size_t size)
     return 1;
 }
 
-/* Whether any cgroup between the mount and `udir` (excluded) is a user
- * manager (user@UID.service); the innermost one's name in `mgr`. */
-static int under_manager(const char *mnt, const char *udir, char *mgr, size_t size)
-{
-    int found = 0;
-    for (const char *p = udir + strlen(mnt), *e; *p; p = e) {
-        while (*p == '/')
-            p++;
-        e = strchrnul(p, '/');
-        size_t n = (size_t)(e - p);
-        if (!*e || n >= size)
-            break; /* the unit itself, or no name a unit could have */
-        if (n > 13 && !strncmp(p, "user@", 5) && !strncmp(e - 8, ".service", 8)) {
-            memcpy(mgr, p, n);
-            mgr[n] = '\0';
-            found = 1;
-        }
-    }
-    return found;
-}
-
-/* systemd's rule, as tether.systemd.delegation decides it (cheapest first):
- * only a unit started with Delegate=yes may be divided. 1 yes, 0 no. What
- * only systemctl can answer is the Python path's, which asks once per unit
- * and leaves the answer on the unit's cgroup (TETHER_DELEGATION_MEMO): a new unit
- * of the same name is a new directory, and asks again. */
+/* systemd's rule - only a unit started with Delegate=yes may be divided - as
+ * tether.systemd.delegation decided it for our unit and left it on the
+ * unit's cgroup (TETHER_DELEGATION_MEMO: "yes"/"no", or ":UID" after it when
+ * it holds for that user only). 1 yes, 0 no. A unit with no answer for us
+ * yet is the Python path's: it decides (systemctl at most once per unit)
+ * and leaves the answer, so the rules exist once and later starts are ours.
+ * A new unit of the same name is a new directory: decided again. */
 static int systemd_delegated(const struct run *R)
 {
-    char udir[4096], val[64], mgr[256];
+    char udir[4096], val[64];
     size_t m = strlen(R->mount);
     snprintf(udir, sizeof udir, "%s", R->base);
     for (;;) { /* the innermost .service or .scope at or above our cgroup */
-        size_t n = strlen(udir);
-        if (n <= m)
+        if (strlen(udir) <= m)
             return 0; /* in no unit: systemd's, not ours */
         const char *name = strrchr(udir, '/') + 1;
         size_t k = strlen(name);
@@ -1449,35 +1429,21 @@ static int systemd_delegated(const struct run *R)
             break;
         *strrchr(udir, '/') = '\0';
     }
-    int marked = 0;
-    static const char *const marks[] = {"trusted.delegate", "user.delegate",
-                                        "trusted.invocation_id", "user.invocation_id"};
-    for (size_t k = 0; k < 4; k++)
-        if (unit_mark(udir, marks[k], val, sizeof val)) {
-            if (k < 2 && !strcmp(val, "1"))
-                return 1;
-            marked = 1;
-        }
-    if (marked)
-        return 0;
-    struct stat st;
-    if (stat(udir, &st) != 0)
-        return 0;
-    uid_t euid = geteuid();
-    int managed = under_manager(R->mount, udir, mgr, sizeof mgr);
-    if (euid != 0 && st.st_uid == euid && !managed)
-        return 1; /* a cgroup handed to this user outside its manager */
-    char mine[64];
-    snprintf(mine, sizeof mine, "user@%u.service", (unsigned)euid);
-    if (managed && strcmp(strrchr(udir, '/') + 1, mine) && strcmp(mgr, mine))
-        return 0; /* another user's manager */
     if (unit_mark(udir, TETHER_DELEGATION_MEMO, val, sizeof val)) {
+        char *uid = strchr(val, ':');
+        if (uid) {
+            *uid++ = '\0';
+            char *end;
+            unsigned long who = strtoul(uid, &end, 10);
+            if (*end || end == uid || who != (unsigned long)geteuid())
+                hand_over(); /* another user's answer */
+        }
         if (!strcmp(val, "yes"))
             return 1;
         if (!strcmp(val, "no"))
             return 0;
     }
-    hand_over(); /* not asked yet for this unit: tether.systemd asks systemctl once */
+    hand_over();
 }
 
 /* Where a cgroup job may go: our own cgroup's directory, when writable
