@@ -22,11 +22,11 @@
  *
  * MECH is cgroup, subreaper or pidns (the process-group mechanism stays in
  * Python: it needs the table capture). The owner talks to it over CTL_FD, a
- * SOCK_STREAM unix socket, in the protocol docs/protocol.md describes (and
- * tether/platform/_proto.py speaks): one frame is a 4-byte big-endian length
- * and a CBOR map, with file descriptors in SCM_RIGHTS on its first bytes; a
- * payload too big for a frame travels in a memfd ({"_memfd": size} + the
- * fd). The requests, and the replies, are those of _keeper_socket.SocketKeeper.
+ * SOCK_STREAM unix socket, in the protocol docs/protocol.md specifies for
+ * every client (Python's Job is one, a Node host another): one frame is a
+ * 4-byte big-endian length and a CBOR map, with file descriptors in
+ * SCM_RIGHTS on its first bytes; a payload too big for a frame travels in a
+ * memfd ({"_memfd": size} + the fd).
  *
  * Mechanisms, and their traps:
  *  - cgroup: each child is cloned straight into the job's cgroup
@@ -88,7 +88,8 @@
 #define PR_SET_CHILD_SUBREAPER 36
 #endif
 
-/* constants shared with the Python side, generated from tether/_constants.py */
+/* the shared constants: a header setup.py generates (their one definition is
+ * tether/_constants.py); nothing here writes their values again */
 #include "tether_constants.h"
 
 #define MAX_MSG TETHER_MAX_MSG /* largest frame body */

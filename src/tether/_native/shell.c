@@ -37,7 +37,7 @@
 #include <sys/random.h>
 #include <sys/xattr.h>
 
-/* shared with the Python side: tether_constants.h (from tether/_constants.py) */
+/* the generated header's names (keeper.c includes it), shortened */
 #define EXIT_USAGE TETHER_EXIT_USAGE
 #define EXIT_GUARD_LOST TETHER_EXIT_GUARD_LOST
 #define EXIT_INTERNAL TETHER_EXIT_INTERNAL
