@@ -419,3 +419,40 @@ def tether_shell(kind: str, scratch) -> str | None:
                 "from tether.shell import main\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path
+
+
+def pidns_command() -> list[str] | None:
+    """util-linux unshare for a fresh PID namespace with its own /proc (with a
+    user namespace when unprivileged), or None where it is not installed."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        return None
+    if os.geteuid() == 0:
+        return ["unshare", "--pid", "--fork", "--mount-proc"]
+    return ["unshare", "-Ur", "--pid", "--fork", "--mount-proc"]
+
+
+def run_in_pidns(script: str, *args: str, timeout: float, env: dict | None = None) -> dict:
+    """Run ``python -c script args`` as PID 1's child in a fresh PID namespace
+    (where a test may set ``ns_last_pid`` to hand a stranger a chosen pid)
+    and return the JSON object its last line prints. Skips where there is no
+    unshare or no PID namespace; fails on a non-zero exit."""
+    import json
+
+    import pytest
+
+    cmd = pidns_command()
+    if cmd is None:
+        pytest.skip("util-linux unshare is not installed")
+    e = dict(os.environ)
+    e["PYTHONPATH"] = SRC + os.pathsep + e.get("PYTHONPATH", "")
+    for k in ("TETHER_STATE_DIR", "TETHER_JOB"):
+        e.pop(k, None)
+    e.update(env or {})
+    r = subprocess.run([*cmd, sys.executable, "-c", script, *args], capture_output=True,
+                       text=True, timeout=timeout, env=e)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr or "unshare failed" in r.stderr):
+        pytest.skip(f"no PID namespace here: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])

@@ -17,14 +17,10 @@ writable (as tests/test_same_tick.py).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import sys
 
 import pytest
-from procutil import SRC
+from procutil import run_in_pidns
 
 pytestmark = [
     pytest.mark.mechanism,
@@ -128,28 +124,8 @@ print(json.dumps(out))
 """
 
 
-def _unshare() -> list[str] | None:
-    if not shutil.which("unshare"):
-        return None
-    if os.geteuid() == 0:
-        return ["unshare", "--pid", "--fork", "--mount-proc"]
-    return ["unshare", "-Ur", "--pid", "--fork", "--mount-proc"]
-
-
 def test_own_child_and_tracking_proofs_spare_a_same_tick_stranger():
-    cmd = _unshare()
-    if cmd is None:
-        pytest.skip("util-linux unshare is not installed")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TETHER_STATE_DIR", None)
-    env["GATE_SCRIPT"] = SCRIPT
-    r = subprocess.run([*cmd, sys.executable, "-c", SCRIPT, "25", "3000"],
-                       capture_output=True, text=True, timeout=170, env=env)
-    if r.returncode != 0 and ("Operation not permitted" in r.stderr or "unshare failed" in r.stderr):
-        pytest.skip(f"no PID namespace here: {r.stderr.strip()[:200]}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.splitlines()[-1])
+    out = run_in_pidns(SCRIPT, "25", "3000", timeout=170, env={"GATE_SCRIPT": SCRIPT})
     for mode in ("own_child", "tracking", "own_child_control", "tracking_control"):
         assert out[mode]["same_tick"] == 25, out  # enough same-tick cases to mean something
     assert out["own_child"]["stranger_killed"] == 0, out

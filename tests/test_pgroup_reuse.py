@@ -26,14 +26,12 @@ reaped command's pid to a stranger, 4 times.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-from procutil import SRC
+from procutil import pidns_command, run_in_pidns
 
 pytestmark = [
     pytest.mark.mechanism,
@@ -226,29 +224,9 @@ print(json.dumps(out))
 """
 
 
-def _unshare() -> list[str] | None:
-    if not shutil.which("unshare"):
-        return None
-    if os.geteuid() == 0:
-        return ["unshare", "--pid", "--fork", "--mount-proc"]
-    return ["unshare", "-Ur", "--pid", "--fork", "--mount-proc"]
-
-
 def _run(mode: str, n: int, control: int) -> dict:
-    cmd = _unshare()
-    if cmd is None:
-        pytest.skip("util-linux unshare is not installed")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TETHER_STATE_DIR", None)
-    env.pop("TETHER_JOB", None)
     who = "root" if os.geteuid() == 0 else "user"
-    r = subprocess.run([*cmd, sys.executable, "-c", SCRIPT, mode, str(n), str(control), who],
-                       capture_output=True, text=True, timeout=220, env=env)
-    if r.returncode != 0 and ("Operation not permitted" in r.stderr or "unshare failed" in r.stderr):
-        pytest.skip(f"no PID namespace here: {r.stderr.strip()[:200]}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.splitlines()[-1])
+    out = run_in_pidns(SCRIPT, mode, str(n), str(control), who, timeout=220)
     if "skip" in out:
         pytest.skip(out["skip"])
     return out
@@ -275,7 +253,7 @@ def test_forced_pid_reuse_never_ends_a_stranger():
 
 
 def _pid_max_is_per_namespace() -> bool:
-    cmd = _unshare()
+    cmd = pidns_command()
     if cmd is None:
         return False
     try:

@@ -11,14 +11,10 @@ runtimes have it.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import sys
 
 import pytest
-from procutil import SRC
+from procutil import run_in_pidns
 
 pytestmark = [
     pytest.mark.mechanism,
@@ -117,27 +113,8 @@ print(json.dumps(out))
 """
 
 
-def _unshare() -> list[str] | None:
-    if not shutil.which("unshare"):
-        return None
-    if os.geteuid() == 0:
-        return ["unshare", "--pid", "--fork", "--mount-proc"]
-    return ["unshare", "-Ur", "--pid", "--fork", "--mount-proc"]
-
-
 def test_same_tick_reuse_never_kills_a_stranger():
-    cmd = _unshare()
-    if cmd is None:
-        pytest.skip("util-linux unshare is not installed")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TETHER_STATE_DIR", None)
-    r = subprocess.run([*cmd, sys.executable, "-c", SCRIPT, "200", "40", "4000"],
-                       capture_output=True, text=True, timeout=170, env=env)
-    if r.returncode != 0 and ("Operation not permitted" in r.stderr or "unshare failed" in r.stderr):
-        pytest.skip(f"no PID namespace here: {r.stderr.strip()[:200]}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.splitlines()[-1])
+    out = run_in_pidns(SCRIPT, "200", "40", "4000", timeout=170)
     assert out["same_tick"] == 200, out  # enough same-tick cases to mean something
     assert out["wrong_kills"] == 0, out
     assert out["reasons"].get("identity not proven", 0) >= 200, out
