@@ -28,17 +28,18 @@ signal's ``si_code`` (SI_KERNEL for the terminal, SI_USER for kill()).
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any
 
-from .errors import StatusLost, TetherError
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hint only: typing costs the one-command path ~2 ms
+    from typing import Any
+
+from .errors import StatusLost, TetherError  # noqa: E402
 
 SI_KERNEL = 0x80
 from ._constants import EXIT_GUARD_LOST  # noqa: E402 - the keeper died and the exit status with it
@@ -255,6 +256,14 @@ def run_command(cmd: list[str], *, mechanism: str = "auto", require: str | None 
 _EARLY = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
+def _reason(name: str) -> str:
+    """A stop reason in the host layer's words (tether.stops), loaded only
+    when a stop happens: the run's start does not pay for that module."""
+    from . import stops
+
+    return str(getattr(stops, name))
+
+
 def _keep_early_stops() -> list[int]:
     """Note SIGTERM/SIGHUP in the returned list until _supervise blocks them
     (a handler, not a blocked mask: a child forked meanwhile must not start
@@ -270,8 +279,6 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
                early: list[int] | None = None) -> int:
     """Wait for the command; ``end(reason, grace)`` ends the job on a stop
     (reason in the host layer's words; default: ``job.terminate``)."""
-    from .stops import APP_EXIT, USER_REQUEST
-
     if end is None:
         def end(_why: str, g: float) -> None:
             job.terminate(g)
@@ -326,7 +333,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
     stopper: threading.Thread | None = None
     if early:  # came before the mask above: as if sigwaitinfo had returned it
         stop_signal = early[0]
-        stopper = threading.Thread(target=_terminate_quietly, args=(end, USER_REQUEST, grace),
+        stopper = threading.Thread(target=_terminate_quietly, args=(end, _reason("USER_REQUEST"), grace),
                                    name="tether-stop", daemon=True)
         stopper.start()
     while True:
@@ -334,11 +341,11 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
             break
         if state["parent_gone"] and stop_signal != signal.SIGKILL:
             stop_signal = signal.SIGKILL  # the app is gone: nobody to be graceful for
-            end(APP_EXIT, 0)
+            end(_reason("APP_EXIT"), 0)
             continue
         if state["stdin_hup"] and not stop_signal:
             stop_signal = signal.SIGHUP
-            end(APP_EXIT, grace)
+            end(_reason("APP_EXIT"), grace)
             continue
         info = signal.sigwaitinfo(waited)
         sig = info.si_signo
@@ -351,7 +358,7 @@ def _supervise(job, proc, die_with_stdin: bool, grace: float, lines: _Lifelines,
         if not stop_signal:
             stop_signal = sig
             # In a thread, so a second signal is still seen while the grace runs.
-            stopper = threading.Thread(target=_terminate_quietly, args=(end, USER_REQUEST, grace),
+            stopper = threading.Thread(target=_terminate_quietly, args=(end, _reason("USER_REQUEST"), grace),
                                        name="tether-stop", daemon=True)
             stopper.start()
     if stopper is not None:
@@ -441,8 +448,6 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float, lines: _Li
     """
     import subprocess
 
-    from .stops import APP_EXIT
-
     if end is None:
         def end(_why: str, g: float) -> None:
             job.terminate(g)
@@ -456,11 +461,11 @@ def _supervise_windows(job, proc, die_with_stdin: bool, grace: float, lines: _Li
             except subprocess.TimeoutExpired:
                 pass
             if stdin_handle is not None and _pipe_writer_gone(stdin_handle):
-                end(APP_EXIT, grace)
+                end(_reason("APP_EXIT"), grace)
                 job.close()  # whatever terminate could not reach (it works from members())
                 return 129  # as for SIGHUP on POSIX
             if _windows_gone(lines):
-                end(APP_EXIT, 0)  # the app is gone: nobody to be graceful for
+                end(_reason("APP_EXIT"), 0)  # the app is gone: nobody to be graceful for
                 job.close()
                 return 128 + 9  # as for SIGKILL on POSIX
         return _exit_status_windows(proc.wait())
@@ -770,6 +775,8 @@ class _SessionRun:
 
     def abandon(self) -> None:
         if self.host is not None:
+            import contextlib
+
             with contextlib.suppress(Exception):
                 self.host.close()
 
@@ -814,6 +821,8 @@ class _SessionRun:
         if resumed:
             out["resumed"] = {"reason": resumed.reason, "text": str(resumed),
                               "holder": resumed.holder, "ended": _processes(resumed)}
+        import json
+
         data = (json.dumps(out) + "\n").encode()
         try:
             if a.report_fd is not None:
