@@ -55,8 +55,9 @@ if sys.platform == "win32":
     class Tracker:
         """Handles and Popen objects a test owns; all ended at teardown."""
 
-        def __init__(self, api: w.Api) -> None:
+        def __init__(self, api: w.Api, capfd: pytest.CaptureFixture[str]) -> None:
             self.api = api
+            self.capfd = capfd
             self.handles: list[int] = []
             self.popens: list[subprocess.Popen] = []
             self.jobs: list[WindowsJob] = []
@@ -71,6 +72,41 @@ if sys.platform == "win32":
             j = WindowsJob(JobOptions(**options), strategy=strategy)
             self.jobs.append(j)
             return j
+
+        def first_line(self, p: subprocess.Popen, timeout: float = 45.0):
+            """``p``'s first stdout line, waited for at most ``timeout`` s.
+
+            Never a bare ``readline()``: when Wine fails to start a process
+            (WinError 1359, see pytest-wine.ini) the line never comes, and
+            pytest-timeout's only method on Windows (a thread) ends the whole
+            run. No line in time, or end of file, fails the test with what
+            its processes wrote on stderr, so Wine's failed start reads as
+            such and pytest-wine.ini's rerun rule applies to it.
+            """
+            import _winapi
+            import msvcrt
+            import time
+
+            handle = msvcrt.get_osfhandle(p.stdout.fileno())
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    if _winapi.PeekNamedPipe(handle, 0)[0]:
+                        break
+                except BrokenPipeError:
+                    break  # every writer is gone: readline returns what is left at once
+                if time.monotonic() > deadline:
+                    self._no_line(p, f"no line in {timeout} s")
+                time.sleep(0.02)
+            line = p.stdout.readline()
+            if not line.strip():
+                self._no_line(p, f"end of output ({line!r}), exit code {p.poll()}")
+            return line
+
+        def _no_line(self, p: subprocess.Popen, why: str) -> None:
+            err = self.capfd.readouterr().err
+            sys.stderr.write(err)  # back into the report's captured stderr
+            pytest.fail(f"{why} from {p.args!r}; stderr: {err!r}")
 
         def open(self, pid: int, token: str) -> int:
             """A handle to ``pid``, checked to be one of this test's processes."""
@@ -150,8 +186,8 @@ if sys.platform == "win32":
         return w.load()
 
     @pytest.fixture
-    def tracker(api: w.Api):
-        t = Tracker(api)
+    def tracker(api: w.Api, capfd: pytest.CaptureFixture[str]):
+        t = Tracker(api, capfd)
         yield t
         t.cleanup()
 

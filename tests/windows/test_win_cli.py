@@ -53,7 +53,7 @@ def test_missing_command_is_127(tracker):
 def test_leftovers_end_when_the_command_exits(tracker, child_cmd, token, runner):
     wrapper = TETHER_RUN if runner == "tether" else PLAIN_RUN
     p = tracker.popen(subprocess.Popen(wrapper + child_cmd("orphan", token), stdout=PIPE, text=True))
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     leftover = tracker.open(int(grandchild), token)
     assert p.wait(60) == 0
     if runner == "tether":
@@ -66,7 +66,7 @@ def test_leftovers_end_when_the_command_exits(tracker, child_cmd, token, runner)
 def test_killing_tether_ends_the_job(tracker, api, child_cmd, token, runner):
     wrapper = TETHER_RUN if runner == "tether" else PLAIN_RUN
     p = tracker.popen(subprocess.Popen(wrapper + child_cmd("tree", token), stdout=PIPE, text=True))
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
     api.TerminateProcess(int(p._handle), 9)  # what Task Manager's "End task" does
     assert p.wait(10) == 9
@@ -80,7 +80,7 @@ def test_die_with_stdin_ends_the_job_when_the_writer_goes(tracker, child_cmd, to
     run = [sys.executable, "-m", "tether", "run", "--die-with-stdin", "--grace", "0.2", "--"]
     p = tracker.popen(subprocess.Popen(run + child_cmd("tree", token), stdin=PIPE, stdout=PIPE,
                                        text=True))
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
     assert tracker.wait_gone(tree, 0.5) == tree  # stdin still open: the job runs on
     p.stdin.close()
@@ -105,7 +105,7 @@ def test_die_with_parent_ends_the_job_when_the_parent_is_killed(tracker, api, ch
     run = [*head, "run", *([option] if option != "control" else []), "--"]
     app = _py("import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)")
     p = tracker.popen(subprocess.Popen(app + run + child_cmd("tree", token), stdout=PIPE, text=True))
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
     assert tracker.wait_gone(tree, 0.5) == tree  # the parent lives: the job runs on
     api.TerminateProcess(int(p._handle), 9)
@@ -156,10 +156,29 @@ def test_lifeline_pipe_closed_ends_the_job(tracker, child_cmd, token):
              "--", *child_cmd("tree", token)], stdout=PIPE, text=True, startupinfo=si))
     finally:
         os.close(r)  # the app keeps only the write end
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
     assert tracker.wait_gone(tree, 1.0) == tree  # the write end held: the job runs on
     assert p.poll() is None
     os.close(w)
     assert p.wait(30) == 128 + 9
     assert tracker.wait_gone(tree, 3.0) == []
+
+
+def test_first_line_fails_in_bounded_time_and_names_stderr(tracker):
+    """The control of ``tracker.first_line``: a command that never prints a
+    line fails the test within its bound, with its stderr in the message
+    (what pytest-wine.ini's rerun rule reads), instead of hanging the run."""
+    import time
+
+    quiet = _py("import sys, time; sys.stderr.write('said on stderr\\n'); sys.stderr.flush();"
+                " time.sleep(60)")
+    p = tracker.popen(subprocess.Popen(quiet, stdout=PIPE, text=True))
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="no line in 8.0 s.*said on stderr"):
+        tracker.first_line(p, timeout=8.0)
+    assert time.monotonic() - t0 < 30
+    p.kill()
+    p.wait(10)
+    with pytest.raises(pytest.fail.Exception, match="end of output"):
+        tracker.first_line(p, timeout=5.0)

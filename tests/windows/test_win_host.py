@@ -62,7 +62,7 @@ def _host(tracker, api, token, state, enclosing=(), argv_prefix=()):
         for job in enclosing:
             api.AssignProcessToJobObject(job, int(p._handle))
         assert api.NtResumeProcess(int(p._handle)) == 0
-    line = p.stdout.readline()
+    line = tracker.first_line(p)
     assert line.startswith("{"), line
     return p, json.loads(line)
 

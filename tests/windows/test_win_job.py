@@ -27,8 +27,8 @@ PIPE = subprocess.PIPE
 ALL = W.STRATEGIES
 
 
-def _ready(p: subprocess.Popen) -> None:
-    line = p.stdout.readline()
+def _ready(tracker, p: subprocess.Popen) -> None:
+    line = tracker.first_line(p)
     assert line.startswith("ready"), line
 
 
@@ -112,7 +112,7 @@ IN_POPEN = [W.STRATEGY_JOB_LIST, W.STRATEGY_SUSPENDED]
 def test_kill_all_ends_child_and_grandchild(tracker, child_cmd, token, strategy):
     job = tracker.job(strategy)
     p = tracker.popen(job.popen(child_cmd("tree", token), dict(stdout=PIPE, text=True)))
-    _, cpid, gpid = p.stdout.readline().split()
+    _, cpid, gpid = tracker.first_line(p).split()
     hc, hg = tracker.open(int(cpid), token), tracker.open(int(gpid), token)
     assert sorted(job.member_pids()) == sorted([int(cpid), int(gpid)])  # the grandchild joined
     job.kill_all()
@@ -128,7 +128,7 @@ def test_kill_all_ends_child_and_grandchild(tracker, child_cmd, token, strategy)
 def test_close_ends_members_and_is_idempotent(tracker, child_cmd, token):
     job = tracker.job()
     p = tracker.popen(job.popen(child_cmd("tree", token), dict(stdout=PIPE, text=True)))
-    _, cpid, gpid = p.stdout.readline().split()
+    _, cpid, gpid = tracker.first_line(p).split()
     handles = [tracker.open(int(cpid), token), tracker.open(int(gpid), token)]
     job.close()
     assert tracker.wait_gone(handles, 3.0) == []
@@ -143,7 +143,7 @@ def test_member_listing_grows_its_buffer(tracker, api, child_cmd, token):
     procs = [tracker.popen(job.popen(child_cmd("sleep", token), dict(stdout=PIPE, text=True)))
              for _ in range(5)]
     for p in procs:
-        _ready(p)
+        _ready(tracker, p)
     # A one-slot buffer: the kernel answers ERROR_MORE_DATA with the count filled in.
     buf = w.pid_list_buffer(1)
     ok = api.QueryInformationJobObject(
@@ -161,8 +161,8 @@ def test_two_jobs_are_isolated(tracker, child_cmd, token):
     a, b = tracker.job(), tracker.job()
     pa = tracker.popen(a.popen(child_cmd("sleep", token), dict(stdout=PIPE, text=True)))
     pb = tracker.popen(b.popen(child_cmd("sleep", token), dict(stdout=PIPE, text=True)))
-    _ready(pa)
-    _ready(pb)
+    _ready(tracker, pa)
+    _ready(tracker, pb)
     ha, hb = tracker.open(pa.pid, token), tracker.open(pb.pid, token)
     assert a.member_pids() == [pa.pid] and b.member_pids() == [pb.pid]
     a.kill_all()
@@ -178,8 +178,8 @@ def test_nested_job_closing_the_inner_one(tracker, child_cmd, token, strategy):
     inner = tracker.job(strategy, parent=outer)
     po = tracker.popen(outer.popen(child_cmd("sleep", token), dict(stdout=PIPE, text=True)))
     pi = tracker.popen(inner.popen(child_cmd("tree", token), dict(stdout=PIPE, text=True)))
-    _ready(po)
-    _, cpid, gpid = pi.stdout.readline().split()
+    _ready(tracker, po)
+    _, cpid, gpid = tracker.first_line(pi).split()
     ho = tracker.open(po.pid, token)
     hi = [tracker.open(int(cpid), token), tracker.open(int(gpid), token)]
     assert sorted(inner.member_pids()) == sorted([int(cpid), int(gpid)])
@@ -194,7 +194,7 @@ def test_nested_job_closing_the_outer_one(tracker, child_cmd, token):
     outer = tracker.job()
     inner = tracker.job(parent=outer)
     pi = tracker.popen(inner.popen(child_cmd("tree", token), dict(stdout=PIPE, text=True)))
-    _, cpid, gpid = pi.stdout.readline().split()
+    _, cpid, gpid = tracker.first_line(pi).split()
     hi = [tracker.open(int(cpid), token), tracker.open(int(gpid), token)]
     outer.close()
     assert tracker.wait_gone(hi, 3.0) == []
@@ -268,8 +268,8 @@ def test_signal_all_reaches_only_groups_the_job_created(tracker, child_cmd, toke
         child_cmd("break", token),
         dict(stdout=PIPE, text=True, creationflags=subprocess.CREATE_NEW_PROCESS_GROUP),
     ))
-    _ready(plain)
-    _ready(group)
+    _ready(tracker, plain)
+    _ready(tracker, group)
     sent = job.signal_all(signal.SIGTERM)
     assert plain.pid not in sent  # no polite signal can reach a process without a group
     if sent:  # Windows: the group's console got CTRL_BREAK_EVENT
@@ -433,7 +433,7 @@ def test_a_libuv_style_inner_job_cannot_take_members_out(tracker, api, child_cmd
     job = tracker.job()
     cmd, kw = child_cmd("libuv", token), dict(stdout=PIPE, text=True)
     p = tracker.popen(job.popen(cmd, kw) if in_tether_job else subprocess.Popen(cmd, **kw))
-    line = p.stdout.readline().split()
+    line = tracker.first_line(p).split()
     assert line[0] == "pids", line
     child, grandchild = int(line[1]), int(line[2])
     handles = [tracker.open(child, token), tracker.open(grandchild, token)]

@@ -28,7 +28,7 @@ def _start_owner(tracker, kind: str, ending: str, strategy: str, token: str):
         [sys.executable, "-S", OWNER, kind, ending, strategy, token],
         stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
     ))
-    line = p.stdout.readline().split()
+    line = tracker.first_line(p).split()
     if line[:1] != ["owner"]:
         p.stdin.close()
         rest = p.communicate(timeout=30)[0]

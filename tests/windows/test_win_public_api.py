@@ -21,7 +21,7 @@ def test_job_picks_the_job_object_and_is_kernel_enforced():
 def test_leaving_the_block_ends_child_and_grandchild(tracker, child_cmd, token):
     with Job(name="api", grace=0.5) as job:
         p = tracker.popen(job.popen(child_cmd("tree", token), stdout=PIPE, text=True))
-        _, child, grandchild = p.stdout.readline().split()
+        _, child, grandchild = tracker.first_line(p).split()
         tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
         assert sorted(job._backend.member_pids()) == sorted([int(child), int(grandchild)])
     assert tracker.wait_gone(tree, 3.0) == []
@@ -30,7 +30,7 @@ def test_leaving_the_block_ends_child_and_grandchild(tracker, child_cmd, token):
 def test_members_are_identities_of_the_tree(tracker, child_cmd, token):
     with Job(name="api", grace=0.5) as job:
         p = tracker.popen(job.popen(child_cmd("tree", token), stdout=PIPE, text=True))
-        _, child, grandchild = p.stdout.readline().split()
+        _, child, grandchild = tracker.first_line(p).split()
         tracker.open(int(child), token)
         tracker.open(int(grandchild), token)
         assert sorted(i.pid for i in job.members()) == sorted([int(child), int(grandchild)])
@@ -76,7 +76,7 @@ def test_tether_popen_with_block_ends_what_the_command_left(tracker, child_cmd, 
     import tether
 
     with tether.Popen(child_cmd("orphan", token), stdout=PIPE, text=True, grace=0.5) as p:
-        _, child, grandchild = p.stdout.readline().split()
+        _, child, grandchild = tracker.first_line(p).split()
         left = tracker.open(int(grandchild), token)
         assert p.wait(timeout=30) == 0
         assert int(grandchild) in p.job._backend.member_pids()  # wait() was the command's only

@@ -335,7 +335,7 @@ def _start_tree(tracker, comspec: str, token: str):
     line = f'"{PY}" -S "{CHILD}" tree {token}'
     p = tracker.popen(subprocess.Popen(f'"{comspec}" /d /s /c "{line}"', executable=comspec,
                                        stdout=PIPE, stdin=subprocess.DEVNULL, text=True))
-    words = p.stdout.readline().split()
+    words = tracker.first_line(p).split()
     assert words[:1] == ["pids"], words
     return p, [tracker.open(int(words[1]), token), tracker.open(int(words[2]), token)]
 
@@ -423,7 +423,7 @@ def test_reap_and_ps_run_with_default_settings(tracker, tmp_path, token):
     line = f'"{PY}" -S "{CHILD}" tree {token}'
     p = tracker.popen(subprocess.Popen(f'"{TETHER_CMD}" /d /s /c "{line}"', executable=TETHER_CMD,
                                        stdout=PIPE, stdin=subprocess.DEVNULL, text=True, env=env))
-    _, child, grandchild = p.stdout.readline().split()
+    _, child, grandchild = tracker.first_line(p).split()
     tree = [tracker.open(int(child), token), tracker.open(int(grandchild), token)]
     r = subprocess.run([TETHER_EXE, "ps", "--json"], capture_output=True, text=True, timeout=60,
                        env=env)
