@@ -23,7 +23,7 @@ import struct
 
 from .._constants import INLINE_MAX, MAX_FDS, MAX_MSG, PROTOCOL_VERSION
 
-__all__ = ["INLINE_MAX", "MAX_FDS", "MAX_MSG", "PROTOCOL_VERSION", "Malformed", "decode",
+__all__ = ["DONTWAIT", "INLINE_MAX", "MAX_FDS", "MAX_MSG", "PROTOCOL_VERSION", "Malformed", "decode",
            "encode", "recv", "send", "socketpair"]
 
 _LEN = struct.Struct(">I")
@@ -334,6 +334,7 @@ _CMSG_SIZE = socket.CMSG_SPACE(MAX_FDS * 4)
 # microseconds per message)
 _CLOEXEC = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 _CTRUNC = int(socket.MSG_CTRUNC)
+DONTWAIT = int(socket.MSG_DONTWAIT)  # recv's flag for a look without waiting
 
 
 def _take_fds(anc: list, fds: list[int]) -> None:
@@ -366,7 +367,7 @@ def _read_exact(sock: socket.socket, n: int, fds: list[int]) -> tuple[bytes | No
 
 def recv(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
     """One message, or (None, []) at end of file. Received fds are
-    close-on-exec. ``flags=socket.MSG_DONTWAIT``: BlockingIOError when no
+    close-on-exec. ``flags=DONTWAIT``: BlockingIOError when no
     message has begun."""
     # The usual frame at the cost of two reads and no more Python than that:
     # a whole head (with the frame's fds, if any), a whole small body.

@@ -224,7 +224,7 @@ class KeeperJob(JobBackend):
         False once the keeper's end is closed."""
         while True:
             try:
-                msg, fds = _proto.recv(self._sock, socket.MSG_DONTWAIT)
+                msg, fds = _proto.recv(self._sock, _proto.DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
             except OSError:  # (Malformed among them: the stream is no longer to be trusted)
@@ -430,7 +430,7 @@ class KeeperJob(JobBackend):
             if self._sock_pid == os.getpid() == self.mech.owner_pid:
                 # one small frame: all of it fits, or (a full buffer) none of it
                 self._sock.send(_proto.frame(_proto.encode({"op": "close", "timeout": KILL_BOUND})),
-                                socket.MSG_DONTWAIT)
+                                _proto.DONTWAIT)
         except (AttributeError, OSError):  # half-built, or the keeper is gone
             pass
 
