@@ -19,7 +19,7 @@ tether <= 60 ms at +5000 processes.
 
 Safety: the sleeps are started by one ``sh -c`` loop per batch, each batch
 in its own session; every sleep is recorded by identity as soon as it runs
-and is ended in a ``finally`` by identity (``tether.identity.send_signal``),
+and is ended in a ``finally`` by identity (``tether.gate.send_signal``),
 then the batch's shell through its Popen. They also expire by themselves
 (``sleep 300``) should this script be SIGKILLed.
 
@@ -45,11 +45,11 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 try:
-    from tether import identity
+    from tether import gate, identity
     from tether.errors import SignalRefused
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(HERE.parent / "src"))
-    from tether import identity
+    from tether import gate, identity
     from tether.errors import SignalRefused
 
 BATCH = 250  # sleeps per sh loop
@@ -106,7 +106,7 @@ class Crowd:
         """End every sleep by identity, then each shell by its Popen; bounded."""
         for i in self.sleeps.values():
             try:
-                identity.send_signal(i, signal.SIGKILL, member=True)
+                gate.send_signal(i, signal.SIGKILL, member=True)
             except SignalRefused:
                 pass
         # Sweep: anything else in the batches' sessions born after them
@@ -118,7 +118,7 @@ class Crowd:
                 for i in c.by_session(p.pid, b):
                     if i.pid != p.pid:
                         try:
-                            identity.send_signal(i, signal.SIGKILL, member=True)
+                            gate.send_signal(i, signal.SIGKILL, member=True)
                         except SignalRefused:
                             pass
         for p, _ in self.shells:

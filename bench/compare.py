@@ -27,7 +27,7 @@ pidfd on each of them and afterwards polls the pidfds (a pidfd fires when the
 process exits, so a zombie counts as dead). A pid-hopper's processes live a
 few ms -- no /proc scan sees them reliably -- so it appends its pid to a hop
 log at every hop and is dead when the log stops growing. Leftovers of every
-trial are ended by recorded identity (``tether.identity.send_signal``)
+trial are ended by recorded identity (``tether.gate.send_signal``)
 before the next trial, and the end of the run verifies that none is left.
 
 Who would kill what, modelled on what users write:
@@ -80,7 +80,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, SRC)
 
-from tether import identity  # noqa: E402
+from tether import gate, identity  # noqa: E402
 from tether.platform import choose, probe  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "compare.json")
@@ -692,7 +692,7 @@ def main() -> int:
         leftovers = marked(run_born, run_id + "-", exact=False)
         for ident, _ in leftovers:
             try:
-                identity.send_signal(ident, signal.SIGKILL, member=True)
+                gate.send_signal(ident, signal.SIGKILL, member=True)
             except Exception:  # noqa: BLE001
                 pass
         shutil.rmtree(tmp, ignore_errors=True)

@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 # TETHER_BENCH_SRC: another tree's src (--compare runs a close with it).
 sys.path.insert(0, os.environ.get("TETHER_BENCH_SRC") or str(HERE.parent / "src"))
 
-from tether import identity  # noqa: E402
+from tether import gate, identity  # noqa: E402
 from tether.job import Job  # noqa: E402
 from tether.pty import PtySession  # noqa: E402
 
@@ -404,7 +404,7 @@ def main() -> int:
     finally:
         for ident in marked_alive(born):
             try:
-                identity.send_signal(ident, signal.SIGKILL, member=True)
+                gate.send_signal(ident, signal.SIGKILL, member=True)
             except Exception:  # noqa: BLE001 - best effort cleanup of our own processes
                 pass
     results["machine"]["loadavg_after"] = os.getloadavg()

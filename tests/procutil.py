@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 
-from tether import identity
+from tether import gate, identity
 from tether.ending import end
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -274,7 +274,7 @@ class Procs:
                     try:
                         with open(f"/proc/{pid}/environ", "rb") as f:
                             if f"TETHER_TEST_MARK={self.mark}".encode() in f.read().split(b"\0"):
-                                identity.send_signal(ident, signal.SIGKILL, member=True)
+                                gate.send_signal(ident, signal.SIGKILL, member=True)
                     except Exception:  # noqa: BLE001
                         pass
             elif time.monotonic() - hop_quiet > 0.3:

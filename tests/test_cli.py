@@ -262,7 +262,7 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(tether
     status (not 137), and what the command left is still ended."""
     if not available(mech):
         pytest.skip(f"{mech} not available here")
-    from tether import identity
+    from tether import gate, identity
 
     mark = tmp_path / "left"
     # The mark only after 0.5 s: by then the spawn's reply has reached tether
@@ -273,7 +273,7 @@ def test_run_when_its_keeper_dies_says_so_and_returns_the_commands_status(tether
                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
     left = _wait_exec(int(_wait_file(mark)), "sleep")
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     rc = p.wait(timeout=20)
     err = p.stderr.read().decode()
     assert rc == 5, err
@@ -289,7 +289,7 @@ def test_control_keeper_and_runner_killed_leave_the_tree(tether, procs, tmp_path
     the subreaper job's tree (the guarantee says so), so the checks above can fail."""
     if not available("subreaper"):
         pytest.skip("subreaper not available here")
-    from tether import identity
+    from tether import gate, identity
 
     mark = tmp_path / "left"
     p = procs.popen(tether + ["run", "-m", "subreaper", "--", "sh", "-c",
@@ -297,7 +297,7 @@ def test_control_keeper_and_runner_killed_leave_the_tree(tether, procs, tmp_path
                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     keeper = _keeper_of_run(p.pid)
     left = identity.read(int(_wait_file(mark)))
-    identity.send_signal(keeper, signal.SIGKILL, member=True)
+    gate.send_signal(keeper, signal.SIGKILL, member=True)
     p.kill()
     p.wait(timeout=10)
     time.sleep(0.5)

@@ -16,7 +16,7 @@ import time
 import pytest
 from procutil import wait_until
 
-from tether import identity
+from tether import gate, identity
 from tether.ending import DEFAULT_GRACE, KILL_BOUND, MAX_GRACE, check_grace, end
 
 pytestmark = [
@@ -59,7 +59,7 @@ def test_term_ignorer_gets_sigkill_after_the_grace(procs):
     # Control: SIGTERM alone leaves the ignorer running.
     again = one(procs, "trap '' TERM; while :; do sleep 0.05; done")
     wait_until(lambda: ignores_term(again))
-    identity.send_signal(again, signal.SIGTERM, member=True)
+    gate.send_signal(again, signal.SIGTERM, member=True)
     time.sleep(0.5)
     assert identity.is_alive(again)
     end(targets=[again], born_after=procs.born, grace=0)
@@ -75,7 +75,7 @@ def test_a_stopped_process_is_continued_so_it_sees_sigterm(procs):
     ctl = one(procs, "exec sleep 300")
     os.kill(ctl.pid, signal.SIGSTOP)
     wait_until(lambda: identity.read(ctl.pid).state == "T")
-    identity.send_signal(ctl, signal.SIGTERM, member=True)
+    gate.send_signal(ctl, signal.SIGTERM, member=True)
     time.sleep(0.3)
     assert identity.is_alive(ctl)
     end(targets=[ctl], born_after=procs.born, grace=0)
@@ -88,7 +88,7 @@ def test_a_fork_loop_is_ended_in_rounds(procs):
     # Control: one pass over what is there now leaves the loop's newest children.
     for i in procs.alive():
         if i.comm == "sleep":
-            identity.send_signal(i, signal.SIGKILL, member=True)
+            gate.send_signal(i, signal.SIGKILL, member=True)
     time.sleep(0.1)
     assert [i for i in procs.alive() if i.comm == "sleep"]
     t0 = time.monotonic()
@@ -122,7 +122,7 @@ def test_a_pid_hopper_is_ended(procs):
     seen = procs.alive()
     time.sleep(0.15)
     for i in seen:
-        identity.send_signal(i, signal.SIGKILL, member=True)
+        gate.send_signal(i, signal.SIGKILL, member=True)
     size = os.path.getsize(procs.hoplog)
     assert wait_until(lambda: os.path.getsize(procs.hoplog) > size, timeout=3)
     # The engine finds again until nothing is found for a while.
@@ -156,7 +156,7 @@ def test_never_pid_1_self_or_an_ancestor():
 
     def recording(ident, sig, member=False):
         sent.append(ident.pid)
-        return identity.send_signal(ident, sig, member=member)
+        return gate.send_signal(ident, sig, member=member)
 
     e = end(targets=targets, born_after=None, grace=0.2, bound=0.5, send=recording)
     assert {i.pid for i, _ in e.refused} == {i.pid for i in targets}
@@ -178,7 +178,7 @@ def test_a_kernel_kill_hook_is_credited_and_the_rest_get_sigkill(procs):
 
     def kill():  # stands for cgroup.kill of a set that holds only a
         calls.append(1)
-        identity.send_signal(a, signal.SIGKILL, member=True)
+        gate.send_signal(a, signal.SIGKILL, member=True)
 
     e = end(targets=[a, b], born_after=procs.born, grace=0, kill=kill, kill_name="cgroup.kill",
             kill_covers=lambda i: i.pid == a.pid)

@@ -32,7 +32,7 @@ SCRIPT = r"""
 import json, os, signal, subprocess, sys
 if os.getpid() == 1:  # PID 1 of the namespace: a parent 1 proves nothing - run below it
     sys.exit(subprocess.call([sys.executable, "-c", os.environ["GATE_SCRIPT"], *sys.argv[1:]]))
-from tether import identity
+from tether import gate, identity
 from tether.ending import end
 from tether.errors import SignalRefused
 
@@ -59,13 +59,13 @@ def trial(mode):
         if si is None or si.pid != li.pid or si.start != li.start or si.ppid != m.pid:
             return None  # not the same tick: no ambiguity to test
         if mode.startswith("own_child"):
-            proof = None if mode.endswith("control") else identity.Proof.own_child()
+            proof = None if mode.endswith("control") else gate.Proof.own_child()
             try:
-                identity.send_signal(li, signal.SIGKILL, member=True, proof=proof)
+                gate.send_signal(li, signal.SIGKILL, member=True, proof=proof)
             except SignalRefused:
                 pass
         else:
-            p = identity.Proof()
+            p = gate.Proof()
             find = p.tracking(lambda: [li], roots=[os.getpid()])
             if mode.endswith("control"):
                 end(lambda: [li], born_after=li.start, grace=0, bound=2)
@@ -78,7 +78,7 @@ def trial(mode):
         return not identity.is_alive(si)
     finally:
         if si is not None and identity.is_alive(si):
-            identity.send_signal(si, signal.SIGKILL, member=True)
+            gate.send_signal(si, signal.SIGKILL, member=True)
         m.stdin.close()
         try:
             m.wait(timeout=5)
@@ -106,13 +106,13 @@ import ctypes
 assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
 c = subprocess.Popen(["sleep", "300"])
 ci = identity.read(c.pid)
-out["own_child_live"] = identity.send_signal(ci, signal.SIGKILL, member=True,
-                                             proof=identity.Proof.own_child())
+out["own_child_live"] = gate.send_signal(ci, signal.SIGKILL, member=True,
+                                             proof=gate.Proof.own_child())
 c.wait(timeout=5)
 m = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE)
 gi = identity.read(int(m.stdout.readline()))
 mi = identity.read(m.pid)
-p = identity.Proof()
+p = gate.Proof()
 ended = end(p.tracking(lambda: [x for x in (mi, gi) if identity.is_alive(x)],
                        roots=[os.getpid()]), born_after=mi.start, grace=0, bound=10,
             proof=lambda _i: p)

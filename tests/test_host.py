@@ -25,7 +25,7 @@ import procutil
 import pytest
 from procutil import poll_until as wait_until
 
-from tether import Host, audit, identity
+from tether import Host, audit, gate, identity
 from tether.errors import HostClosed, JobClosed, JobExpired, JobRefused, SessionHeld
 from tether.host import SafetyNetWarning
 from tether.identity import Identity
@@ -46,7 +46,7 @@ TREE_SIZE = 3  # the exec'd sleep, its `sleep &` sibling, the setsid escapee (it
 # The host in a child process (started in a new session, so the test can kill it alone).
 HOST_CHILD = r"""
 import json, os, subprocess, sys, time
-from tether import Host, identity
+from tether import Host, gate, identity
 state, app, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
 TREE = sys.argv[4]
 host = Host(app, state_dir=state, grace=0.2)
@@ -162,7 +162,7 @@ def kill_run_with_guardians(p: subprocess.Popen, info: dict) -> None:
     for pid in info["keepers"]:
         ident = identity.read(pid)
         if ident is not None:
-            assert identity.send_signal(ident, signal.SIGKILL, member=True)
+            assert gate.send_signal(ident, signal.SIGKILL, member=True)
             assert wait_until(lambda i=ident: not identity.is_alive(i))
     p.kill()
     p.wait(timeout=10)
@@ -709,7 +709,7 @@ def test_resume_takeover_across_two_host_runs(procs, tmp_path: Path, hosts, stal
 
 HOLDER_CHILD = r"""
 import json, subprocess, sys
-from tether import Host, identity
+from tether import Host, gate, identity
 state, app, tree = sys.argv[1], sys.argv[2], sys.argv[3]
 host = Host(app, state_dir=state, grace=0.2)
 out = {"run": host.run, "sessions": {}, "host_cgroup": host.job.trace().get("cgroup_path"),

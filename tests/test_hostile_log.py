@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from procutil import SRC
 
-from tether import audit, identity
+from tether import audit, gate, identity
 from tether.reaper import reap
 
 pytestmark = [
@@ -239,7 +239,7 @@ def test_a_forged_record_naming_a_live_jobs_cgroup_ends_nothing(state, procs, vi
     # member survives; then the owner), the same records end what is left.
     keeper = identity.read(member.ppid)  # it started the command (in the cgroup or not)
     assert keeper is not None and keeper.comm == "tether-keeper"
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     wait_until(lambda: not identity.is_alive(keeper))
     os.kill(runner.pid, signal.SIGKILL)  # our own child, by the pid Popen holds
     runner.wait(timeout=5)

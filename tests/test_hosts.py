@@ -315,7 +315,7 @@ def test_session_report_on_a_stop_says_what_it_ended(procs, bindir, state, tmp_p
 def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_path):
     """Owner and keepers SIGKILLed: the tree is left behind (the control: seen
     alive); the next run of the key ends exactly it, saying so, then runs."""
-    from tether import identity
+    from tether import gate, identity
 
     first = procs.popen(_session(bindir, state, "chat-1", "--label", "build", "--",
                                  "sh", "-c", "sleep 300 & echo up; wait"),
@@ -335,9 +335,9 @@ def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_pa
     # stopped first, all of them: none may end the job when another dies
     os.kill(first.pid, signal.SIGSTOP)
     for k in keepers:
-        identity.send_signal(k, signal.SIGSTOP, member=True)
+        gate.send_signal(k, signal.SIGSTOP, member=True)
     for k in keepers:
-        identity.send_signal(k, signal.SIGKILL, member=True)
+        gate.send_signal(k, signal.SIGKILL, member=True)
     first.kill()
     first.wait(timeout=10)
     assert all(identity.is_alive(i) for i in tree)  # control: left behind

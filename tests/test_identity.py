@@ -24,7 +24,7 @@ import time
 import procutil
 import pytest
 
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 
@@ -54,7 +54,7 @@ def _end_tree(p: subprocess.Popen, born: int, session: bool) -> None:
             live = [i for i in targets.values() if i.state not in ("Z", "X")]
             for i in live:
                 try:
-                    identity.send_signal(i, signal.SIGKILL, member=True)
+                    gate.send_signal(i, signal.SIGKILL, member=True)
                 except SignalRefused:
                     pass
             if p.poll() is None:
@@ -174,7 +174,7 @@ def test_thread_id_is_not_a_process(sigurg_counter):
         assert identity.read(tid[0]) is None  # ...but it is no process
         me = identity.read(os.getpid())
         fake = me._replace(pid=tid[0])
-        assert identity.send_signal(fake, signal.SIGURG) is False
+        assert gate.send_signal(fake, signal.SIGURG) is False
     finally:
         stop.set()
         t.join(5)
@@ -193,7 +193,7 @@ def test_zombie_matches_but_is_not_alive(spawn):
     assert identity.is_alive(ident) is False
     p.wait(timeout=3)
     assert identity.matches(ident) is False
-    assert identity.send_signal(ident, signal.SIGKILL) is False
+    assert gate.send_signal(ident, signal.SIGKILL) is False
 
 
 def test_own_ancestors():
@@ -307,13 +307,13 @@ def test_pid_reuse_is_never_signalled(spawn):
     other_boot = ident._replace(boot="00000000-0000-0000-0000-000000000000")
     assert identity.matches(reused) is False
     assert identity.matches(other_boot) is False
-    assert identity.send_signal(reused, signal.SIGKILL) is False
-    assert identity.send_signal(other_boot, signal.SIGKILL) is False
+    assert gate.send_signal(reused, signal.SIGKILL) is False
+    assert gate.send_signal(other_boot, signal.SIGKILL) is False
     time.sleep(0.1)
     assert p.poll() is None, "a mismatched identity reached the process"
     assert identity.is_alive(ident)
     # control: the true identity does reach it, so the check above could fail
-    assert identity.send_signal(ident, signal.SIGKILL) is True
+    assert gate.send_signal(ident, signal.SIGKILL) is True
     assert p.wait(timeout=3) == -signal.SIGKILL
 
 
@@ -321,7 +321,7 @@ def test_send_signal_to_gone_process(spawn):
     p = spawn(["true"])
     ident = identity.read(p.pid) or Identity(p.pid, 0, identity.boot_id())
     p.wait(timeout=3)
-    assert identity.send_signal(ident, signal.SIGKILL) is False
+    assert gate.send_signal(ident, signal.SIGKILL) is False
 
 
 def _refusal_targets() -> list[Identity]:
@@ -340,9 +340,9 @@ def test_refuses_init_self_and_ancestors(sigurg_counter):
     assert any(t.pid == os.getppid() for t in targets)
     for t in targets:
         with pytest.raises(SignalRefused):
-            identity.send_signal(t, signal.SIGURG)
+            gate.send_signal(t, signal.SIGURG)
         with pytest.raises(SignalRefused):
-            identity.send_signal(t, signal.SIGURG, member=True)  # vouching does not help
+            gate.send_signal(t, signal.SIGURG, member=True)  # vouching does not help
     time.sleep(0.05)
     assert sigurg_counter == [], "a refused signal reached this process"
     # control: the counter does see a SIGURG sent to us
@@ -352,7 +352,7 @@ def test_refuses_init_self_and_ancestors(sigurg_counter):
 
 _STRACE_SCRIPT = r"""
 import os, signal, subprocess, sys, json
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 boot = identity.boot_id()
@@ -363,12 +363,12 @@ refused = 0
 for t in targets:
     for member in (False, True):
         try:
-            identity.send_signal(t, signal.SIGURG, member=member)
+            gate.send_signal(t, signal.SIGURG, member=member)
         except SignalRefused:
             refused += 1
 print("MARK", flush=True)
 child = subprocess.Popen([sys.argv[1], "30"])
-ok = identity.send_signal(identity.read(child.pid), signal.SIGKILL)
+ok = gate.send_signal(identity.read(child.pid), signal.SIGKILL)
 child.wait()
 print(json.dumps({"refused": refused, "total": 2 * len(targets), "child": child.pid, "ok": ok}))
 """
@@ -417,7 +417,7 @@ def test_refusals_make_no_signal_syscall(tmp_path):
 
 _REPARENT_SCRIPT = r"""
 import json, os, signal, sys, time
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 out = sys.argv[1]
 r, w = os.pipe()
@@ -429,7 +429,7 @@ os.close(r)
 res = {"pid": os.getpid()}
 P = identity.read(os.getppid())
 try:
-    identity.send_signal(P, signal.SIGURG)
+    gate.send_signal(P, signal.SIGURG)
     res["before"] = "sent"
 except SignalRefused:
     res["before"] = "refused"
@@ -442,7 +442,7 @@ while identity.matches(P) and time.monotonic() < deadline:
     time.sleep(0.005)  # until P, a zombie for a moment, is reaped by the test
 res["fresh"] = P.pid in identity.own_ancestors()
 try:
-    res["after"] = identity.send_signal(P, signal.SIGURG)
+    res["after"] = gate.send_signal(P, signal.SIGURG)
 except SignalRefused:
     res["after"] = "refused"
 with open(out + ".tmp", "w") as f:
@@ -480,11 +480,11 @@ def test_other_users_process_needs_member(spawn):
     ident = wait_until(as_nobody)
     assert identity.capture(time_cap=CAP).procs[p.pid].uid == 65534
     with pytest.raises(SignalRefused, match="uid 65534"):
-        identity.send_signal(ident, signal.SIGTERM)
+        gate.send_signal(ident, signal.SIGTERM)
     time.sleep(0.1)
     assert p.poll() is None and identity.is_alive(ident)
     # a job member may be another user's (setuid inside the job): caller vouches
-    assert identity.send_signal(ident, signal.SIGTERM, member=True) is True
+    assert gate.send_signal(ident, signal.SIGTERM, member=True) is True
     assert p.wait(timeout=3) == -signal.SIGTERM
 
 
@@ -624,30 +624,30 @@ def test_portable_path_reads_signals_and_captures(spawn, portable):
 
 
 def test_signal_child_signals_only_a_child_of_the_parent_named(procs):
-    """identity.signal_child (the subreaper kill loop's): a grandchild is
+    """gate.signal_child (the subreaper kill loop's): a grandchild is
     signalled when the parent named is still its parent, not otherwise; a
     child of ours, always; PID <= 1 and ourselves never."""
     p = procs.popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
     other = procs.popen(["sleep", "30"])
     g = int(p.stdout.readline())
     # named with the wrong parent (another child of ours): refused, and it lives
-    assert identity.signal_child(g, signal.SIGKILL, other.pid) is False
+    assert gate.signal_child(g, signal.SIGKILL, other.pid) is False
     time.sleep(0.1)
     assert identity.read(g) is not None and identity.read(g).state != "Z"
     # named with its parent: sent (control: it dies)
-    assert identity.signal_child(g, signal.SIGKILL, p.pid) is True
+    assert gate.signal_child(g, signal.SIGKILL, p.pid) is True
     procutil.wait_until(lambda: (lambda i: i is None or i.state == "Z")(identity.read(g)), 3)
     # a child of ours: sent
-    assert identity.signal_child(other.pid, signal.SIGKILL, os.getpid()) is True
+    assert gate.signal_child(other.pid, signal.SIGKILL, os.getpid()) is True
     assert other.wait(timeout=3) == -signal.SIGKILL
     for bad in (0, 1, -1, os.getpid()):
         with pytest.raises(SignalRefused):
-            identity.signal_child(bad, signal.SIGKILL, os.getpid())
+            gate.signal_child(bad, signal.SIGKILL, os.getpid())
 
 
 REAP_SCRIPT = r"""
 import os, signal, sys, time
-from tether import identity
+from tether import gate, identity
 a = os.fork()
 if a == 0:
     os._exit(3)

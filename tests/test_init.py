@@ -39,7 +39,7 @@ import time
 import procutil
 import pytest
 
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 
@@ -135,7 +135,7 @@ class Procs:
     def end(self) -> None:
         for i in self.idents:
             try:
-                identity.send_signal(i, signal.SIGKILL)  # a namespace's init: ends it all
+                gate.send_signal(i, signal.SIGKILL)  # a namespace's init: ends it all
             except SignalRefused:
                 pass
         for p in self.popens:
@@ -256,13 +256,13 @@ def test_signals_are_forwarded_to_the_command_and_its_group(ns, procs, tmp_path)
     p, out, init = _start_sigs(procs, [*ns, *INIT, "--", PY, str(script)])
     assert init.comm.startswith("python")
     for name in ("SIGHUP", "SIGINT", "SIGUSR1", "SIGWINCH", "SIGQUIT"):
-        assert identity.send_signal(init, getattr(signal, name))
+        assert gate.send_signal(init, getattr(signal, name))
         assert out.next(10) == f"{name}\n"
-    assert identity.send_signal(init, signal.SIGUSR2)
+    assert gate.send_signal(init, signal.SIGUSR2)
     got = {out.next(10), out.next(10)}
     assert got == {"SIGUSR2\n", "member SIGUSR2\n"}
     # docker stop: SIGTERM; the command exits 7 and so does init.
-    assert identity.send_signal(init, signal.SIGTERM)
+    assert gate.send_signal(init, signal.SIGTERM)
     assert out.next(10) == "SIGTERM\n"
     assert p.wait(timeout=20) == 7
 
@@ -273,7 +273,7 @@ def test_control_a_plain_pid1_forwards_nothing(ns, procs, tmp_path):
     script.write_text(SIGS)
     p, out, init = _start_sigs(procs, [*ns, "sh", "-c", f"{PY} {script}; exit $?"])
     assert init.comm == "sh"
-    assert identity.send_signal(init, signal.SIGUSR1)
+    assert gate.send_signal(init, signal.SIGUSR1)
     assert out.next(1.5) is None  # the same check as above sees nothing
     assert p.poll() is None
 
@@ -369,7 +369,7 @@ def test_a_leftover_that_ignores_sigterm_is_killed_after_the_grace(ns, tmp_path)
 
 LEAVER = r'''
 import json, os, subprocess, sys
-from tether import identity
+from tether import gate, identity
 # Their stdout is not ours: a leftover holding the caller's pipe open would
 # make the caller wait for it.
 null = os.open(os.devnull, os.O_WRONLY)
@@ -399,7 +399,7 @@ def recorded():
     yield idents
     for i in idents:
         try:
-            identity.send_signal(i, signal.SIGKILL)
+            gate.send_signal(i, signal.SIGKILL)
         except SignalRefused:
             pass
     deadline = time.monotonic() + 5

@@ -13,7 +13,7 @@ import time
 import pytest
 from procutil import POSIX_MECHS, available
 
-from tether import Job, JobClosed, JobRefused, StatusLost, identity
+from tether import Job, JobClosed, JobRefused, StatusLost, gate, identity
 from tether.platform import native
 
 pytestmark = pytest.mark.mechanism
@@ -742,11 +742,11 @@ def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, monkey
         k = identity.read(job.trace()["keeper_pid"])
         assert k is not None
         for sig in KEEPER_IGNORES:
-            assert identity.send_signal(k, sig)
+            assert gate.send_signal(k, sig)
         assert job.run(["true"]).returncode == 0  # it serves: not stopped, not gone
         now = identity.read(k.pid)
         assert now is not None and now.start == k.start and now.state not in ("T", "Z")
-        assert identity.send_signal(k, signal.SIGUSR1)
+        assert gate.send_signal(k, signal.SIGUSR1)
         wait_until(lambda: not identity.is_alive(k), 3.0)
     finally:
         job.close()
@@ -853,7 +853,7 @@ def test_a_pin_dies_with_its_keeper(procs, monkeypatch):
         p = job.popen(["sleep", "30"], env=procs.env())
         pin = identity.read(wait_until(lambda: _pin_pids(path))[0])
         k = identity.read(keeper)
-        assert identity.send_signal(k, signal.SIGKILL)
+        assert gate.send_signal(k, signal.SIGKILL)
         wait_until(lambda: not identity.is_alive(pin), 3.0)
         # Control: the member, which nothing ties to the keeper, is still alive.
         assert identity.is_alive(identity.read(p.pid))

@@ -19,7 +19,7 @@ import time
 import pytest
 from procutil import POSIX_MECHS, available, poll_until, read_line, wait_until
 
-from tether import identity
+from tether import gate, identity
 
 pytestmark = pytest.mark.mechanism
 
@@ -195,7 +195,7 @@ def test_a_status_lost_with_the_keeper_is_an_error_not_a_kill(mech, procs):
         os.close(r)
         r = -1
         keeper = identity.read(job.trace()["keeper_pid"])
-        assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+        assert gate.send_signal(keeper, signal.SIGKILL, member=True)
         wait_until(lambda: not identity.is_alive(keeper), 5.0)
         os.close(w)  # now it exits 3 (under pidns it died with its namespace)
         w = -1
@@ -284,7 +284,7 @@ def test_a_pty_session_closes_after_its_keeper_died(mech, procs):
 
     s = PtySession(["sh", "-c", "sleep 0.3; exit 3"], mechanism=mech, env=procs.env())
     keeper = identity.read(s.job.trace()["keeper_pid"])
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     wait_until(lambda: not identity.is_alive(keeper), 5.0)
     time.sleep(0.5)  # the root has exited meanwhile: its status died with the keeper
     res = s.close()

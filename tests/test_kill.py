@@ -111,11 +111,11 @@ def test_keeper_survives_owner_process_group_kill(procs):
 @pytest.mark.skipif(not available("pidns"), reason="pidns not available")
 def test_pidns_kernel_enforced_even_if_keeper_killed_first(procs):
     owner, info = run_owner(procs, "pidns", "all")
-    from tether import identity
+    from tether import gate, identity
 
     keeper = identity.read(info["keeper"])
     assert keeper is not None
-    identity.send_signal(keeper, signal.SIGKILL, member=True)
+    gate.send_signal(keeper, signal.SIGKILL, member=True)
     # The owner is still alive: the kernel, not a tether process, ended the job.
     assert not procs.wait_all_dead(3.0, exclude=frozenset({owner.pid}))
 
@@ -124,9 +124,9 @@ def test_pidns_kernel_enforced_even_if_keeper_killed_first(procs):
 def test_subreaper_control_keeper_killed_first_leaves_survivors(procs):
     """The stated limit of guardian-enforced mechanisms, shown for real."""
     owner, info = run_owner(procs, "subreaper", "background")
-    from tether import identity
+    from tether import gate, identity
 
-    identity.send_signal(identity.read(info["keeper"]), signal.SIGKILL, member=True)
+    gate.send_signal(identity.read(info["keeper"]), signal.SIGKILL, member=True)
     time.sleep(0.2)
     _kill(owner)
     time.sleep(0.3)
@@ -274,7 +274,7 @@ def test_the_kill_loop_ends_what_a_wide_fan_outs_members_forked(procs, how):
     under one, each with a sleep of its own: all 41 end. (With how="tether"
     the top shell and its 20 are killed by hand: the control, in which the
     sleeps outlive their parents.)"""
-    from tether import Job, identity
+    from tether import Job, gate, identity
 
     job = Job(mechanism="subreaper")
     try:
@@ -296,7 +296,7 @@ def test_the_kill_loop_ends_what_a_wide_fan_outs_members_forked(procs, how):
         p.kill()
         p.wait(5)
         for ident in shells:
-            identity.send_signal(ident, signal.SIGKILL)
+            gate.send_signal(ident, signal.SIGKILL)
         deadline = time.monotonic() + 3
         while any(identity.is_alive(i) for i in shells) and time.monotonic() < deadline:
             time.sleep(0.01)

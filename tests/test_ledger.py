@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from procutil import poll_until as wait_until
 
-from tether import Job, identity, ledger
+from tether import Job, gate, identity, ledger
 from tether.ledger import STREAM_MAPPING, Ledger, StreamAdapter
 
 SAMPLE = Path(__file__).parent / "data" / "claude_stream_sample.jsonl"
@@ -203,7 +203,7 @@ def test_early_notification_does_not_end_a_task_whose_process_runs(procs, job) -
     build.kill()
     for i in live[0].live_processes():
         if i.pid != build.pid:
-            identity.send_signal(i, 9, member=True)
+            gate.send_signal(i, 9, member=True)
     assert wait_until(led.idle, 3)
     assert led.get("b1").finished is not None
     assert agent.poll() is None  # the agent was never the task's

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_reaper import Log, _dead_owner, do_reap
 
-from tether import Job, identity, reaper
+from tether import Job, gate, identity, reaper
 from tether.identity import Identity
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -285,7 +285,7 @@ def test_reaper_gap_of_a_live_run_is_not_its_to_report(procs, tmp_path: Path) ->
 
 FULL_OWNER = r"""
 import json, os, subprocess, sys, time
-from tether import Job, identity
+from tether import Job, gate, identity
 
 job = Job(name="full-disk", mechanism="subreaper", state_dir=sys.argv[1], grace=0.1)
 keeper = identity.read(job.trace()["keeper_pid"])
@@ -330,7 +330,7 @@ def test_full_disk_at_job_open_leftover_is_still_reaped(procs, tiny_fs: Path) ->
     owner.stdin.flush()
     daemon = Identity.from_dict(json.loads(read_line(owner, 30, "owner"))["daemon"])
     keeper = Identity.from_dict(first["keeper"])
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     assert poll_until(lambda: not identity.is_alive(keeper))
     owner.kill()
     owner.wait(timeout=10)

@@ -42,7 +42,7 @@ pytestmark = [
 SCRIPT = r"""
 import json, os, signal, subprocess, sys, time
 import tether
-from tether import identity
+from tether import gate, identity
 
 MODE, N, CONTROL = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ROOT = sys.argv[4] == "root"  # really root (not a user namespace's mapped root)
@@ -160,7 +160,7 @@ def trial(variant, cookie_in_stranger, natural=False):
             break
     for i in watch:  # ours (started here): ended by their recorded identity
         if i is not None:
-            identity.send_signal(i, signal.SIGKILL, member=True)
+            gate.send_signal(i, signal.SIGKILL, member=True)
     s.wait()
     reap_all()
     return all(alive), len(watch)

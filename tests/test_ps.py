@@ -28,7 +28,7 @@ import time
 import procutil
 import pytest
 
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 from tether.platform import probe
@@ -133,7 +133,7 @@ def owner_factory(tmp_path):
     deadline = time.monotonic() + 5
     for i in recorded.values():
         try:
-            identity.send_signal(i, signal.SIGKILL)
+            gate.send_signal(i, signal.SIGKILL)
         except SignalRefused:
             pass
     while any(identity.is_alive(i) for i in recorded.values()) and time.monotonic() < deadline:
@@ -241,7 +241,7 @@ def test_leftovers_of_a_dead_owner_are_listed(owner_factory, state_dir, mech):
     o = owner_factory(mech, state_dir)
     keeper = identity.read(o.info["trace"]["keeper_pid"])
     assert keeper is not None
-    assert identity.send_signal(keeper, signal.SIGKILL)
+    assert gate.send_signal(keeper, signal.SIGKILL)
     wait_until(lambda: not identity.is_alive(keeper))
     o.proc.kill()
     o.proc.wait(timeout=10)

@@ -23,7 +23,7 @@ import time
 import pytest
 from procutil import wait_until
 
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 from tether.pty import COOKIE_VAR, CloseResult, PtySession, SessionClosed, SessionClosing
@@ -776,12 +776,12 @@ def sigurg_seen():
 
 
 def test_signal_refusal_is_the_identity_layer():
-    # The session's signals go through identity.send_signal, which refuses
+    # The session's signals go through gate.send_signal, which refuses
     # these before any signal system call.
     with pytest.raises(SignalRefused):
-        identity.send_signal(identity.read(os.getpid()), signal.SIGURG)
+        gate.send_signal(identity.read(os.getpid()), signal.SIGURG)
     with pytest.raises(SignalRefused):
-        identity.send_signal(identity.read(os.getppid()), signal.SIGURG)
+        gate.send_signal(identity.read(os.getppid()), signal.SIGURG)
 
 
 # ------------------------------------------------------------------ graceful close, plain

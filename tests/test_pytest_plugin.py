@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from tether import identity
+from tether import gate, identity
 from tether.errors import SignalRefused
 from tether.identity import Identity
 
@@ -45,7 +45,7 @@ PR_GET_CHILD_SUBREAPER = 37
 INNER = r'''
 import json, os, subprocess, sys, time, ctypes
 import pytest
-from tether import identity
+from tether import gate, identity
 
 LOG = os.environ["LEAKLOG"]
 
@@ -177,7 +177,7 @@ def test_module_b(module_server):
 INNER_MODULE_LEAK = r'''
 import json, os, subprocess
 import pytest
-from tether import identity
+from tether import gate, identity
 
 @pytest.fixture(scope="module")
 def forgotten():
@@ -197,7 +197,7 @@ def test_last(forgotten):
 INNER_XDIST = r'''
 import json, os, subprocess, time
 import pytest
-from tether import identity
+from tether import gate, identity
 
 LOG = os.environ["LEAKLOG"]
 BARRIER = os.environ["BARRIER"]
@@ -261,7 +261,7 @@ class LeakLog:
         self.records()
         for i in self.seen.values():
             try:
-                identity.send_signal(i, signal.SIGKILL)
+                gate.send_signal(i, signal.SIGKILL)
             except SignalRefused:
                 pass
         deadline = time.monotonic() + 5
@@ -432,7 +432,7 @@ def test_portable_scan_catches_a_still_parented_leak(pytester, leaklog, monkeypa
 WARDEN = r"""
 import json, os, threading
 os.environ["TETHER_NATIVE"] = "0"
-from tether import Job, identity
+from tether import Job, gate, identity
 from tether.platform import own_helpers
 
 LOG = os.environ["LEAKLOG"]

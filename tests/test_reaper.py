@@ -26,7 +26,7 @@ import procutil
 import pytest
 from procutil import poll_until as wait_until
 
-from tether import audit, identity, reaper
+from tether import audit, gate, identity, reaper
 from tether.identity import Identity
 
 pytestmark = [pytest.mark.mechanism, pytest.mark.timeout(60)]
@@ -39,7 +39,7 @@ GRACE = 0.5
 # identities of everything, then waits to be killed.
 OWNER = r"""
 import json, os, subprocess, sys, time
-from tether import Job, identity
+from tether import Job, gate, identity
 
 mech, state = sys.argv[1], sys.argv[2]
 job = Job(name="reap-test", mechanism=mech, state_dir=state, session="sess-1", grace=0.1)
@@ -127,7 +127,7 @@ def leave_leftovers(procs, state: Path, mech: str) -> tuple[dict, list[Identity]
     info = json.loads(read_line(owner))
     keeper = Identity.from_dict(info["keeper"])
     # Keeper first: killed after the owner it would end the job within ~2 ms.
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     assert wait_until(lambda: not identity.is_alive(keeper))
     owner.kill()
     owner.wait(timeout=10)

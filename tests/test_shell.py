@@ -21,7 +21,7 @@ import pytest
 from procutil import SHELL_KINDS, native_shell, sigint_inside, tether_shell, wait_until
 
 from tether import _shellargs as sa
-from tether import identity
+from tether import gate, identity
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX/Linux wrapper tests")
 
@@ -1714,7 +1714,7 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
     with procs.adopting_orphans():
         p, tree, keeper = _tree_and_keeper(procs, ts, env, mech, subprocess.PIPE)
         t0 = time.monotonic()
-        assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+        assert gate.send_signal(keeper, signal.SIGKILL, member=True)
         _, err = p.communicate(timeout=10)
         assert p.returncode == 123 and time.monotonic() - t0 < 5
         # one line from tether (the shell, sharing stderr, may report its killed children)
@@ -1762,7 +1762,7 @@ def _keeper_and_wrapper_sigkilled(procs, ts, env, mech):
     # keeper's death, would get SIGHUP + SIGCONT from the kernel (the tree
     # is in that group). A ptrace stop is no job-control stop.
     _ptrace_hold(p.pid)
-    assert identity.send_signal(keeper, signal.SIGKILL, member=True)
+    assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     assert wait_dead([keeper], 3.0) == []
     p.kill()
     p.wait(timeout=5)

@@ -2,8 +2,8 @@
 
 tether's promise is that it never touches a process that is not its own.
 Every signal to a process it did not just spawn (and has not reaped) goes
-through the gate, :func:`tether.identity.send_signal` (pid + start ticks +
-boot id, pinned by a pidfd, and a :class:`~tether.identity.Proof`), or the
+through the gate, :func:`tether.gate.send_signal` (pid + start ticks +
+boot id, pinned by a pidfd, and a :class:`~tether.gate.Proof`), or the
 C keeper's and shell's equivalents. This test reads the source - Python by
 its syntax tree, C by its text with comments removed - lists every call that
 sends a signal (``os.kill``, ``os.killpg``, ``signal.pidfd_send_signal``,
@@ -40,11 +40,11 @@ RAW_PY = {("os", "kill"), ("os", "killpg"), ("signal", "pidfd_send_signal"),
 # (file, enclosing function, call) -> why it may signal without the gate.
 ALLOWED_PY = {
     # The gate itself: pinned by a pidfd, identity checked, proof checked.
-    ("identity.py", "send_signal", "signal.pidfd_send_signal"): "the gate",
-    ("identity.py", "send_signal", "os.kill"): "the gate (no pidfd: after the identity check)",
+    ("gate.py", "send_signal", "signal.pidfd_send_signal"): "the gate",
+    ("gate.py", "send_signal", "os.kill"): "the gate (no pidfd: after the identity check)",
     # A kill loop's look at a child list: its own child, or pinned with its parent checked.
-    ("identity.py", "signal_child", "os.kill"): "own unreaped child, or no pidfd after the parent check",
-    ("identity.py", "signal_child", "signal.pidfd_send_signal"): "pinned, parent checked while pinned",
+    ("gate.py", "signal_child", "os.kill"): "own unreaped child, or no pidfd after the parent check",
+    ("gate.py", "signal_child", "signal.pidfd_send_signal"): "pinned, parent checked while pinned",
     # Probes: signal 0 sends nothing.
     ("platform/_keeper.py", "owner_alive", "os.kill"): "signal 0: is the owner there",
     ("identity.py", "group_has_members", "os.killpg"): "signal 0: has the group a member",
@@ -118,7 +118,7 @@ class _Calls(ast.NodeVisitor):
             if (node.module or "", a.name) in RAW_PY:
                 self.imported.add(a.asname or a.name)
             mod = (node.module or "").rsplit(".", 1)[-1]
-            if (mod, a.name) in (("ending", "end"), ("identity", "send_signal")):
+            if (mod, a.name) in (("ending", "end"), ("gate", "send_signal")):
                 self.gates.add(a.asname or a.name)
         self.generic_visit(node)
 
@@ -135,7 +135,7 @@ class _Calls(ast.NodeVisitor):
         # caller's own ``end`` callback is no gate call).
         by_name = isinstance(f, ast.Name) and f.id in self.gates \
             and not any(f.id in s for s in self.shadow)
-        if name in ("identity.send_signal", "ending.end") or by_name:
+        if name in ("gate.send_signal", "ending.end") or by_name:
             proved = any(k.arg == "proof" and not (isinstance(k.value, ast.Constant)
                                                    and k.value.value is None)
                          for k in node.keywords)
@@ -185,10 +185,10 @@ def test_every_python_signal_call_goes_through_the_gate_or_is_argued_for():
     found = {(rel, fn, call) for rel, fn, call, _ in raw}
     unexplained = [r for r in raw if r[:3] not in ALLOWED_PY]
     assert unexplained == [], (
-        "signal calls that bypass identity.send_signal (route them through the gate, or add "
+        "signal calls that bypass gate.send_signal (route them through the gate, or add "
         f"them to ALLOWED_PY with the reason): {unexplained}")
     # The scan sees what it must (the gate itself): it can fail.
-    assert ("identity.py", "send_signal", "signal.pidfd_send_signal") in found
+    assert ("gate.py", "send_signal", "signal.pidfd_send_signal") in found
     stale = set(ALLOWED_PY) - found
     assert stale == set(), f"allow-list entries no longer in the source: {stale}"
 
@@ -211,7 +211,7 @@ def test_every_gate_call_carries_a_proof():
                                     "platform/posix.py", "init.py"}, found
     unproved = [g for g in gate if not g[3] and g[:3] not in ALLOWED_UNPROVED]
     assert unproved == [], (
-        "gate calls (identity.send_signal, ending.end) without a Proof: give each the proof "
+        "gate calls (gate.send_signal, ending.end) without a Proof: give each the proof "
         f"it has (cookie, cgroup, Proof.tracking, Proof.own_child) or argue for it: {unproved}")
     stale = set(ALLOWED_UNPROVED) - found
     assert stale == set(), f"allow-list entries no longer in the source: {stale}"
@@ -241,12 +241,12 @@ def test_the_scan_sees_a_gate_call_without_a_proof():
     ``end`` (a caller's callback) is not."""
     v = _Calls()
     v.visit(ast.parse(
-        "from .ending import end\nfrom . import identity\n"
+        "from .ending import end\nfrom . import gate\n"
         "def bare(find):\n    end(find, born_after=0)\n"
         "def none(find):\n    end(find, born_after=0, proof=None)\n"
-        "def good(i, p):\n    identity.send_signal(i, 9, proof=p)\n"
-        "def bad(i):\n    identity.send_signal(i, 9, member=True)\n"
+        "def good(i, p):\n    gate.send_signal(i, 9, proof=p)\n"
+        "def bad(i):\n    gate.send_signal(i, 9, member=True)\n"
         "def callback(end, p):\n    end(p)\n"))
     assert v.gate == [("bare", "end", False, 4), ("none", "end", False, 6),
-                      ("good", "identity.send_signal", True, 8),
-                      ("bad", "identity.send_signal", False, 10)]
+                      ("good", "gate.send_signal", True, 8),
+                      ("bad", "gate.send_signal", False, 10)]

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from . import cgroupfs, identity
+from . import cgroupfs, gate, identity
 from .ending import end
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
 
     # Proven by the job's cgroup, else as the keeper's tree (the keeper is the
     # subreaper every orphan of the job comes to).
-    proof = identity.Proof(cgroup=cg or None)
+    proof = gate.Proof(cgroup=cg or None)
     find = others if cg else proof.tracking(others, roots=[keeper])
     end(find, born_after=born, grace=grace, kill=kill if cg else None, kill_name="cgroup.kill",
         proof=lambda _i: proof)

@@ -75,7 +75,7 @@ def _hop_pid(path: str) -> int | None:
 
 def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.0) -> dict:
     """Start the tree under an owner, SIGKILL the owner, watch. Returns the results."""
-    from . import identity
+    from . import gate, identity
     from .ending import end
 
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,7 +172,7 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
             os.unlink(f)  # the hopper stops hopping when its file is gone
         except OSError:
             pass
-        proof = identity.Proof(b"F=" + f.encode())  # found by the marker: must still carry it
+        proof = gate.Proof(b"F=" + f.encode())  # found by the marker: must still carry it
         ended = end(lambda: _tree_after(born, f), born_after=born, grace=0, quiet=0.3, bound=10,
                     proof=lambda _i: proof)
         survivors_cleaned.extend(i.pid for i in ended.identities())

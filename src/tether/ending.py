@@ -24,7 +24,7 @@ One end, in order:
    found at all: with nothing found, nothing was killed, and the first empty
    look ends it) or ``bound`` seconds have passed.
 
-Every signal goes through :func:`tether.identity.send_signal`: only to a
+Every signal goes through :func:`tether.gate.send_signal`: only to a
 process whose pid, start ticks and boot id still match, never to PID <= 1,
 this process or its ancestors (and, unless ``member``, never to another
 user's). A zombie counts as gone. The result, :class:`Ending`, lists each
@@ -38,14 +38,15 @@ from __future__ import annotations
 import _signal
 import time
 
-from . import identity
+from . import gate, identity
 from .errors import SignalRefused
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from .identity import Identity, Proof
+    from .gate import Proof
+    from .identity import Identity
 
 __all__ = ["DEFAULT_GRACE", "MAX_GRACE", "KILL_BOUND", "Ending", "end", "check_grace", "grace_arg",
            "depth_order"]
@@ -177,7 +178,7 @@ def end(
     otherwise (the reaper: each from its own record). ``member``: the caller
     vouches these are its job's (no uid check); a callable decides per process.
     ``proof(identity)``: what else proves a process known from the past is
-    the one meant (:class:`tether.identity.Proof`: its job's cookie or
+    the one meant (:class:`tether.gate.Proof`: its job's cookie or
     cgroup); one it does not prove is refused, never signalled. ``kill``: the mechanism's
     kernel-side kill, credited as ``kill_name`` for the processes it covers
     (``kill_covers(identity)``; default: all of them); the rest get SIGKILL
@@ -185,12 +186,12 @@ def end(
     ``polite(targets)`` replaces the SIGTERM+SIGCONT round (Windows sends
     CTRL_BREAK there); when it returns an empty list nothing could be asked,
     and the grace is skipped. ``on_round()`` runs between looks (a keeper reaps
-    there). ``send`` replaces ``identity.send_signal`` (a test seam).
+    there). ``send`` replaces ``gate.send_signal`` (a test seam).
     """
     t0 = time.monotonic()
     grace = check_grace(grace)
     out = Ending()
-    send = send or identity.send_signal
+    send = send or gate.send_signal
     seen: dict[tuple[int, int], Identity] = {}
     how: dict[tuple[int, int], str] = {}
     refused: set[tuple[int, int]] = set()

@@ -275,7 +275,7 @@ class _Init:
         kernel SIGKILL whatever could not be named."""
         if not self.reap():
             return  # nothing left
-        from . import identity
+        from . import gate, identity
 
         if self.pid1 and not identity.proc_is_ours():
             # PID 1 with the host's /proc: its pids are not ours to name, so
@@ -297,7 +297,7 @@ class _Init:
         # to) or of what the last look found. As PID 1 (with our own /proc,
         # checked above) every process we can name is in our namespace, so
         # ours: nothing more to prove (and a parent 1 proves nothing).
-        proof = identity.Proof()
+        proof = gate.Proof()
         ending = end(proof.tracking(self._descendants, roots=[os.getpid()]), born_after=self.born,
                      grace=self.grace, cancel=hurried, on_round=self.reap,
                      proof=None if self.pid1 else (lambda _i: proof))

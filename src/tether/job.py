@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-from . import identity
+from . import gate, identity
 from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import JobClosed
 from .identity import Identity
@@ -117,7 +117,7 @@ class Job:
 
         #: Put first in the environment of every process the job starts, as
         #: ``cookie_var=cookie``: what proves a process is this job's when its
-        #: pid and start ticks alone cannot (see ``tether.identity.Proof``).
+        #: pid and start ticks alone cannot (see ``tether.gate.Proof``).
         self.cookie = f"{run_id()}:{self.id}:{secrets.token_hex(8)}"
         self.cookie_var = cookie_var
         opts = _base.JobOptions(
@@ -441,7 +441,7 @@ class Job:
         # Proven by the job's cookie, its cgroup, or as the tree below its
         # keeper (or, with no keeper, below this process) as last looked at.
         tr = backend.trace() or {}
-        proof = identity.Proof(f"{self.cookie_var}={self.cookie}".encode(), tr.get("cgroup_path"))
+        proof = gate.Proof(f"{self.cookie_var}={self.cookie}".encode(), tr.get("cgroup_path"))
         find = proof.tracking(self.members,
                               roots=[getattr(backend, "keeper_pid", 0) or os.getpid()])
         ending = end(find, born_after=self.born, grace=grace, kill=kill,

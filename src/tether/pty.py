@@ -24,7 +24,7 @@ path and execs the program (about 0.5 ms; a Python shim costs 15-20 ms and
 process group, which the ``pgroup`` mechanism makes it do). Elsewhere than
 Linux an open does not acquire a terminal, so a Python shim calls TIOCSCTTY.
 
-Every signal sent here goes through :func:`tether.identity.send_signal`
+Every signal sent here goes through :func:`tether.gate.send_signal`
 (identity-checked; refuses PID <= 1, this process, its ancestors and other
 users' processes). The session's own hang-up is the kernel's: closing the
 master side of the terminal.
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import identity
+from . import gate, identity
 from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import SignalRefused, TetherError
 from .identity import Identity
@@ -401,7 +401,7 @@ class PtySession:
         self._write_lock = threading.Lock()
         self._record: dict[str, Any] | None = None
         # Test seams (fault injection around the real calls; see tests/test_pty.py).
-        self._send: Callable[..., bool] = identity.send_signal
+        self._send: Callable[..., bool] = gate.send_signal
         self._capture: Callable[..., identity.Capture] = identity.capture
         self._capture_job: Callable[[], identity.Capture] = self._read_job
 
@@ -855,11 +855,11 @@ class PtySession:
         keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
         return {keeper} if keeper else set()
 
-    def _proof(self) -> identity.Proof:
+    def _proof(self) -> gate.Proof:
         """What proves, at the signal, that a process is the session's: its
         cookie, its job's cgroup, or (from the last capture) a group or
         session it is a member of, or its parent (see
-        :class:`tether.identity.Proof`)."""
+        :class:`tether.gate.Proof`)."""
         groups, parents = getattr(self, "_proven", (frozenset(), frozenset()))
         cg = None
         if self.job is not None and self.mechanism == "cgroup":
@@ -867,7 +867,7 @@ class PtySession:
                 cg = self.job.trace().get("cgroup_path")
             except (TetherError, OSError):
                 cg = None
-        return identity.Proof(f"{COOKIE_VAR}={self.token}".encode(), cg, groups=groups,
+        return gate.Proof(f"{COOKIE_VAR}={self.token}".encode(), cg, groups=groups,
                               parents=parents | {self.pid} | self._keeper_pids())
 
     def _job_holds_all(self) -> bool:
@@ -940,7 +940,7 @@ class PtySession:
         return send
 
     def _signal(self, ident: Identity, sig: int, res: CloseResult, *,
-                member: bool = False, proof: identity.Proof | None = None) -> bool:
+                member: bool = False, proof: gate.Proof | None = None) -> bool:
         """One signal through :meth:`_sender`; False if it did not land."""
         try:
             return self._sender(res)(ident, sig, member=member, proof=proof)

@@ -16,7 +16,7 @@ test or by its function-scoped fixtures, and everything those started - that
 are still alive after the function-scoped fixtures were torn down are
 reported (pid, command name, age, test id) and ended (SIGTERM, a grace
 period, SIGKILL; every signal identity-checked through
-``tether.identity.send_signal``).
+``tether.gate.send_signal``).
 
 How a process is tied to the test, without looking at inherited stdout or
 stderr (nextest's approach, which reports false leaks under load):
@@ -544,7 +544,7 @@ class LeakDetector:
                 "ended": None,
             }
 
-        from tether.identity import Proof
+        from tether.gate import Proof
 
         # What proves a target at the signal: the walk below this process, as
         # it was a moment ago - a child of this process or of a process it

@@ -27,7 +27,7 @@ process sees it); up to ``grace`` seconds for them to exit; then the survivors
 are frozen with SIGSTOP (parents first) and the process table is read again
 until no new descendant appears (so nothing forks its way out of the kill),
 and SIGKILL goes to them deepest first, and ``cgroup.kill`` to stale cgroups.
-Every signal goes through :func:`tether.identity.send_signal`, which checks the
+Every signal goes through :func:`tether.gate.send_signal`, which checks the
 identity again at the moment of sending. A zombie counts as dead.
 
 5. A **cookie carrier**: a process of this user, born after an unclosed job
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cgroupfs, identity
+from . import cgroupfs, gate, identity
 from .ending import DEFAULT_GRACE, check_grace, depth_order, end, grace_arg
 from .errors import UsageError
 from .identity import Identity
@@ -239,7 +239,7 @@ class _Target:
     recorded: bool = False  # it has a spawn record of its own
     label: str | None = None
     how: str = ""
-    proof: identity.Proof | None = None  # its job's cookie / cgroup, checked at every signal
+    proof: gate.Proof | None = None  # its job's cookie / cgroup, checked at every signal
 
     @property
     def key(self) -> tuple[int, int]:
@@ -473,7 +473,7 @@ def _plan_cookies(runs: dict[str, Run], plan: _Plan, states: dict[str, str],
                 break
             entry = var + b"=" + info.cookie.encode()
             t = _Target(cur, run.run, info.session, info.job,
-                        proof=identity.Proof(entry, info.cgroup))
+                        proof=gate.Proof(entry, info.cgroup))
             if plan.add(t):
                 found.append(t)
             break
@@ -493,7 +493,7 @@ def _born_bound(run: Run, info: Any) -> int | None:
     return None
 
 
-def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Proof | None:
+def _proof(run: Run | None, job: str | None, cgroup: str | None) -> gate.Proof | None:
     """What proves a process is its job's, from the records: the job's cookie
     (every process it started carries it) and the job's cgroup. None for a
     record of an older tether that wrote neither."""
@@ -502,7 +502,7 @@ def _proof(run: Run | None, job: str | None, cgroup: str | None) -> identity.Pro
     cg = cgroup or (info.cgroup if info is not None else None)
     if cookie is None and cg is None:
         return None
-    return identity.Proof(cookie, cg)
+    return gate.Proof(cookie, cg)
 
 
 def _plan_keepers(runs: dict[str, Run], plan: _Plan, take_over: str, session: str) -> None:
@@ -704,7 +704,7 @@ def _plan_job_cgroup(plan: _Plan, run: Run | None, run_id: str, jd: str) -> bool
                           session, job)
                 continue
             t = plan.targets.get(key) or _Target(cur, run_id, session, job,
-                                                 proof=identity.Proof(None, dirpath))
+                                                 proof=gate.Proof(None, dirpath))
             if plan.add(t):
                 t.cgroup = dirpath
             else:
@@ -813,7 +813,7 @@ def _end(plan: _Plan, stale: list[_StaleRun], grace: float, notes: list[str]) ->
             if not cgroupfs.kill(jd, timeout=1.0):
                 notes.append(f"{jd} still populated after cgroup.kill")
 
-    def proof(i: Identity) -> identity.Proof | None:
+    def proof(i: Identity) -> gate.Proof | None:
         t = plan.targets.get((i.pid, i.start))
         return t.proof if t is not None else None
 

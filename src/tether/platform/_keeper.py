@@ -38,7 +38,7 @@ import os
 import select
 import sys
 
-from .. import identity
+from .. import gate, identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a hint only
@@ -375,7 +375,7 @@ class Keeper:
         # is the members' parent or subreaper); pgroup's look proves more
         # (its groups and sessions): its proof, when it made one.
         o = self.mech.options
-        mine = identity.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None,
+        mine = gate.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None,
                               (self.mech.trace() or {}).get("cgroup_path"))
         find = mine.tracking(members, roots=[os.getpid()])
 

@@ -15,7 +15,7 @@ import select
 import socket
 import sys
 
-from .. import identity
+from .. import gate, identity
 from .._prctl import name_process
 from ..errors import SignalRefused
 from ._keeper import KEEPER_COMM, KILL_BOUND, Keeper, Unplaced, close_other_fds, detach_signals
@@ -692,8 +692,8 @@ class _Limits:
                 child = identity.read(pid)
                 if child is not None:
                     try:
-                        identity.send_signal(child, _signal.SIGKILL, member=True,
-                                             proof=identity.Proof.own_child())
+                        gate.send_signal(child, _signal.SIGKILL, member=True,
+                                             proof=gate.Proof.own_child())
                     except SignalRefused:
                         pass
                 keeper.reap()

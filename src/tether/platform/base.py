@@ -24,7 +24,7 @@ Rules for implementers:
   * A backend must never start a process outside its job when it was asked
     for one: if placement fails, the child is killed and ``JobRefused`` raised.
   * Processes are ended by ``tether.ending.end`` (which signals through
-    ``tether.identity.send_signal``, identity-checked), never by a bare
+    ``tether.gate.send_signal``, identity-checked), never by a bare
     ``os.kill``; only the mechanism's own kernel kill (``cgroup.kill``, the
     subreaper's reap loop, ``TerminateJobObject``) is its own.
   * No module here imports ``tether.job``, ``tether.host`` or ``tether.cli``.

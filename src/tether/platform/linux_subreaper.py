@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from .. import identity
+from .. import gate, identity
 from .._prctl import set_subreaper
 from .base import SUBREAPER, Availability, Guarantee, JobOptions, KeeperMechanism
 
@@ -62,7 +62,7 @@ def kill_round(found: "list[int]", killed: "set[int]", me: int, whole: bool, stu
     """One round over ``found`` (this process's children, just read) and the
     subtrees found on the way. A process not killed yet has its children read
     first (unless it is one of a wide fan-out), then is SIGKILLed
-    (``identity.signal_child``: pinned, and still a child of its parent or of
+    (``gate.signal_child``: pinned, and still a child of its parent or of
     us); read after the kill, the list raced its exit, whose re-parenting
     emptied it. Its subtree is walked only if the kill was ours: one gone, no
     longer a child of either, or not pinned is not remembered (re-parented to
@@ -81,7 +81,7 @@ def kill_round(found: "list[int]", killed: "set[int]", me: int, whole: bool, stu
             continue
         kids = [] if wide and not stuck else identity.children(pid, every_thread=stuck)
         if not before:
-            if not identity.signal_child(pid, _SIGKILL, parent):
+            if not gate.signal_child(pid, _SIGKILL, parent):
                 continue  # what was read is not walked
             killed.add(pid)
         todo.extend((kid, pid, len(kids) > WIDE_FANOUT) for kid in kids)

@@ -18,7 +18,7 @@ import os
 import subprocess
 from typing import Any
 
-from .. import identity
+from .. import gate, identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, SignalRefused
 from .base import NONE, Availability, Guarantee, JobBackend, JobOptions, with_cookie
@@ -77,11 +77,11 @@ class Backend(JobBackend):
     def member_pids(self) -> list[int]:
         return [i.pid for i in self._members()]
 
-    def _proof(self) -> identity.Proof:
+    def _proof(self) -> gate.Proof:
         """The job's cookie; and its tree: our children (the roots) and what
-        they started, as :meth:`identity.Proof.tracking` finds it."""
+        they started, as :meth:`gate.Proof.tracking` finds it."""
         o = self.options
-        return identity.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None)
+        return gate.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None)
 
     def signal_all(self, sig: int) -> list[int]:
         sent = []
@@ -89,7 +89,7 @@ class Backend(JobBackend):
         members = proof.tracking(self._members, roots=[os.getpid()])()
         for ident in members:
             try:
-                if identity.send_signal(ident, sig, member=True, proof=proof):
+                if gate.send_signal(ident, sig, member=True, proof=proof):
                     sent.append(ident.pid)
             except SignalRefused:
                 continue

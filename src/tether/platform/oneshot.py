@@ -43,7 +43,7 @@ import os
 import select
 import sys
 
-from .. import identity
+from .. import gate, identity
 from .._sigwatch import SignalWatch
 from ..cgroupfs import SHELL_SCOPE_DIR
 from ..errors import JobRefused, Unavailable
@@ -389,7 +389,7 @@ def _end_from_here(res: "Result", born: int) -> None:
     if res.cgroup and res.scope == COMMAND:
         cgroupfs.kill(res.cgroup, KILL_BOUND)
     entry = f"{res.cookie_var}={res.cookie}".encode()
-    proof = identity.Proof(entry)  # found by the cookie: each must still carry it
+    proof = gate.Proof(entry)  # found by the cookie: each must still carry it
     end(lambda: identity.carriers(entry, born_after=born), born_after=born, grace=0,
         member=False, bound=KILL_BOUND, proof=lambda _i: proof)
 

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .. import identity
+from .. import gate, identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused, SignalRefused, StatusLost
 from . import _proto, keeper_mechanism, native
@@ -306,12 +306,12 @@ class KeeperJob(JobBackend):
             return [i.pid for i in self._orphans()]
         return self.mech.member_pids(self.keeper_pid)
 
-    def proof(self) -> identity.Proof:
+    def proof(self) -> gate.Proof:
         """What proves a process is this job's: its cookie, its cgroup (where
-        the job has one); :meth:`identity.Proof.tracking` adds its tree."""
+        the job has one); :meth:`gate.Proof.tracking` adds its tree."""
         o = self.options
         entry = f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None
-        return identity.Proof(entry, (self.mech.trace() or {}).get("cgroup_path"))
+        return gate.Proof(entry, (self.mech.trace() or {}).get("cgroup_path"))
 
     def signal_all(self, sig: int) -> list[int]:
         sent = []
@@ -324,7 +324,7 @@ class KeeperJob(JobBackend):
             if ident is None or ident.state == "Z":
                 continue
             try:
-                if identity.send_signal(ident, sig, member=True, proof=proof):
+                if gate.send_signal(ident, sig, member=True, proof=proof):
                     sent.append(pid)
             except SignalRefused:  # one refusal must not stop the rest
                 continue
@@ -803,7 +803,7 @@ class JobPopen(subprocess.Popen):
             backend = self._tether_backend
             proof = backend.proof()
             proof.parents = frozenset({backend.keeper_pid} - {0, 1})
-            identity.send_signal(ident, sig, member=True, proof=proof)
+            gate.send_signal(ident, sig, member=True, proof=proof)
 
     def __del__(self, _maxsize=sys.maxsize):
         fd = getattr(self, "_pidfd", None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from .. import identity
+from .. import gate, identity
 from .base import PGROUP, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PGROUP
@@ -63,7 +63,7 @@ class Mechanism(KeeperMechanism):
     name = PGROUP
     keeps_spawned = True  # each child leads a group that may outlive it
     joins_owner_group = False
-    proof: identity.Proof | None = None  # what proved the last look's members
+    proof: gate.Proof | None = None  # what proved the last look's members
     complete = True  # whether the last look's capture was complete
 
     # -- what it remembers, and how it proves it still holds ----------------------------
@@ -232,7 +232,7 @@ class Mechanism(KeeperMechanism):
                 continue  # another user's: never for a user's job; for root's, with the cookie
             out.append(i)
         out.sort(key=lambda i: i.pid)
-        self.proof = identity.Proof(cookie, groups=frozenset(proven),
+        self.proof = gate.Proof(cookie, groups=frozenset(proven),
                                     parents=frozenset({keeper_pid, *(i.pid for i in out)}))
         self.complete = cap.complete
         return out
@@ -295,7 +295,7 @@ class Mechanism(KeeperMechanism):
             last, known, groups = seeded
             st.update(last=last, known={keeper_pid, *(p for p, _ in known)}, groups=set(groups),
                       first=known)
-            self.proof = identity.Proof(cookie, groups=frozenset(groups),
+            self.proof = gate.Proof(cookie, groups=frozenset(groups),
                                         parents=frozenset(st["known"]))
 
         def maybe_ours(pid: int) -> bool:
