@@ -18,10 +18,13 @@ Beside them, in the same run: when ``popen()`` returned, against plain
 of one small datagram between two processes on a socketpair (a forked echo),
 back to back and 0.5 ms apart: the floor of one request and its reply on this
 machine. ``--gap MS`` waits that long before each spawn (an agent's pace;
-default 0, back to back).
+default 0, back to back). ``--pin`` puts this process on one CPU and the
+keeper (so its children too) on another: what the spawn costs in work,
+without the scheduler's placement, which on a VM can cost more than the work
+(a reply sent to a process whose idle vCPU must first be woken).
 
 usage: python3 bench/spawn_parts.py [--n 400] [--gap MS] [--mechanism cgroup|subreaper|pidns]
-                                    [--program CMD] [--keeper PATH] [--out FILE]
+                                    [--program CMD] [--keeper PATH] [--pin] [--out FILE]
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ def main() -> int:
     ap.add_argument("--mechanism", default="cgroup", choices=("cgroup", "subreaper", "pidns"))
     ap.add_argument("--keeper", default="", metavar="PATH",
                     help="another native keeper program to take apart (default: the built one)")
+    ap.add_argument("--pin", action="store_true",
+                    help="this process on one CPU, the keeper and its children on another")
     ap.add_argument("--out", default=RESULTS, help=f"where the results go (default {RESULTS})")
     ap.add_argument("--program", default="/bin/true",
                     help="what each round spawns, split as a shell would (default /bin/true)")
@@ -122,6 +127,14 @@ def main() -> int:
     os.environ["TETHER_NATIVE"] = "1"
     _proto.send, _proto.recv, posix.JobPopen._exited = timed_send, timed_recv, timed_exited
     job = Job(mechanism=a.mechanism)
+    if a.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        keeper = job.trace().get("keeper_pid")
+        if len(cpus) < 2 or not keeper:
+            job.close()
+            ap.error("--pin needs two CPUs and a keeper")
+        os.sched_setaffinity(0, {cpus[0]})
+        os.sched_setaffinity(keeper, {cpus[1]})
     rows, plain, plain_ret = [], [], []
     gap = a.gap / 1000
     try:
@@ -158,6 +171,7 @@ def main() -> int:
     plain_ret_p90 = statistics.quantiles(plain_ret, n=10)[-1] * 1e6
     rtt_tight, rtt_spaced = round_trip_us(2000, 0), round_trip_us(1000, 0.0005)
     pace = f"{a.gap:g} ms apart" if a.gap else "back to back"
+    pace += ", owner and keeper pinned to two CPUs" if a.pin else ""
     print(f"contained spawn+wait of {a.program} ({a.mechanism}, native keeper), {a.n} rounds {pace}, "
           "median µs of each part")
     for name, v in zip(PARTS, med[:6], strict=True):
@@ -167,7 +181,7 @@ def main() -> int:
     print(f"popen() returned after {med[7]:.1f} µs (p90 {p90_ret:.1f}); plain Popen() after "
           f"{plain_ret_us:.1f} (p90 {plain_ret_p90:.1f})")
     print(f"socketpair round trip, median µs: back to back {rtt_tight:.1f}, 0.5 ms apart {rtt_spaced:.1f}")
-    out = {"bench": "spawn_parts", "n": a.n, "gap_ms": a.gap, "program": argv,
+    out = {"bench": "spawn_parts", "n": a.n, "gap_ms": a.gap, "program": argv, "pinned": a.pin,
            "keeper": a.keeper or native.HELPER, "mechanism": a.mechanism,
            "python": platform.python_version(),
            "kernel": platform.release(), "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
