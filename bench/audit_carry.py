@@ -1,7 +1,7 @@
 """What carrying proof forward costs a rotation (tether.audit, issue 15).
 
 Every rotation that deletes a copy first reads it and carries forward the
-records that still prove a live process (``tether.runs.still_needed``). This
+records that still prove a live process (``tether.records.still_needed``). This
 measures the write() calls that rotated - the only ones that pay it - with
 the default retention (5 MiB x 5 copies), against the same writes with the
 carry switched off (the old prune: delete unread), in the same run:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from procutil import unprivileged_blocker
 
 from tether import audit
+from tether import records as record_fields
 from tether.audit import AuditDirError, AuditWriter, ReadStats, iter_records, read_records
 
 SRC = str(Path(audit.__file__).resolve().parents[1])
@@ -960,12 +961,12 @@ def test_a_failing_on_loss_callback_still_gets_the_loss_said(state: Path, capsys
 
 
 def test_parse_start_and_pid_take_only_usable_values():
-    assert audit.parse_start("123@b00t") == (123, "b00t")
-    assert audit.parse_start("123", "b00t") == (123, "b00t")
-    assert audit.parse_start(123, "b00t") == (123, "b00t")
+    assert record_fields.parse_start("123@b00t") == (123, "b00t")
+    assert record_fields.parse_start("123", "b00t") == (123, "b00t")
+    assert record_fields.parse_start(123, "b00t") == (123, "b00t")
     for bad in (None, "", "@b", "x@b", "-1@b", "12", True, 1.5, ["1@b"]):
-        assert audit.parse_start(bad) is None, bad
-    assert audit.parse_start(True, "b") is None and audit.parse_start(-3, "b") is None
-    assert audit.parse_pid(7) == 7
+        assert record_fields.parse_start(bad) is None, bad
+    assert record_fields.parse_start(True, "b") is None and record_fields.parse_start(-3, "b") is None
+    assert record_fields.parse_pid(7) == 7
     for bad in (0, -1, True, "7", 7.0, None):
-        assert audit.parse_pid(bad) is None, bad
+        assert record_fields.parse_pid(bad) is None, bad

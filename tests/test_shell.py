@@ -973,13 +973,13 @@ def test_log_constants_have_one_source():
     import re
 
     from tether import _constants as k
-    from tether import audit, runs, shell
+    from tether import audit, records, shell
 
     assert (audit.PRUNE_EVERY, audit.DEFAULT_MAX_BYTES, audit.DEFAULT_FILENAME) == \
         (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.AUDIT_FILE)
     assert (shell._PRUNE_EVERY, shell.DEFAULT_LOG_MAX_BYTES, shell.START_ROOM) == \
         (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.SHELL_LOG_START_ROOM)
-    assert (shell.SHELL_JOB, shell.SHELL_SCOPE_JOB) == (runs.SHELL_JOB, runs.SHELL_SCOPE_JOB) == \
+    assert (shell.SHELL_JOB, shell.SHELL_SCOPE_JOB) == (records.SHELL_JOB, records.SHELL_SCOPE_JOB) == \
         (k.SHELL_JOB, k.SHELL_SCOPE_JOB)
     with open(os.path.join(ROOT, "src", "tether", "_native", "shell.c")) as f:
         c = f.read()

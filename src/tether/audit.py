@@ -79,7 +79,7 @@ that still proves a process that may be alive - a ``spawn`` whose process
 (pid + start ticks + boot id) still runs, a ``job-open`` whose keeper still
 runs or whose cgroup still exists, the ``run-start`` and last ``tasks`` record
 of a run whose owner still runs or whose tasks' processes do
-(``tether.runs.still_needed``) - is appended to the live file, marked
+(``tether.records.still_needed``) - is appended to the live file, marked
 ``"carried": true`` (readers take a carried record as older than every record
 that is not: it fills in, never overrides). The copy is deleted only once that
 write succeeded. A rotation carries at most ``max_bytes // 2`` bytes; what
@@ -444,33 +444,6 @@ def spawn_fields(
     if record_argv is not None:
         out["argv"] = [a if isinstance(a, str) else os.fsdecode(a) for a in record_argv]
     return out
-
-
-# --------------------------------------------------------------------------
-# fields of records read back (they may be corrupt or from another schema)
-
-
-def parse_start(tok: Any, boot: Any = None) -> tuple[int, str] | None:
-    """A record's ``start`` as ``(ticks, bootid)``, or None if unusable.
-
-    ``"ticks@bootid"`` is the written form; a bare tick count (string or
-    int) takes the record's separate ``boot`` field.
-    """
-    if isinstance(tok, int) and not isinstance(tok, bool):
-        return (tok, boot) if isinstance(boot, str) and tok >= 0 else None
-    if not isinstance(tok, str):
-        return None
-    ticks, sep, b = tok.partition("@")
-    if not sep:
-        b = boot if isinstance(boot, str) else ""
-    if not b or not ticks.isdigit():
-        return None
-    return int(ticks), b
-
-
-def parse_pid(v: Any) -> int | None:
-    """A record's pid if it is a usable one (a positive int), else None."""
-    return v if type(v) is int and v > 0 else None
 
 
 # --------------------------------------------------------------------------
@@ -892,10 +865,10 @@ class AuditWriter:
     def _carry(self, doomed: list[str]) -> bool:
         """Append to the live file, marked ``carried``, every record of the
         copies in *doomed* (oldest first) that still proves a process that may
-        be alive (:func:`tether.runs.still_needed`), at most ``max_bytes // 2``
+        be alive (:func:`tether.records.still_needed`), at most ``max_bytes // 2``
         of them; past that, an ``audit-carry-loss`` error record says what was
         dropped. False when the carry could not be written."""
-        from tether.runs import legacy_shell_records, still_needed  # lazy: only a prune needs it
+        from tether.records import legacy_shell_records, still_needed  # lazy: only a prune needs it
 
         def legacy(name: str) -> Iterator[bytes]:  # an old day file: as the audit records it meant
             for rec in read_records(self.state_dir, filename=name, max_line=self.max_line):

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cgroupfs, identity
+from ._constants import SHELL_JOB, SHELL_SCOPE_JOB
 from .identity import Identity
-from .runs import SHELL_JOB, SHELL_SCOPE_JOB
 from .stops import format_duration, oneline
 
 __all__ = ["PsJob", "Member", "collect", "render_tree", "render_plain", "to_json", "cli",

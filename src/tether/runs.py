@@ -22,7 +22,7 @@ command's start, ``exit`` + ``job-close`` at its end, ``app`` =
 ``"tether-shell"``). The day files of an older tether-shell
 (``shell-YYYY-MM-DD.jsonl`` beside the audit log) are still read, after the
 audit log, until they age out (``tether.audit`` prunes them by its
-``keep_days``): :func:`legacy_shell_records` turns each of their
+``keep_days``): :func:`tether.records.legacy_shell_records` turns each of their
 ``start``/``exit`` records into the audit records a tether-shell writes now.
 In scope ``caller`` the job is the caller's: one job per caller cgroup
 (``shell-scope``), or one per command with the subreaper, left open while
@@ -38,25 +38,20 @@ process is the one recorded only if pid, start ticks and boot id match.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from typing import Any
 
 from . import identity
-from .audit import parse_pid, parse_start
 from .identity import Identity
+from .records import ident_of, legacy_shell_records, nonempty_str, parse_pid, parse_start
 
-__all__ = ["Proc", "JobInfo", "Run", "read_runs", "still_needed", "legacy_shell_records",
-           "shell_log_names", "SOURCES", "LIVE", "OVER", "UNKNOWN", "SHELL_JOB", "SHELL_SCOPE_JOB"]
+__all__ = ["Proc", "JobInfo", "Run", "read_runs", "shell_log_names", "SOURCES", "LIVE", "OVER",
+           "UNKNOWN"]
 
 #: The events that say something about runs (reap and error records prove nothing).
 SOURCES = frozenset(("spawn", "job-open", "job-close", "exit", "run-start", "run-end", "tasks"))
 MAX_TASKS = 256  # tasks kept of one ``tasks`` record (a record is at most 64 KiB anyway)
 LIVE, OVER, UNKNOWN = "live", "over", "unknown"
-#: Job names of tether-shell's jobs: one command's, and a caller's scope (its
-#: commands' leftovers, kept until the caller ends).
-from ._constants import SHELL_JOB, SHELL_SCOPE_JOB  # noqa: E402 - shared with shell.c
 
 
 class Proc:
@@ -157,29 +152,6 @@ class Run:
         return f"<Run {self.run} app={self.app} jobs={len(self.jobs)} procs={len(self.procs)}>"
 
 
-def _str(v: Any) -> str | None:
-    return v if type(v) is str and v else None
-
-
-def _ident(v: Any, boot: str, cache: dict) -> Identity | None:
-    """The identity an ``owner``/``keeper`` field names: ``{"pid", "start"}``."""
-    if type(v) is not dict:
-        return None
-    raw = (v.get("pid"), v.get("start"))
-    try:
-        return cache[raw]
-    except KeyError:
-        pass
-    except TypeError:
-        return None  # unhashable values: not an identity
-    pid = parse_pid(raw[0])
-    tok = parse_start(raw[1])
-    ident = Identity(pid, tok[0], tok[1]) if pid is not None and tok is not None else None
-    if len(cache) < 65536:
-        cache[raw] = ident
-    return ident
-
-
 def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
               notes: list[str] | None = None, gaps: dict[str | None, int] | None = None,
               since: float | None = None) -> dict[str, Run]:
@@ -214,7 +186,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
             elif rec.get("event") == "error" and rec.get("error") == "audit-gap":
                 _gap(rec, gap_lost)
             elif rec.get("event") == "reap" and rec.get("how") == GAP_CHECKED:
-                run_id, n = _str(rec.get("run")), rec.get("lost")
+                run_id, n = nonempty_str(rec.get("run")), rec.get("lost")
                 if type(n) is int and n > 0:
                     checked[run_id] = checked.get(run_id, 0) + n
             continue
@@ -288,51 +260,6 @@ def shell_log_names(state_dir: str | os.PathLike[str]) -> list[str]:
     return sorted(n for n in names if _legacy_shell_file(n))
 
 
-def legacy_shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The audit records a record of an older tether-shell's day file stands
-    for (see the module doc); ``[]`` for one that names no job (an ``error``,
-    an even older wrapper's record, the generic path's)."""
-    event = rec.get("event")
-    run, job = _str(rec.get("run")), _str(rec.get("job"))
-    if event not in ("start", "exit") or run is None or job is None:
-        return []
-    boot = _str(rec.get("boot"))
-
-    def ident(v: Any) -> dict[str, Any] | None:
-        if type(v) is not dict or boot is None or type(v.get("start")) is not int:
-            return None
-        return {"pid": v.get("pid"), "start": f"{v['start']}@{boot}"}
-
-    scope = rec.get("scope")
-    cg = _str(rec.get("cgroup"))
-    shared = scope == "caller" and cg is not None
-    if shared and cg is not None:
-        job = os.path.basename(cg)  # the caller's one cgroup is the job of all its commands
-    base = {"v": rec.get("v"), "ts": rec.get("ts"), "run": run, "job": job}
-    child, start = rec.get("child"), rec.get("start")
-    proc = ({"pid": child, "start": f"{start}@{boot}"}
-            if type(child) is int and type(start) is int and boot is not None else None)
-    out: list[dict[str, Any]] = []
-    if event == "start":
-        out.append({**base, "event": "job-open", "owner": ident(rec.get("owner")),
-                    "name": SHELL_SCOPE_JOB if scope == "caller" else SHELL_JOB,
-                    "mechanism": rec.get("mechanism"), "cookie": rec.get("cookie"),
-                    "cookie_var": rec.get("cookie_var"), "keeper": ident(rec.get("keeper")),
-                    "cgroup": cg})
-        if proc is not None:
-            out.append({**base, "event": "spawn", **proc, "cgroup": cg})
-        return out
-    if proc is not None:
-        out.append({**base, "event": "exit", **proc})
-    detail = rec.get("detail")
-    left = detail.get("leftovers") if type(detail) is dict else None
-    # A command's job is over when it returned; in scope caller only once it
-    # left nothing (the caller's shared cgroup job never: it ends with the caller).
-    if scope != "caller" or (not shared and left == 0):
-        out.append({**base, "event": "job-close"})
-    return out
-
-
 def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             alive: set[int] | None) -> bool:
     """Take one record in; False when its fields are of the wrong shape.
@@ -342,8 +269,8 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
     overrides."""
     event = rec["event"]
     carried = rec.get("carried") is True
-    owner = _ident(rec.get("owner"), boot, cache)
-    run_id = _str(rec.get("run"))
+    owner = ident_of(rec.get("owner"), boot, cache)
+    run_id = nonempty_str(rec.get("run"))
     if run_id is None:
         if owner is None:
             return False
@@ -359,9 +286,9 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         elif not run.owner.same_process(owner):
             run.owner_conflict = True
     if run.app is None:
-        run.app = _str(rec.get("app"))
-    job = _str(rec.get("job"))
-    cg = _str(rec.get("cgroup"))
+        run.app = nonempty_str(rec.get("app"))
+    job = nonempty_str(rec.get("job"))
+    cg = nonempty_str(rec.get("cgroup"))
     if cg is not None:
         run.cgroups.add(cg)
     info = None
@@ -372,10 +299,10 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             if carried and event == "job-open":
                 # A job known only from a carried copy: open only while its keeper
                 # runs (its job-close, if any, may have been read and forgotten).
-                keeper = _ident(rec.get("keeper"), boot, cache)
+                keeper = ident_of(rec.get("keeper"), boot, cache)
                 info.closed = keeper is None or not identity.is_alive(keeper)
         for attr in ("name", "mechanism", "session", "label", "cookie", "cookie_var"):
-            v = _str(rec.get(attr))
+            v = nonempty_str(rec.get(attr))
             if v is not None and getattr(info, attr) is None:
                 setattr(info, attr, v)
         if rec.get("background") is True and event != "spawn":
@@ -384,7 +311,7 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
             info.detached = True
         if cg is not None:
             info.cgroup = cg
-        keeper = _ident(rec.get("keeper"), boot, cache)
+        keeper = ident_of(rec.get("keeper"), boot, cache)
         if keeper is not None and keeper.boot == boot:
             info.keeper = keeper
     if event == "spawn" or event == "exit":
@@ -414,11 +341,11 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
         ts = rec.get("ts")
         run.procs[key] = Proc(
             pid, key[1], job,
-            _str(rec.get("session")) or (prev.session if prev else None),
+            nonempty_str(rec.get("session")) or (prev.session if prev else None),
             rec.get("background") is True or bool(prev and prev.background),
             rec.get("detached") is True or bool(prev and prev.detached),
             cg, argv or (prev.argv if prev else None),
-            _str(rec.get("label")) or (prev.label if prev else None),
+            nonempty_str(rec.get("label")) or (prev.label if prev else None),
             float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None,
         )
     elif event == "run-end":
@@ -447,139 +374,3 @@ def _absorb(rec: dict[str, Any], runs: dict[str, Run], boot: str, cache: dict,
                 and not (info.cgroup and os.path.isdir(info.cgroup)):
             del run.jobs[job]
     return True
-
-
-def _record(line: bytes) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(line)
-    except (ValueError, RecursionError):
-        cut = line.rfind(b'{"v":')  # a torn fragment glued to a good record (tether.audit)
-        if cut <= 0:
-            return None
-        return _record(line[cut:])
-    return rec if isinstance(rec, dict) else None
-
-
-def _alive_record(rec: dict[str, Any], boot: str, alive: set[int] | None) -> bool:
-    """Whether the process a ``spawn`` record names still runs (pid, start, boot)."""
-    pid = parse_pid(rec.get("pid"))
-    tok = parse_start(rec.get("start"), rec.get("boot"))
-    if pid is None or tok is None or tok[1] != boot or (alive is not None and pid not in alive):
-        return False
-    return identity.is_alive(Identity(pid, tok[0], boot))
-
-
-_MAYBE = re.compile(rb'"event":"(?:job-open|tasks)"')
-
-
-def _candidates(blocks: Any, alive: set[int] | None) -> Any:
-    """The lines of ``blocks`` (bytes of whole lines) worth parsing: those that
-    name a process running now (``"pid":N``), and every ``job-open`` and
-    ``tasks`` record - one regular-expression pass per block, so that a copy of
-    records about processes long gone costs a scan, not a parse per line."""
-    if alive is None:
-        for block in blocks:
-            yield from block.split(b"\n")
-        return
-    pids = b"|".join(str(p).encode() for p in sorted(alive))
-    hit = re.compile(rb'"pid":(?:' + pids + rb')[,}]')
-    for block in blocks:
-        starts: set[int] = set()
-        for pat in (hit, _MAYBE):
-            pos = 0
-            while True:
-                m = pat.search(block, pos)
-                if m is None:
-                    break
-                start = block.rfind(b"\n", 0, m.start()) + 1
-                end = block.find(b"\n", m.end())
-                end = len(block) if end < 0 else end
-                starts.add(start)
-                pos = end
-        for start in sorted(starts):
-            end = block.find(b"\n", start)
-            yield block[start:] if end < 0 else block[start:end]
-
-
-def still_needed(blocks: Any) -> list[dict[str, Any]]:
-    """The records in ``blocks`` (bytes of whole lines of a rotated copy about
-    to be deleted) that still prove something - what a rotation carries forward
-    (``tether.audit``):
-
-    * a ``spawn`` whose process (pid, start ticks, boot id) still runs: it is
-      what ties a leftover (or a protected background/detached process) to
-      its run;
-    * a ``job-open`` whose keeper still runs, whose cgroup still exists (a
-      stale cgroup is proven by the run its records name), or with a spawn
-      carried here (its cookie proves the job's processes);
-    * a ``run-start`` whose owner still runs (the app name of a live run);
-    * the last ``tasks`` record of a job, while its owner or one of the
-      tasks' processes still runs (what a resume says it ended).
-
-    Nothing else (exits, closes, reaps, errors, records of another boot, and
-    anything about processes that are gone). Leftovers of runs whose owner is
-    gone come first: a size cap drops what comes last.
-    """
-    boot = identity.boot_id()
-    alive = identity.pids()
-    records = (rec for rec in map(_record, _candidates(blocks, alive)) if rec is not None)
-    cache: dict = {}
-    owners: dict[Identity, bool] = {}
-    first: list[dict[str, Any]] = []
-    later: list[dict[str, Any]] = []
-    last_tasks: dict[tuple[Any, Any], tuple[bool, int]] = {}
-    opens: dict[tuple[Any, Any], tuple[dict[str, Any], bool]] = {}  # job-opens not needed yet
-    spawned: set[tuple[Any, Any]] = set()  # (run, job) of the spawns carried
-
-    def owner_alive(ident: Identity | None) -> bool:
-        if ident is None:
-            return False
-        if ident not in owners:
-            owners[ident] = identity.is_alive(ident)
-        return owners[ident]
-
-    for rec in records:
-        event = rec.get("event")
-        if event not in ("spawn", "job-open", "run-start", "tasks"):
-            continue
-        try:
-            owner = _ident(rec.get("owner"), boot, cache)
-            if owner is not None and owner.boot != boot:
-                continue
-            live = owner_alive(owner)
-            if event == "spawn":
-                need = _alive_record(rec, boot, alive)
-            elif event == "job-open":
-                keeper = _ident(rec.get("keeper"), boot, cache)
-                cg = _str(rec.get("cgroup"))
-                need = (keeper is not None and keeper.boot == boot and identity.is_alive(keeper)) \
-                    or (cg is not None and os.path.isdir(cg))
-            elif event == "run-start":
-                need = live
-            else:
-                pids = [p for t in rec.get("tasks") or () if type(t) is dict
-                        for p in t.get("pids") or () if type(p) is list and len(p) == 2]
-                need = live or any(_alive_record({"pid": p[0], "start": p[1], "boot": boot},
-                                                 boot, alive) for p in pids)
-        except (TypeError, ValueError, AttributeError):
-            continue  # a record of the wrong shape proves nothing
-        if not need:
-            if event == "job-open":
-                opens[(rec.get("run"), rec.get("job"))] = (rec, live)
-            continue
-        if event == "spawn":
-            spawned.add((rec.get("run"), rec.get("job")))
-        bucket = later if live else first
-        if event == "tasks":
-            k = (rec.get("run"), rec.get("job"))
-            if not isinstance(k[0], str) or not isinstance(k[1], str):
-                continue
-            prev = last_tasks.get(k)
-            if prev is not None:  # only the last one of a job says what is live
-                (later if prev[0] else first)[prev[1]] = {}
-            last_tasks[k] = (live, len(bucket))
-        bucket.append(rec)
-    for k in spawned & opens.keys():
-        rec, live = opens[k]
-        (later if live else first).append(rec)
-    return [r for r in first + later if r]
