@@ -107,7 +107,7 @@ assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CH
 c = subprocess.Popen(["sleep", "300"])
 ci = identity.read(c.pid)
 out["own_child_live"] = gate.send_signal(ci, signal.SIGKILL, member=True,
-                                             proof=gate.Proof.own_child())
+                                         proof=gate.Proof.own_child())
 c.wait(timeout=5)
 m = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE)
 gi = identity.read(int(m.stdout.readline()))

@@ -868,7 +868,7 @@ class PtySession:
             except (TetherError, OSError):
                 cg = None
         return gate.Proof(f"{COOKIE_VAR}={self.token}".encode(), cg, groups=groups,
-                              parents=parents | {self.pid} | self._keeper_pids())
+                          parents=parents | {self.pid} | self._keeper_pids())
 
     def _job_holds_all(self) -> bool:
         job = self.job

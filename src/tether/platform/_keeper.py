@@ -376,7 +376,7 @@ class Keeper:
         # (its groups and sessions): its proof, when it made one.
         o = self.mech.options
         mine = gate.Proof(f"{o.cookie_var}={o.cookie}".encode() if o.cookie else None,
-                              (self.mech.trace() or {}).get("cgroup_path"))
+                          (self.mech.trace() or {}).get("cgroup_path"))
         find = mine.tracking(members, roots=[os.getpid()])
 
         def proof(_i):

@@ -693,7 +693,7 @@ class _Limits:
                 if child is not None:
                     try:
                         gate.send_signal(child, _signal.SIGKILL, member=True,
-                                             proof=gate.Proof.own_child())
+                                         proof=gate.Proof.own_child())
                     except SignalRefused:
                         pass
                 keeper.reap()

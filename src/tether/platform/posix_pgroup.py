@@ -233,7 +233,7 @@ class Mechanism(KeeperMechanism):
             out.append(i)
         out.sort(key=lambda i: i.pid)
         self.proof = gate.Proof(cookie, groups=frozenset(proven),
-                                    parents=frozenset({keeper_pid, *(i.pid for i in out)}))
+                                parents=frozenset({keeper_pid, *(i.pid for i in out)}))
         self.complete = cap.complete
         return out
 
@@ -296,7 +296,7 @@ class Mechanism(KeeperMechanism):
             st.update(last=last, known={keeper_pid, *(p for p, _ in known)}, groups=set(groups),
                       first=known)
             self.proof = gate.Proof(cookie, groups=frozenset(groups),
-                                        parents=frozenset(st["known"]))
+                                    parents=frozenset(st["known"]))
 
         def maybe_ours(pid: int) -> bool:
             i = identity.read(pid)
