@@ -456,3 +456,59 @@ def run_in_pidns(script: str, *args: str, timeout: float, env: dict | None = Non
         pytest.skip(f"no PID namespace here: {r.stderr.strip()[:200]}")
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])
+
+
+def ptrace_hold(pid: int) -> list[int]:
+    """Stop every thread of our child ``pid`` where it is, by ptrace
+    (PTRACE_SEIZE, then PTRACE_INTERRUPT), and wait for each stop: it runs no
+    more code until it is killed (SIGKILL still ends a tracee). Returns the
+    thread ids held, for :func:`ptrace_kill`.
+
+    Not SIGSTOP: a test that then kills a keeper orphans the process group of
+    the stopped owner (the owner shares it with its command's tree), and the
+    kernel sends an orphaned group with a stopped member SIGHUP + SIGCONT -
+    the owner runs again and the tree is hung up. A ptrace stop is no
+    job-control stop. Every thread: a ptrace stop holds one thread only.
+    Skips the test where ptrace is not allowed."""
+    import ctypes
+    import errno
+
+    import pytest
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    held: set[int] = set()
+    for _ in range(16):  # again while a thread appeared meanwhile
+        tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - held
+        if not tids:
+            return sorted(held)
+        for tid in sorted(tids):
+            for request in (0x4206, 0x4207):  # PTRACE_SEIZE, PTRACE_INTERRUPT
+                if libc.ptrace(request, tid, None, None) != 0:
+                    err = ctypes.get_errno()
+                    if err == errno.ESRCH:
+                        break  # the thread ended meanwhile
+                    pytest.skip(f"ptrace is not allowed here: {os.strerror(err)}")
+            else:
+                _, status = os.waitpid(tid, getattr(os, "__WALL", 0x40000000))
+                assert os.WIFSTOPPED(status), status
+            held.add(tid)
+    raise AssertionError(f"pid {pid} kept starting threads")
+
+
+def ptrace_kill(p: subprocess.Popen, held: list[int], timeout: float = 10.0) -> int:
+    """SIGKILL our child ``p``, held by :func:`ptrace_hold`, and reap it: its
+    other threads first, which as tracees wait for their tracer (us) to take
+    their exit before the process can be reaped. Returns its exit status."""
+    p.kill()
+    deadline = time.monotonic() + timeout
+    for tid in held:
+        while tid != p.pid and time.monotonic() < deadline:
+            try:
+                if os.waitpid(tid, os.WNOHANG | getattr(os, "__WALL", 0x40000000))[0]:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.005)
+    return p.wait(timeout=max(0.1, deadline - time.monotonic()))
+

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from procutil import ROOT, SHELL_KINDS, SRC, native_cli, read_line
+from procutil import ROOT, SHELL_KINDS, SRC, native_cli, ptrace_hold, ptrace_kill, read_line
 
 pytestmark = [pytest.mark.mechanism,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: pidfds, real node")]
@@ -312,27 +312,13 @@ def test_session_report_on_a_stop_says_what_it_ended(procs, bindir, state, tmp_p
     assert out["text"].startswith("Stopped (user request): ended `agent` after ")
 
 
-def _all_threads_stopped(pid: int) -> bool:
-    """Every thread of ``pid`` in group stop (state T): a SIGSTOP has taken effect."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            if f.read().rsplit(b")", 1)[1].split()[0] != b"T":
-                return False
-    return True
-
-
 def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_path):
     """Owner and keepers SIGKILLed: the tree is left behind (the control: seen
     alive); the next run of the key ends exactly it, saying so, then runs."""
     from tether import gate, identity
 
-    # The tree ignores SIGHUP: it shares the owner's process group, and the
-    # test stops the owner; when a keeper dies first, that group is orphaned
-    # with a stopped member, and the kernel then sends the group SIGHUP and
-    # SIGCONT (POSIX's orphaned process group rule). That is the test's
-    # SIGSTOP at work, not tether's: a real owner dies, it does not stop.
     first = procs.popen(_session(bindir, state, "chat-1", "--label", "build", "--",
-                                 "sh", "-c", "trap '' HUP; sleep 300 & echo up; wait"),
+                                 "sh", "-c", "sleep 300 & echo up; wait"),
                         env=_senv(procs, bindir), stdout=subprocess.PIPE)
     assert read_line(first) == "up\n"
     tree = [i for i in procs.wait_count(4) if i.comm in ("sh", "sleep")]
@@ -346,18 +332,17 @@ def test_session_resume_ends_a_dead_copys_leftovers(procs, bindir, state, tmp_pa
     log = os.path.join(state, "audit.jsonl")
     sh = [i for i in tree if i.comm == "sh"][0]
     wait_until(lambda: f'"event":"spawn","pid":{sh.pid},'.encode() in open(log, "rb").read(), 10)
-    # stopped first, all of them: none may end the job when another dies. A
-    # stop takes effect when the process next runs, not when kill() returns,
-    # so each is seen stopped (every thread in state T) before any is killed.
-    os.kill(first.pid, signal.SIGSTOP)
+    # stopped first, all of them: none may end the job when another dies. The
+    # owner by ptrace, not SIGSTOP (see procutil.ptrace_hold: the keeper's
+    # death would orphan its stopped process group, and the kernel would
+    # resume it and hang up the tree); the keepers, each in a group of its
+    # own with the held owner as its parent, by SIGSTOP.
+    held = ptrace_hold(first.pid)
     for k in keepers:
         gate.send_signal(k, signal.SIGSTOP, member=True)
-    wait_until(lambda: all(_all_threads_stopped(p) for p in (first.pid, *(k.pid for k in keepers))),
-               10)
     for k in keepers:
         gate.send_signal(k, signal.SIGKILL, member=True)
-    first.kill()
-    first.wait(timeout=10)
+    ptrace_kill(first, held)
     assert all(identity.is_alive(i) for i in tree)  # control: left behind
     r = subprocess.run(_session(bindir, state, "chat-1", "--", "sh", "-c", "echo second"),
                        capture_output=True, env=_senv(procs, bindir), timeout=60)

@@ -18,7 +18,15 @@ import sys
 import time
 
 import pytest
-from procutil import SHELL_KINDS, native_shell, sigint_inside, tether_shell, wait_until
+from procutil import (
+    SHELL_KINDS,
+    native_shell,
+    ptrace_hold,
+    ptrace_kill,
+    sigint_inside,
+    tether_shell,
+    wait_until,
+)
 
 from tether import _shellargs as sa
 from tether import gate, identity
@@ -1725,21 +1733,6 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
             if r["event"] == "exit"][-1]["error"] == "keeper-died"
 
 
-def _ptrace_hold(pid: int) -> None:
-    """Stop our child ``pid`` where it is, by ptrace (PTRACE_SEIZE, then
-    PTRACE_INTERRUPT), and wait for that stop: it runs no more code until
-    it is killed (SIGKILL still ends a tracee)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    for request in (0x4206, 0x4207):  # PTRACE_SEIZE, PTRACE_INTERRUPT
-        if libc.ptrace(request, pid, None, None) != 0:
-            pytest.skip(f"ptrace is not allowed here: {os.strerror(ctypes.get_errno())}")
-    _, status = os.waitpid(pid, getattr(os, "__WALL", 0x40000000))
-    assert os.WIFSTOPPED(status), status
-
-
 @pytest.mark.mechanism
 @pytest.mark.parametrize("mech", MECHS)
 def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, mech):
@@ -1761,11 +1754,10 @@ def _keeper_and_wrapper_sigkilled(procs, ts, env, mech):
     # ptrace, not SIGSTOP, whose stopped process group, orphaned by the
     # keeper's death, would get SIGHUP + SIGCONT from the kernel (the tree
     # is in that group). A ptrace stop is no job-control stop.
-    _ptrace_hold(p.pid)
+    held = ptrace_hold(p.pid)
     assert gate.send_signal(keeper, signal.SIGKILL, member=True)
     assert wait_dead([keeper], 3.0) == []
-    p.kill()
-    p.wait(timeout=5)
+    ptrace_kill(p, held, timeout=5)
     time.sleep(0.3)
     assert len(living(tree)) == TREE_N  # control: all still running
     state = os.path.join(env["XDG_STATE_HOME"], "tether")

@@ -258,6 +258,13 @@ def _read_fd(fd: int, size: int) -> bytes:
         os.close(fd)
 
 
+def _stat_fields(pid: int | str, split: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after comm (0 is the state), split at most
+    ``split`` times; OSError, ValueError when it cannot be read."""
+    data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
+    return data[data.rindex(b")") + 2 :].split(None, split)
+
+
 def _parse_stat(pid: int, data: bytes, boot: str, uid: int) -> "Identity":
     # comm may hold anything, ") S 1 2 (" included: the real end is the LAST ')'.
     close = data.rindex(b")")
@@ -303,8 +310,7 @@ def exiting(pid: int) -> bool:
     if not _LINUX:
         return read(pid) is None
     try:
-        data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
-        f = data[data.rindex(b")") + 2 :].split(None, 7)
+        f = _stat_fields(pid, 7)
         return f[_F_STATE] in (b"Z", b"X", b"x") or bool(int(f[6]) & _PF_EXITING)
     except (OSError, ValueError, IndexError):
         return True
@@ -791,8 +797,7 @@ def mask_signals(mask: int) -> list[int]:
 def start_ticks(pid: int | str = "self") -> int | None:
     """Kernel start ticks of ``pid`` (field 22 of its stat), or None."""
     try:
-        data = _read_fd(os.open(f"/proc/{pid}/stat", os.O_RDONLY), 1024)
-        return int(data[data.rindex(b")") + 2 :].split(None, 20)[_F_START])
+        return int(_stat_fields(pid, 20)[_F_START])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -880,9 +885,7 @@ def environ_empty(pid: int) -> bool:
     if not _LINUX:
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2 :].split()
+        fields = _stat_fields(pid, 49)
         start, end = int(fields[47]), int(fields[48])
     except (OSError, ValueError, IndexError):
         return False
