@@ -261,6 +261,8 @@ def count_reads(trace: str) -> dict[str, int]:
                 if not parts[0].isdigit():
                     continue
                 kind = "/".join(parts[1:])
+                if len(parts) == 4 and parts[1] == "task" and parts[3] == "children":
+                    kind = "task/TID/children"  # a children list (one per thread)
             out[kind] = out.get(kind, 0) + 1
     out["total /proc/PID files"] = sum(v for k, v in out.items() if not k.startswith("table"))
     return out

@@ -6,7 +6,7 @@ process table again, nor does the keeper's kill loop, which starts from the
 owner's look: a PTY close scans the table once.
 
 Real processes throughout; the table reads are counted by wrapping
-``identity.capture`` (the real function still runs)."""
+``sparse_capture.capture`` (the real function still runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 import pytest
 
 import tether
-from tether import identity
+from tether import identity, sparse_capture
 
 pytestmark = pytest.mark.skipif(not identity._LINUX, reason="reads /proc")
 
@@ -73,15 +73,16 @@ def test_a_pgroup_look_does_not_wait_on_an_empty_environment(procs) -> None:
 
 @pytest.fixture
 def captures(monkeypatch):
-    """Times of this process's calls of ``identity.capture`` (the real one runs)."""
+    """Times of this process's captures of the table for a close
+    (``sparse_capture.capture``; the real one runs)."""
     calls: list[float] = []
-    real = identity.capture
+    real = sparse_capture.capture
 
     def counting(**kw):
         calls.append(time.monotonic())
         return real(**kw)
 
-    monkeypatch.setattr(identity, "capture", counting)
+    monkeypatch.setattr(sparse_capture, "capture", counting)
     return calls
 
 
@@ -105,20 +106,20 @@ def test_job_close_with_known_members_reads_no_table(procs, captures) -> None:
 
 # In a fresh, single-threaded owner, so that its keeper is forked from it and
 # inherits the wrapper (an xdist worker has its keepers forked by a warden):
-# each call of identity.capture is logged with its caller's pid.
+# each capture for a close (sparse_capture.capture) is logged with its caller's pid.
 _OWNER = r"""
 import json, os, sys, time
-from tether import identity
+from tether import identity, sparse_capture
 import tether
 from tether.pty import PtySession
 
 log, mode = sys.argv[1], sys.argv[2]
-real = identity.capture
+real = sparse_capture.capture
 def counting(**kw):
     with open(log, "a") as f:
         f.write(f"{os.getpid()}\n")
     return real(**kw)
-identity.capture = counting
+sparse_capture.capture = counting
 
 def sleeps(born, root):
     return [i for i in real(born_after=born).descendants([root])

@@ -295,6 +295,27 @@ def _stat_linux(pid: int) -> "Identity | None":
     return _parse_stat(pid, data, boot_id(), -1)
 
 
+def read_as_captured(pid: int) -> "Identity | None":
+    """``pid`` as :func:`capture` records it (Linux): /proc/PID/stat, and the
+    effective uid from the file's owner (one open, no /proc/PID/status).
+    Elsewhere :func:`read`. A sparse capture's read of one process."""
+    if not _LINUX:
+        return read(pid)
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError as e:
+        _missing(e)
+        return None
+    try:
+        data = os.read(fd, 1024)
+        uid = os.fstat(fd).st_uid
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return _parse_stat(pid, data, boot_id(), uid) if data else None
+
+
 def read_stat(pid: int) -> "Identity | None":
     """The cheapest look that settles who holds ``pid``: on Linux
     /proc/PID/stat alone (uid -1, not read), elsewhere :func:`read`. The
@@ -1102,10 +1123,23 @@ class Capture:
     def _excluded() -> frozenset[int]:
         return own_ancestors() | {2, os.getpid()}
 
+    def _kids_of(self, pid: int) -> "Iterable[Identity]":
+        """Captured processes whose ppid is ``pid``, unfiltered: what every
+        walk below asks (a sparse capture reads the kernel's list here)."""
+        return self._children_map().get(pid, ())
+
     def children_of(self, pid: int) -> "list[Identity]":
         """Captured processes whose ppid is ``pid`` (safety exclusions apply)."""
+        return self.adopted((pid,))
+
+    def adopted(self, adopters: "Iterable[int]") -> "list[Identity]":
+        """Captured processes whose parent is one of ``adopters`` (safety
+        exclusions apply): the orphans init, a subreaper or a keeper holds."""
         excl = self._excluded()
-        return [c for c in self._children_map().get(pid, ()) if c[0] > 2 and c[0] not in excl]
+        out: dict[int, Identity] = {}
+        for a in set(adopters):
+            out.update((c[0], c) for c in self._kids_of(a) if c[0] > 2 and c[0] not in excl)
+        return list(out.values())
 
     def descendants(self, roots: "Iterable[int]", born_after: int | None = None) -> "list[Identity]":
         """Every captured process below ``roots`` by ppid, breadth first.
@@ -1118,7 +1152,6 @@ class Capture:
         neither listed nor walked through.
         """
         excl = self._excluded()
-        kids = self._children_map()
         queue = [r for r in roots]
         seen = set(queue)
         out: list[Identity] = []
@@ -1126,7 +1159,7 @@ class Capture:
         while i < len(queue):
             parent = queue[i]
             i += 1
-            for c in kids.get(parent, ()):
+            for c in self._kids_of(parent):
                 pid = c[0]
                 if pid in seen:
                     continue  # a torn snapshot can show a ppid loop

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gate, identity
+from . import gate, identity, sparse_capture
 from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import SignalRefused, TetherError
 from .identity import Identity
@@ -402,7 +402,8 @@ class PtySession:
         self._record: dict[str, Any] | None = None
         # Test seams (fault injection around the real calls; see tests/test_pty.py).
         self._send: Callable[..., bool] = gate.send_signal
-        self._capture: Callable[..., identity.Capture] = identity.capture
+        # (sparse: a close reads what its walks reach, not the whole table)
+        self._capture: Callable[..., identity.Capture] = sparse_capture.capture
         self._capture_job: Callable[[], identity.Capture] = self._read_job
 
         self._master, slave = os.openpty()
@@ -770,7 +771,7 @@ class PtySession:
         # carries the session's cookie.
         seeds = (cap.descendants([root_pid], born_after=born) + cap.by_session(root_pid, born)
                  + cap.by_pgid(root_pid, born))
-        cur = cap.procs.get(root_pid)
+        cur = cap.get(root_pid)
         live_root = (cur is not None and self.root is not None and cur.start == self.root.start
                      and cur.state not in ("Z", "X", "x"))
         proven_groups: set[int] = set()
@@ -789,10 +790,8 @@ class PtySession:
         me_uid = os.geteuid()
         adopters = identity.own_ancestors() | keepers
         deadline = time.monotonic() + max(0.0, CAPTURE_TIME_CAP - cap.elapsed)
-        for ident in list(cap.procs.values()):
-            if ident.pid in found or ident.pid in excluded or ident.pid <= 2:
-                continue
-            if ident.ppid not in adopters:
+        for ident in cap.adopted(adopters):
+            if ident.pid in found or ident.pid in excluded:
                 continue
             if me_uid != 0 and ident.uid != me_uid:
                 continue

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from .. import gate, identity
+from .. import gate, identity, sparse_capture
 from .base import PGROUP, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PGROUP
@@ -200,7 +200,7 @@ class Mechanism(KeeperMechanism):
                         and self._carries(i, cookie):
                     hopped.append(i)
         if cap is None:
-            cap = identity.capture(born_after=self.born_after)
+            cap = sparse_capture.capture(born_after=self.born_after)
         proven = self._proven_ids(cap, leaders, keeper, cookie)
         found = {i.pid: i for i in cap.descendants([keeper_pid], born_after=self.born_after)}
         for g in proven:
@@ -216,9 +216,8 @@ class Mechanism(KeeperMechanism):
             for i in hopped:
                 found.setdefault(i.pid, i)
             adopters = identity.own_ancestors() | {os.getpid(), keeper_pid, 1}
-            for i in cap.procs.values():
-                if i.pid not in found and i.ppid in adopters and own(i) \
-                        and self._carries(i, cookie):
+            for i in cap.adopted(adopters):
+                if i.pid not in found and own(i) and self._carries(i, cookie):
                     found[i.pid] = i
         # What those started, in any group or session (parentage is the proof).
         found.update((d.pid, d) for d in cap.descendants(

@@ -1,0 +1,163 @@
+"""A capture of the process table that reads a process only when a walk reaches it.
+
+A close under ``pgroup`` (and a PTY close whose keeper is gone) must find the
+job's processes by what links them to it: parentage, session, process group,
+and the cookie of the orphans re-parented to an adopter (init, a subreaper
+ancestor, the keeper). :func:`tether.identity.capture` reads every process's
+``/proc/PID/stat`` to answer those walks, so a close costs as much as the
+machine holds: 2 000 unrelated processes are 2 000 reads.
+
+The same walks need much less. Parentage is what the kernel's children lists
+say (``/proc/PID/task/TID/children``); a session or group is a pair of
+syscalls per pid (``getsid``/``getpgid``: no file is opened); an adopter's
+orphans are its children. So :class:`SparseCapture` lists ``/proc`` once and
+reads only the processes a walk reaches: the job's, the adopters' children,
+the members of the sessions and groups asked for. Its reads follow the job.
+
+Trap: a child is on the children list of the *thread* that forked it, and an
+orphan is given to any live thread of its new parent, so every thread's list
+is read (:func:`tether.identity.children`). The lists, like a scan of
+``/proc``, are not atomic: a kill loop looks again, as after any capture.
+
+Same contract as :class:`tether.identity.Capture` (its walks, its safety
+exclusions, ``born_after``, ``complete``); ``procs`` holds what was read so
+far, not the table. Linux only; :func:`capture` falls back to the full one
+elsewhere and where the kernel has no children lists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import identity
+from .identity import Capture, Identity
+
+_HAS_CHILDREN_LISTS: bool | None = None
+
+
+def children_lists() -> bool:
+    """Whether this kernel keeps children lists (``CONFIG_PROC_CHILDREN``)."""
+    global _HAS_CHILDREN_LISTS
+    if _HAS_CHILDREN_LISTS is None:
+        me = os.getpid()
+        _HAS_CHILDREN_LISTS = os.path.exists(f"/proc/{me}/task/{me}/children")
+    return _HAS_CHILDREN_LISTS
+
+
+class SparseCapture(Capture):
+    """A capture whose processes are read on first use (see the module)."""
+
+    __slots__ = ("_pids", "_sids", "_absent", "_lists", "_excl", "_t0", "_deadline")
+
+    def __init__(self, *, time_cap: float, born_after: int) -> None:
+        super().__init__({}, born_after=born_after)
+        self._t0 = time.monotonic()
+        self._deadline = self._t0 + time_cap
+        # The one scan of the table: names only, no process is read.
+        self._pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        self._sids: dict[int, list[int]] | None = None  # session id -> pids
+        self._absent: set[int] = set()  # gone, or born before born_after
+        self._lists: dict[int, list[int]] = {}  # pid -> its children (every thread's)
+        self._excl: frozenset[int] | None = None
+
+    def __repr__(self) -> str:
+        return f"<SparseCapture {len(self.procs)} of {len(self._pids)} processes read>"
+
+    def get(self, pid: int) -> Identity | None:
+        got = self.procs.get(pid)
+        if got is not None or pid in self._absent or pid <= 0:
+            return got
+        now = time.monotonic()
+        self.elapsed = now - self._t0
+        if now > self._deadline:
+            if self.complete:
+                self.complete = False
+                self.reason = f"time cap reached after reading {len(self.procs)} processes"
+            return None
+        ident = identity.read_as_captured(pid)
+        if ident is None or ident[1] < (self.born_after or 0):
+            self._absent.add(pid)
+            return None
+        self.procs[pid] = ident
+        return ident
+
+    def _excluded(self) -> frozenset[int]:  # type: ignore[override]
+        # Read once per capture, not per walk: ancestors only die (a parent's
+        # death re-parents us to one of them), and a stale set only spares more.
+        if self._excl is None:
+            self._excl = Capture._excluded()
+        return self._excl
+
+    def __contains__(self, pid: object) -> bool:
+        return isinstance(pid, int) and self.get(pid) is not None
+
+    def _kids_of(self, pid: int) -> list[Identity]:
+        pids = self._lists.get(pid)
+        if pids is None:  # each list read once per capture, as a snapshot would hold it
+            pids = self._lists[pid] = identity.children(pid)
+        out = []
+        for c in pids:
+            ident = self.get(c)
+            if ident is not None and ident[3] == pid:  # (re-parented since the list: not its)
+                out.append(ident)
+        return out
+
+    def _by(self, index: int, value: int, born_after: int, what: str) -> list[Identity]:
+        if born_after is None:
+            raise TypeError(f"{what}: born_after is required (a walk by {what} must be bounded)")
+        if value <= 1:
+            return []
+        excl = self._excluded()
+        out = []
+        for pid in self._session(value) if index == 5 else self._group(value):
+            ident = self.get(pid)
+            # (the read, not the syscall, is the record: the two agree unless
+            # the process moved between them, and then the read is newer)
+            if ident is not None and ident[index] == value and ident[1] >= born_after \
+                    and pid > 2 and pid not in excl:
+                out.append(ident)
+        return out
+
+    def _session(self, sid: int) -> list[int]:
+        """The pids of session ``sid``: one ``getsid`` per pid of the table,
+        once per capture (no file is opened)."""
+        if self._sids is None:
+            self._sids = {}
+            for pid in self._pids:
+                try:
+                    self._sids.setdefault(os.getsid(pid), []).append(pid)
+                except OSError:
+                    continue  # gone since the listing
+        return self._sids.get(sid, [])
+
+    def _group(self, pgid: int) -> list[int]:
+        """The pids of group ``pgid``, asked only of its session's pids. A
+        group lives in one session, its leader's: a process whose pid names a
+        group with members is that group's leader (the kernel does not hand
+        out the pid meanwhile), and a group leader cannot leave its session
+        (``setsid`` refuses it). Without the leader, a member read already
+        names the session; else every pid is asked."""
+        try:
+            sid: int | None = os.getsid(pgid)
+        except OSError:
+            sid = next((i[5] for i in self.procs.values() if i[4] == pgid), None)
+        pids = self._session(sid) if sid is not None else self._pids
+        out = []
+        for pid in pids:
+            try:
+                if os.getpgid(pid) == pgid:
+                    out.append(pid)
+            except OSError:
+                continue
+        return out
+
+
+def capture(*, time_cap: float = 1.0, mem_cap: int = 32 * 2**20,
+            born_after: int) -> Capture:
+    """A capture for walks from the job's own processes: sparse on Linux
+    (see the module), else :func:`tether.identity.capture`."""
+    if sys.platform.startswith("linux") and children_lists():
+        return SparseCapture(time_cap=time_cap, born_after=born_after)
+    return identity.capture(time_cap=time_cap, mem_cap=mem_cap, born_after=born_after)
