@@ -233,6 +233,27 @@ def test_not_a_task_and_explicit_pids(procs, job) -> None:
     assert wait_until(lambda: led.get("e") not in led.live())
 
 
+def test_two_tasks_started_in_one_tick_the_later_one_claims(procs, job) -> None:
+    """A process born after two tasks started within the same clock tick
+    belongs to the later one (the test of a host's ambient watcher met it:
+    a build went to the watcher, about one run in two of CI's Python-keeper
+    pass). Both orders: the old rule gave it to whichever was started first."""
+    for later in ("b", "a"):
+        led = Ledger(job.members)
+        first, second = ("a", "b") if later == "b" else ("b", "a")
+        led.started(first, "earlier")
+        led.started(second, "later")
+        tick = led.get("a").started_ticks
+        led.get("b").started_ticks = tick  # one tick, as on a fast machine
+        p = job.popen(["sleep", "300"], stdin=subprocess.DEVNULL, env=procs.env())
+        assert wait_until(lambda p=p: any(m.pid == p.pid for m in job.members()))
+        led.live()
+        assert p.pid in led.get(later).processes, later
+        assert p.pid not in led.get("b" if later == "a" else "a").processes
+        p.kill()
+        p.wait(5)
+
+
 @linux_only
 def test_wait_idle_is_bounded_and_wakes_on_exit(procs, job) -> None:
     led = Ledger(job.members)

@@ -515,7 +515,11 @@ class Ledger:
                 continue
             if task.said_finished_ticks is not None and m.start > task.said_finished_ticks:
                 continue
-            if best is None or task.started_ticks > best.started_ticks:
+            # The latest started: ticks first, then the monotonic clock, finer
+            # (two tasks started within one tick: a process born after both
+            # is the later one's).
+            if best is None or (task.started_ticks, task.started_mono) > \
+                    (best.started_ticks, best.started_mono):
                 best = task
         return best
 
