@@ -190,22 +190,45 @@ def end(
     """
     t0 = time.monotonic()
     grace = check_grace(grace)
-    out = Ending()
-    send = send or gate.send_signal
-    seen: dict[tuple[int, int], Identity] = {}
-    how: dict[tuple[int, int], str] = {}
-    refused: set[tuple[int, int]] = set()
-    credit: dict[tuple[int, int], str] = {}  # the last step sent to each process
-    floor = born_after
+    run = _Run(find, born_after, member, proof, send or gate.send_signal)
+    for i in targets:
+        if born_after is None or i[1] >= born_after:
+            run.seen.setdefault(_key(i), i)
+    try:
+        live = run.look()
+        if grace > 0 and live and run.ask(live, polite):
+            run.wait(grace, on_round, cancel)
+        if freeze and _SIGSTOP is not None:
+            run.freeze(_SIGSTOP)
+        run.kill(bound, quiet, kill, kill_name, kill_covers, on_round)
+        run.out.survivors = run.look()
+    finally:
+        run.thaw()  # on any error too: leave nothing frozen
+        run.out.elapsed = time.monotonic() - t0
+    return run.out
 
-    attempted: set[tuple[int, int]] = set()  # handed to the gate at least once
 
-    def look() -> list[Identity]:
+class _Run:
+    """One call of :func:`end`: what it has seen, signalled and credited, and
+    its steps (2: ``ask`` and ``wait``, 3: ``freeze``, 4: ``kill``)."""
+
+    def __init__(self, find, floor, member, proof, send) -> None:
+        self.find, self.floor, self.member, self.proof, self.send = find, floor, member, proof, send
+        self.out = Ending()
+        self.seen: dict[tuple[int, int], Identity] = {}
+        self.how: dict[tuple[int, int], str] = {}
+        self.refused: set[tuple[int, int]] = set()
+        self.credit: dict[tuple[int, int], str] = {}  # the last step sent to each process
+        self.attempted: set[tuple[int, int]] = set()  # handed to the gate at least once
+        self.frozen: list[Identity] = []
+
+    def look(self) -> list[Identity]:
         """In scope, not refused, not seen gone: what is still to be ended.
         A process not yet signalled is listed without a look of our own: the
         gate's identity check, at the moment of sending, decides."""
-        for i in (find() if find is not None else ()):
-            if floor is not None and i[1] < floor:
+        seen, how, refused = self.seen, self.how, self.refused
+        for i in (self.find() if self.find is not None else ()):
+            if self.floor is not None and i[1] < self.floor:
                 continue  # born before the scope began: never ours to end
             k = _key(i)
             if k not in seen and k not in refused:
@@ -214,90 +237,86 @@ def end(
         for k, i in list(seen.items()):
             if k in how or k in refused:
                 continue
-            if k not in attempted or identity.is_alive(i):
+            if k not in self.attempted or identity.is_alive(i):
                 live.append(i)
             else:
-                how[k] = credit.get(k, "exit")
-                out.ended.append((i, how[k]))
+                how[k] = self.credit.get(k, "exit")
+                self.out.ended.append((i, how[k]))
         return live
 
-    def vouched(i: Identity) -> bool:
-        return member(i) if callable(member) else member
+    def _send(self, i: Identity, sig: int) -> bool:
+        member = self.member(i) if callable(self.member) else self.member
+        if self.proof is not None:
+            return bool(self.send(i, sig, member=member, proof=self.proof(i)))
+        return bool(self.send(i, sig, member=member))
 
-    def signal(i: Identity, sig: int, step: str | None) -> bool:
+    def signal(self, i: Identity, sig: int, step: str | None) -> bool:
         k = _key(i)
-        attempted.add(k)
+        self.attempted.add(k)
         try:
-            if proof is not None:
-                ok = send(i, sig, member=vouched(i), proof=proof(i))
-            else:
-                ok = send(i, sig, member=vouched(i))
+            ok = self._send(i, sig)
         except SignalRefused as e:
-            refused.add(k)
-            out.refused.append((i, str(e)))
+            self.refused.add(k)
+            self.out.refused.append((i, str(e)))
             return False
         except OSError:  # a transient failure (EMFILE, EAGAIN): tried again next round
             return False
         if ok and step is not None:
-            credit[k] = step
-        return bool(ok)
+            self.credit[k] = step
+        return ok
 
-    for i in targets:
-        if floor is None or i[1] >= floor:
-            seen.setdefault(_key(i), i)
-    frozen: list[Identity] = []
-    try:
-        live = look()
-        # 2. the polite round, and the grace
-        asked = False
-        if grace > 0 and live:
-            if polite is not None:
-                sent = polite(live)
-                asked = sent is None or bool(sent)  # nothing could be asked: no grace to give
-                for i in live:
-                    credit.setdefault(_key(i), "SIGTERM")
-            else:
-                # Parents first, and every SIGTERM before any SIGCONT: a
-                # wrapper script or a supervisor hears it before it sees a
-                # child die (a shell's `wait` returns when its child is
-                # killed, and the shell would exit without running its trap;
-                # a supervisor would restart the child).
-                told = [i for i in depth_order(live, deepest_first=False)
-                        if signal(i, _SIGTERM, "SIGTERM")]
-                asked = bool(told)
-                if _SIGCONT is not None:
-                    for i in told:
-                        signal(i, _SIGCONT, None)
-        if asked:
-            deadline = time.monotonic() + grace
-            delay = 0.001
-            while True:
-                if on_round is not None:
-                    on_round()
-                live = look()
-                if not live or time.monotonic() >= deadline:
-                    break
-                if cancel is not None and cancel():
-                    break
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 0.05)
-        # 3. freeze, parents first, until nothing new appears
-        if freeze and _SIGSTOP is not None:
-            stopped: set[tuple[int, int]] = set()
-            for _ in range(_FREEZE_ROUNDS):
-                new = [i for i in look() if _key(i) not in stopped]
-                if not new:
-                    break
-                for i in depth_order(new, deepest_first=False):
-                    stopped.add(_key(i))
-                    if signal(i, _SIGSTOP, None):
-                        frozen.append(i)
-        # 4. the kill, repeated until quiet or the bound
+    def ask(self, live: list[Identity], polite) -> bool:
+        """The polite round; whether anything was asked (else no grace)."""
+        if polite is not None:
+            sent = polite(live)
+            for i in live:
+                self.credit.setdefault(_key(i), "SIGTERM")
+            return sent is None or bool(sent)
+        # Parents first, and every SIGTERM before any SIGCONT: a wrapper
+        # script or a supervisor hears it before it sees a child die (a
+        # shell's `wait` returns when its child is killed, and the shell would
+        # exit without running its trap; a supervisor would restart the child).
+        told = [i for i in depth_order(live, deepest_first=False)
+                if self.signal(i, _SIGTERM, "SIGTERM")]
+        if _SIGCONT is not None:
+            for i in told:
+                self.signal(i, _SIGCONT, None)
+        return bool(told)
+
+    def wait(self, grace: float, on_round, cancel) -> None:
+        """The grace: until nothing is left, the grace is over, or ``cancel()``."""
+        deadline = time.monotonic() + grace
+        delay = 0.001
+        while True:
+            if on_round is not None:
+                on_round()
+            if not self.look() or time.monotonic() >= deadline:
+                return
+            if cancel is not None and cancel():
+                return
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.05)
+
+    def freeze(self, sigstop: int) -> None:
+        """SIGSTOP, parents first, until nothing new appears."""
+        stopped: set[tuple[int, int]] = set()
+        for _ in range(_FREEZE_ROUNDS):
+            new = [i for i in self.look() if _key(i) not in stopped]
+            if not new:
+                return
+            for i in depth_order(new, deepest_first=False):
+                stopped.add(_key(i))
+                if self.signal(i, sigstop, None):
+                    self.frozen.append(i)
+
+    def kill(self, bound: float, quiet: float, kill, kill_name: str, kill_covers,
+             on_round) -> None:
+        """The kill, repeated until quiet or the bound."""
         deadline = time.monotonic() + bound
         rounds = 0
         quiet_since: float | None = None
         while True:
-            live = look()
+            live = self.look()
             now = time.monotonic()
             if not live:
                 if quiet_since is None:
@@ -305,13 +324,13 @@ def end(
                 # The quiet watch is for what a kill may have missed (a
                 # pid-hopper's successor): with nothing ever found, nothing
                 # was killed, and one more look (this one) is the watch.
-                if now - quiet_since >= (quiet if seen else 0) or now >= deadline:
-                    break
+                if now - quiet_since >= (quiet if self.seen else 0) or now >= deadline:
+                    return
                 time.sleep(0.005)
                 continue
             quiet_since = None
             if now >= deadline:
-                break
+                return
             covered: set[tuple[int, int]] = set()
             if kill is not None and rounds == 0:
                 covered = {_key(i) for i in live if kill_covers is None or kill_covers(i)}
@@ -320,30 +339,25 @@ def end(
                 if k not in covered:
                     # Still alive a round after a kill (its SIGKILL not yet
                     # taken): sent again, but the first kill keeps the credit.
-                    was = credit.get(k)
+                    was = self.credit.get(k)
                     first = was == "SIGKILL" or (kill is not None and was == kill_name)
-                    signal(i, _SIGKILL, None if first else "SIGKILL")
+                    self.signal(i, _SIGKILL, None if first else "SIGKILL")
             if kill is not None:
                 kill()  # after the SIGKILLs: what they could not reach, the kernel ends
                 for k in covered:
-                    attempted.add(k)
-                    credit[k] = kill_name
+                    self.attempted.add(k)
+                    self.credit[k] = kill_name
             rounds += 1
             if on_round is not None:
                 on_round()
             time.sleep(0.001 if rounds < 4 else 0.005)
-        out.survivors = look()
-    finally:
-        # On any error, leave nothing frozen.
-        if frozen and _SIGCONT is not None:
-            for i in frozen:
-                if _key(i) not in how and identity.is_alive(i):
-                    try:
-                        if proof is not None:
-                            send(i, _SIGCONT, member=vouched(i), proof=proof(i))
-                        else:
-                            send(i, _SIGCONT, member=vouched(i))
-                    except (SignalRefused, OSError):
-                        pass
-        out.elapsed = time.monotonic() - t0
-    return out
+
+    def thaw(self) -> None:
+        if not self.frozen or _SIGCONT is None:
+            return
+        for i in self.frozen:
+            if _key(i) not in self.how and identity.is_alive(i):
+                try:
+                    self._send(i, _SIGCONT)
+                except (SignalRefused, OSError):
+                    pass
