@@ -515,13 +515,16 @@ class Ledger:
                 continue
             if task.said_finished_ticks is not None and m.start > task.said_finished_ticks:
                 continue
-            # The latest started: ticks first, then the monotonic clock, finer
-            # (two tasks started within one tick: a process born after both
-            # is the later one's).
-            if best is None or (task.started_ticks, task.started_mono) > \
-                    (best.started_ticks, best.started_mono):
+            if best is None or _started(task) > _started(best):
                 best = task
         return best
+
+
+def _started(task: Task) -> tuple[int, float]:
+    """When a task started, to find the latest: ticks first, then the monotonic
+    clock, finer (of two tasks started within one tick, a process born after
+    both is the later one's)."""
+    return task.started_ticks, task.started_mono
 
 
 class StreamAdapter:
@@ -702,11 +705,10 @@ def live_work(members: Iterable[Identity], agent: Iterable[Identity], *,
         runtime = max(0.0, (now - procs[0].start) / hz)
         owners = [t for t in (owner_of.get((p.pid, p.start)) for p in procs) if t is not None] \
             if owner_of else []
-        task = max((t for t in owners if not t.ambient), key=lambda t: t.started_ticks,
-                   default=None)
+        task = max((t for t in owners if not t.ambient), key=_started, default=None)
         ambient = task is None and bool(owners)
         if ambient:
-            task = max(owners, key=lambda t: t.started_ticks)
+            task = max(owners, key=_started)
         out.append(Work(pgid, head.sid, label or head.comm or str(head.pid), wall - runtime,
                         runtime, procs, leader, leader is None or leader.ppid not in agent_side,
                         task.task_id if task is not None else None, ambient))
