@@ -87,8 +87,9 @@ HAVE_PIDFD = _LINUX and hasattr(os, "pidfd_open")
 _ENTRY_BYTES = 400
 
 # Fields after the ')' that closes comm in /proc/PID/stat, 0-based:
-# 0 state, 1 ppid, 2 pgrp, 3 session, ..., 19 starttime (field 22 of proc(5)).
-_F_STATE, _F_PPID, _F_PGRP, _F_SID, _F_START = 0, 1, 2, 3, 19
+# 0 state, 1 ppid, 2 pgrp, 3 session, ..., 17 num_threads, 19 starttime (field 22
+# of proc(5)).
+_F_STATE, _F_PPID, _F_PGRP, _F_SID, _F_THREADS, _F_START = 0, 1, 2, 3, 17, 19
 
 # One shared str per state letter instead of a fresh one per process.
 _STATES = {s.encode(): s for s in "RSDZTtXxKWPIL"}
@@ -293,27 +294,6 @@ def _stat_linux(pid: int) -> "Identity | None":
     if not data:
         return None
     return _parse_stat(pid, data, boot_id(), -1)
-
-
-def read_as_captured(pid: int) -> "Identity | None":
-    """``pid`` as :func:`capture` records it (Linux): /proc/PID/stat, and the
-    effective uid from the file's owner (one open, no /proc/PID/status).
-    Elsewhere :func:`read`. A sparse capture's read of one process."""
-    if not _LINUX:
-        return read(pid)
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except OSError as e:
-        _missing(e)
-        return None
-    try:
-        data = os.read(fd, 1024)
-        uid = os.fstat(fd).st_uid
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return _parse_stat(pid, data, boot_id(), uid) if data else None
 
 
 def read_stat(pid: int) -> "Identity | None":
@@ -1195,6 +1175,42 @@ class Capture:
         return self._by(4, pgid, born_after, "process group")
 
 
+def captured_at(pfd: int | None, name: str, boot: str,
+                floor: int) -> "tuple[Identity, int] | None":
+    """Process ``name`` (its pid, as text) as a capture records it, read
+    relative to ``pfd`` (an open ``/proc``: no path walk from / per
+    process; None: by its path), and its number of threads; None if it is gone or was born
+    before ``floor``. The uid is the owner of /proc/PID - the effective uid
+    (0 when it is not dumpable): a cheap fstat instead of parsing the much
+    costlier /proc/PID/status for the real uid. The thread count tells a
+    sparse capture whether a process's children are on one list or several.
+    Every capture reads through here (thousands of calls: kept lean, the
+    Identity built by tuple.__new__ without a Python call)."""
+    try:
+        fd = os.open(name + "/stat", os.O_RDONLY, dir_fd=pfd) if pfd is not None \
+            else os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        try:
+            data = os.read(fd, 1024)
+            uid = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+    except OSError:
+        return None  # it exited while we looked
+    if not data:
+        return None
+    rp = data.rindex(b")")  # comm may contain ") ": the LAST ')' ends it
+    f = data[rp + 2 :].split(None, 20)
+    start = int(f[_F_START])
+    if start < floor:
+        return None
+    st = f[_F_STATE]
+    return tuple.__new__(Identity, (
+        int(name), start, boot, int(f[_F_PPID]), int(f[_F_PGRP]), int(f[_F_SID]), uid,
+        _STATES.get(st) or st.decode("ascii", "replace"),
+        data[data.index(b"(") + 1 : rp].decode("utf-8", "backslashreplace"),
+    )), int(f[_F_THREADS])
+
+
 def _capture_linux(time_cap: float, mem_cap: int, born_after: int | None) -> "Capture":
     clock = time.monotonic
     t0 = clock()
@@ -1203,14 +1219,10 @@ def _capture_linux(time_cap: float, mem_cap: int, born_after: int | None) -> "Ca
     boot = boot_id()
     procs: dict[int, Identity] = {}
     complete, reason = True, ""
-    # The loop below is the hot path (thousands of iterations): locals only,
-    # _parse_stat inlined, Identity built by tuple.__new__ without a Python call.
-    o_rdonly = os.O_RDONLY
-    read_, close, fstat, open_ = os.read, os.close, os.fstat, os.open
-    new, states = tuple.__new__, _STATES
+    read = captured_at
     floor = -1 if born_after is None else born_after
     n = 0
-    pfd = open_("/proc", o_rdonly | os.O_DIRECTORY)
+    pfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     try:
         with os.scandir(pfd) as it:  # streamed: never a full listing in memory
             for entry in it:
@@ -1229,44 +1241,11 @@ def _capture_linux(time_cap: float, mem_cap: int, born_after: int | None) -> "Ca
                         f"memory cap {mem_cap / 2**20:g} MiB reached after {len(procs)} processes"
                     )
                     break
-                try:
-                    # Relative to an open /proc: no path walk from / per process.
-                    fd = open_(name + "/stat", o_rdonly, dir_fd=pfd)
-                    try:
-                        data = read_(fd, 1024)
-                        # The owner of a /proc/PID file is the process's effective
-                        # uid (0 when it is not dumpable): a cheap fstat instead of
-                        # parsing the much costlier /proc/PID/status for the real uid.
-                        uid = fstat(fd).st_uid
-                    finally:
-                        close(fd)
-                except OSError:
-                    continue  # it exited while we looked
-                if not data:
-                    continue
-                rp = data.rindex(b")")  # comm may contain ") ": the LAST ')' ends it
-                f = data[rp + 2 :].split(None, 20)
-                start = int(f[_F_START])
-                if start < floor:
-                    continue
-                st = f[_F_STATE]
-                pid = int(name)
-                procs[pid] = new(
-                    Identity,
-                    (
-                        pid,
-                        start,
-                        boot,
-                        int(f[_F_PPID]),
-                        int(f[_F_PGRP]),
-                        int(f[_F_SID]),
-                        uid,
-                        states.get(st) or st.decode("ascii", "replace"),
-                        data[data.index(b"(") + 1 : rp].decode("utf-8", "backslashreplace"),
-                    ),
-                )
+                got = read(pfd, name, boot, floor)
+                if got is not None:
+                    procs[got[0][0]] = got[0]
     finally:
-        close(pfd)
+        os.close(pfd)
     return Capture(procs, complete, reason, clock() - t0, born_after)
 
 

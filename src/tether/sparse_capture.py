@@ -49,7 +49,8 @@ def children_lists() -> bool:
 class SparseCapture(Capture):
     """A capture whose processes are read on first use (see the module)."""
 
-    __slots__ = ("_pids", "_sids", "_absent", "_lists", "_excl", "_t0", "_deadline")
+    __slots__ = ("_pids", "_sids", "_absent", "_lists", "_threads", "_excl", "_boot", "_t0",
+                 "_deadline")
 
     def __init__(self, *, time_cap: float, born_after: int) -> None:
         super().__init__({}, born_after=born_after)
@@ -60,15 +61,17 @@ class SparseCapture(Capture):
         self._sids: dict[int, list[int]] | None = None  # session id -> pids
         self._absent: set[int] = set()  # gone, or born before born_after
         self._lists: dict[int, list[int]] = {}  # pid -> its children (every thread's)
+        self._threads: dict[int, int] = {}  # pid -> its threads, when read
         self._excl: frozenset[int] | None = None
+        self._boot = identity.boot_id()
 
     def __repr__(self) -> str:
         return f"<SparseCapture {len(self.procs)} of {len(self._pids)} processes read>"
 
     def get(self, pid: int) -> Identity | None:
-        got = self.procs.get(pid)
-        if got is not None or pid in self._absent or pid <= 0:
-            return got
+        known = self.procs.get(pid)
+        if known is not None or pid in self._absent or pid <= 0:
+            return known
         now = time.monotonic()
         self.elapsed = now - self._t0
         if now > self._deadline:
@@ -76,10 +79,11 @@ class SparseCapture(Capture):
                 self.complete = False
                 self.reason = f"time cap reached after reading {len(self.procs)} processes"
             return None
-        ident = identity.read_as_captured(pid)
-        if ident is None or ident[1] < (self.born_after or 0):
+        got = identity.captured_at(None, str(pid), self._boot, self.born_after or 0)
+        if got is None:  # gone, or born before the capture's floor
             self._absent.add(pid)
             return None
+        ident, self._threads[pid] = got
         self.procs[pid] = ident
         return ident
 
@@ -96,7 +100,9 @@ class SparseCapture(Capture):
     def _kids_of(self, pid: int) -> list[Identity]:
         pids = self._lists.get(pid)
         if pids is None:  # each list read once per capture, as a snapshot would hold it
-            pids = self._lists[pid] = identity.children(pid)
+            # One thread (read with it): one list, no listing of its threads.
+            single = self._threads.get(pid) == 1
+            pids = self._lists[pid] = identity.children(pid, every_thread=not single)
         out = []
         for c in pids:
             ident = self.get(c)
