@@ -20,9 +20,12 @@ import pytest
 
 from tether import identity, sparse_capture
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not sparse_capture.children_lists(),
-    reason="a sparse capture needs /proc and the kernel's children lists (CONFIG_PROC_CHILDREN)")
+pytestmark = [
+    pytest.mark.mechanism,  # also as an unprivileged user: other users' lists and sessions
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or not sparse_capture.children_lists(),
+        reason="a sparse capture needs /proc and the kernel's children lists (CONFIG_PROC_CHILDREN)"),
+]
 
 GROUP = "import os, sys; os.setpgid(0, 0); os.execvp('sleep', ['sleep', '60'])"
 TREE = ("sleep 60 & (sleep 60 & wait) & setsid sh -c 'sleep 60 & wait' & "
