@@ -23,7 +23,7 @@ from tether import identity, sparse_capture
 pytestmark = [
     pytest.mark.mechanism,  # also as an unprivileged user: other users' lists and sessions
     pytest.mark.skipif(
-        not sys.platform.startswith("linux") or not sparse_capture.children_lists(),
+        not identity.has_children_lists(),
         reason="a sparse capture needs /proc and the kernel's children lists (CONFIG_PROC_CHILDREN)"),
 ]
 

@@ -651,6 +651,51 @@ def pids() -> set[int] | None:
         return None
 
 
+_HAS_CHILDREN_LISTS: bool | None = None
+
+
+def has_children_lists() -> bool:
+    """Whether this kernel keeps /proc/PID/task/TID/children
+    (``CONFIG_PROC_CHILDREN``), which :func:`children` reads."""
+    global _HAS_CHILDREN_LISTS
+    if _HAS_CHILDREN_LISTS is None:
+        me = os.getpid()
+        _HAS_CHILDREN_LISTS = _LINUX and os.path.exists(f"/proc/{me}/task/{me}/children")
+    return _HAS_CHILDREN_LISTS
+
+
+def sessions(pids: "Iterable[int]") -> dict[int, list[int]]:
+    """Session id -> the ``pids`` in it, by one ``getsid`` each (no file is
+    opened); a pid gone meanwhile is left out."""
+    out: dict[int, list[int]] = {}
+    for pid in pids:
+        try:
+            out.setdefault(os.getsid(pid), []).append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def session_of(pid: int) -> int | None:
+    """``pid``'s session id, or None once it is gone."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def in_group(pgid: int, pids: "Iterable[int]") -> list[int]:
+    """Those of ``pids`` in process group ``pgid``, by one ``getpgid`` each."""
+    out = []
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pgid:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def open_pidfd(pid: int) -> int | None:
     """A pidfd of ``pid`` (close-on-exec), or None: gone, a thread id, or no
     pidfd here. It pins whichever process holds ``pid`` at this instant."""
@@ -1175,25 +1220,30 @@ class Capture:
         return self._by(4, pgid, born_after, "process group")
 
 
-def captured_at(pfd: int | None, name: str, boot: str,
-                floor: int) -> "tuple[Identity, int] | None":
+def captured_at(pfd: int | None, name: str, boot: str, floor: int, *,
+                _open=os.open, _read=os.read, _fstat=os.fstat, _close=os.close,
+                _rdonly=os.O_RDONLY, _new=tuple.__new__,
+                _states=_STATES) -> "tuple[Identity, int] | None":
     """Process ``name`` (its pid, as text) as a capture records it, read
     relative to ``pfd`` (an open ``/proc``: no path walk from / per
-    process; None: by its path), and its number of threads; None if it is gone or was born
-    before ``floor``. The uid is the owner of /proc/PID - the effective uid
-    (0 when it is not dumpable): a cheap fstat instead of parsing the much
-    costlier /proc/PID/status for the real uid. The thread count tells a
+    process; None: by its path), and its number of threads; None if it is
+    gone or was born before ``floor``. The uid is the owner of /proc/PID - the
+    effective uid (0 when it is not dumpable): a cheap fstat instead of
+    parsing the much costlier /proc/PID/status for the real uid. The thread count tells a
     sparse capture whether a process's children are on one list or several.
-    Every capture reads through here (thousands of calls: kept lean, the
-    Identity built by tuple.__new__ without a Python call)."""
+    Every capture reads through here, thousands of calls: kept lean. The
+    parse is inlined rather than a call of :func:`_parse_stat`, the Identity
+    built by tuple.__new__ without a Python call, and the os functions bound
+    as defaults (locals: no global and attribute lookups per call); each of
+    these cost a full capture a few per cent."""
     try:
-        fd = os.open(name + "/stat", os.O_RDONLY, dir_fd=pfd) if pfd is not None \
-            else os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        fd = _open(name + "/stat", _rdonly, dir_fd=pfd) if pfd is not None \
+            else _open(f"/proc/{name}/stat", _rdonly)
         try:
-            data = os.read(fd, 1024)
-            uid = os.fstat(fd).st_uid
+            data = _read(fd, 1024)
+            uid = _fstat(fd).st_uid
         finally:
-            os.close(fd)
+            _close(fd)
     except OSError:
         return None  # it exited while we looked
     if not data:
@@ -1204,9 +1254,9 @@ def captured_at(pfd: int | None, name: str, boot: str,
     if start < floor:
         return None
     st = f[_F_STATE]
-    return tuple.__new__(Identity, (
+    return _new(Identity, (
         int(name), start, boot, int(f[_F_PPID]), int(f[_F_PGRP]), int(f[_F_SID]), uid,
-        _STATES.get(st) or st.decode("ascii", "replace"),
+        _states.get(st) or st.decode("ascii", "replace"),
         data[data.index(b"(") + 1 : rp].decode("utf-8", "backslashreplace"),
     )), int(f[_F_THREADS])
 

@@ -27,23 +27,10 @@ elsewhere and where the kernel has no children lists.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 from . import identity
 from .identity import Capture, Identity
-
-_HAS_CHILDREN_LISTS: bool | None = None
-
-
-def children_lists() -> bool:
-    """Whether this kernel keeps children lists (``CONFIG_PROC_CHILDREN``)."""
-    global _HAS_CHILDREN_LISTS
-    if _HAS_CHILDREN_LISTS is None:
-        me = os.getpid()
-        _HAS_CHILDREN_LISTS = os.path.exists(f"/proc/{me}/task/{me}/children")
-    return _HAS_CHILDREN_LISTS
 
 
 class SparseCapture(Capture):
@@ -57,7 +44,7 @@ class SparseCapture(Capture):
         self._t0 = time.monotonic()
         self._deadline = self._t0 + time_cap
         # The one scan of the table: names only, no process is read.
-        self._pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        self._pids = list(identity.pids() or ())
         self._sids: dict[int, list[int]] | None = None  # session id -> pids
         self._absent: set[int] = set()  # gone, or born before born_after
         self._lists: dict[int, list[int]] = {}  # pid -> its children (every thread's)
@@ -130,12 +117,7 @@ class SparseCapture(Capture):
         """The pids of session ``sid``: one ``getsid`` per pid of the table,
         once per capture (no file is opened)."""
         if self._sids is None:
-            self._sids = {}
-            for pid in self._pids:
-                try:
-                    self._sids.setdefault(os.getsid(pid), []).append(pid)
-                except OSError:
-                    continue  # gone since the listing
+            self._sids = identity.sessions(self._pids)
         return self._sids.get(sid, [])
 
     def _group(self, pgid: int) -> list[int]:
@@ -145,25 +127,16 @@ class SparseCapture(Capture):
         out the pid meanwhile), and a group leader cannot leave its session
         (``setsid`` refuses it). Without the leader, a member read already
         names the session; else every pid is asked."""
-        try:
-            sid: int | None = os.getsid(pgid)
-        except OSError:
+        sid = identity.session_of(pgid)
+        if sid is None:
             sid = next((i[5] for i in self.procs.values() if i[4] == pgid), None)
-        pids = self._session(sid) if sid is not None else self._pids
-        out = []
-        for pid in pids:
-            try:
-                if os.getpgid(pid) == pgid:
-                    out.append(pid)
-            except OSError:
-                continue
-        return out
+        return identity.in_group(pgid, self._session(sid) if sid is not None else self._pids)
 
 
 def capture(*, time_cap: float = 1.0, mem_cap: int = 32 * 2**20,
             born_after: int) -> Capture:
     """A capture for walks from the job's own processes: sparse on Linux
     (see the module), else :func:`tether.identity.capture`."""
-    if sys.platform.startswith("linux") and children_lists():
+    if identity.has_children_lists():
         return SparseCapture(time_cap=time_cap, born_after=born_after)
     return identity.capture(time_cap=time_cap, mem_cap=mem_cap, born_after=born_after)
