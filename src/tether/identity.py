@@ -1205,9 +1205,14 @@ class Capture:
         excl = self._excluded()
         return [
             p
-            for p in self.procs.values()
+            for p in self._with(index, value)
             if p[index] == value and p[1] >= born_after and p[0] > 2 and p[0] not in excl
         ]
+
+    def _with(self, index: int, value: int) -> "Iterable[Identity]":
+        """The processes that may have field ``index`` (5: session, 4: group)
+        equal to ``value``, unfiltered (a sparse capture asks the kernel)."""
+        return self.procs.values()
 
     def by_session(self, sid: int, born_after: int) -> "list[Identity]":
         """Captured processes of session ``sid`` born at or after ``born_after``

@@ -97,21 +97,11 @@ class SparseCapture(Capture):
                 out.append(ident)
         return out
 
-    def _by(self, index: int, value: int, born_after: int, what: str) -> list[Identity]:
-        if born_after is None:
-            raise TypeError(f"{what}: born_after is required (a walk by {what} must be bounded)")
-        if value <= 1:
-            return []
-        excl = self._excluded()
-        out = []
-        for pid in self._session(value) if index == 5 else self._group(value):
-            ident = self.get(pid)
-            # (the read, not the syscall, is the record: the two agree unless
-            # the process moved between them, and then the read is newer)
-            if ident is not None and ident[index] == value and ident[1] >= born_after \
-                    and pid > 2 and pid not in excl:
-                out.append(ident)
-        return out
+    def _with(self, index: int, value: int) -> list[Identity]:
+        # Read, then filtered by what was read: the syscall and the read agree
+        # unless the process moved between them, and then the read is newer.
+        pids = self._session(value) if index == 5 else self._group(value)
+        return [i for i in map(self.get, pids) if i is not None]
 
     def _session(self, sid: int) -> list[int]:
         """The pids of session ``sid``: one ``getsid`` per pid of the table,
