@@ -12,8 +12,9 @@ even for 1000 processes; a zombie counts as dead (pidfds fire at exit).
 Members are found only among processes born after the trial began that carry
 the trial's environment mark; leftovers are ended by recorded identity.
 
-Each keeper mechanism runs with both keepers where the native one is built
-(``cgroup/native`` and ``cgroup/python``: TETHER_NATIVE=1 / 0).
+Each mechanism runs with the keeper it has: the native program for
+``cgroup/native``, ``subreaper/native``, ``pidns/native`` (the only keeper
+of those on Linux), the Python one for ``pgroup``.
 
 Targets: issue 2, tether's median within 1.5x of the unshare baseline at 100
 and 1000 processes; issue 18, the native keeper at or below 1.0x there.
@@ -143,8 +144,6 @@ def takes_beacon(keeper: str) -> bool:
 def start_owner(kind: str, n: int, env: dict) -> subprocess.Popen:
     tree = (chain(n) if SHAPE == "chain" else TREE) if n > 1 else "trap '' TERM HUP; exec sleep 300"
     kind, _, keeper = kind.partition("/")
-    if keeper:
-        env = dict(env, TETHER_NATIVE="0" if keeper == "python" else "1")
     if keeper == "nobeacon":
         env["_TETHER_BEACON"] = "0"
     if keeper == "baseline":
@@ -257,10 +256,9 @@ def main() -> int:
     sizes = [1, 10, 100] if a.quick else [int(x) for x in a.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    keepers = ["native", "python"] if native.built() else ["python"]
-    kinds = [f"{m}/{k}" if m != "pgroup" else m
-             for m in ("cgroup", "subreaper", "pidns", "pgroup") if probe(m).available
-             for k in (keepers if m != "pgroup" else ["python"])]
+    kinds = [f"{m}/native" if m != "pgroup" else m
+             for m in ("cgroup", "subreaper", "pidns", "pgroup")
+             if probe(m).available and (m == "pgroup" or native.built())]
     if a.kinds:
         wanted = a.kinds.split(",")
         unknown = [k for k in wanted if k not in kinds and not k.startswith("unshare")]

@@ -5,9 +5,8 @@ Also: the cost of opening a job, memory per open job (the keeper's PSS, and
 its pin's: an idle native cgroup job's sleeping process, cgroupfs.PIN_DIR), and
 how spawn time grows with the number of open jobs. Rounds interleave tether
 and the baseline so machine noise hits both alike; we report medians and the
-ratio. Each mechanism runs with both keepers where the native one is built:
-``native`` (tether-keeper, C) and ``python`` (TETHER_NATIVE=0, the baseline
-it replaces). Targets (issue 18, native keeper): spawn+wait <= 1.25x plain
+ratio. Each mechanism runs with the keeper it has: ``native`` (tether-keeper,
+C: every Linux mechanism but pgroup) or ``python`` (pgroup's). Targets (issue 18, native keeper): spawn+wait <= 1.25x plain
 Popen, tight and spaced 50 ms apart; opening a job <= 1 ms; <= 256 KiB PSS
 per open job at 1, 10 and 100 jobs, spawn time flat as they grow.
 
@@ -18,8 +17,7 @@ measured against the one it replaces in the same run (results go to
 spawn-baseline.json). A keeper built before the owner's beacon
 (its usage line names no ``beacon=``) runs without one.
 
-usage: python3 bench/spawn.py [--n 300] [--quick] [--keeper both|native|python] [--spaced 60]
-                              [--keeper-baseline PATH]
+usage: python3 bench/spawn.py [--n 300] [--quick] [--spaced 60] [--keeper-baseline PATH]
 """
 
 from __future__ import annotations
@@ -92,7 +90,6 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--keeper", choices=("both", "native", "python"), default="both")
     ap.add_argument("--spaced", type=int, default=0, help="rounds of the spaced spawns (default 60)")
     ap.add_argument("--keeper-baseline", metavar="PATH", default="",
                     help="a second native keeper program, run beside the built one")
@@ -103,16 +100,18 @@ def main() -> int:
             ap.error(f"--keeper-baseline: {a.keeper_baseline} is not an executable file")
         results = RESULTS.replace(".json", "-baseline.json")
     n = 60 if a.quick else a.n
-    keepers = ["native", "python"] if a.keeper == "both" else [a.keeper]
-    if not native.built():
-        keepers = [k for k in keepers if k == "python"] or ["python"]
-    if a.keeper_baseline and "native" in keepers:
-        keepers.insert(keepers.index("native") + 1, "baseline")
+    keepers = ["native"] if native.built() else []
+    if not keepers:
+        print("the native keeper is not built: only pgroup (the Python keeper's) can be measured")
+    if a.keeper_baseline and keepers:
+        keepers.append("baseline")
     base_mechs = ["auto"] + [m for m in ("cgroup", "subreaper", "pidns", "pgroup")
                              if probe(m).available]
-    # (label, mechanism, keeper): pgroup keeps its Python keeper
-    mechs = [(m if k == "python" and len(keepers) == 1 else f"{m}/{k}", m, k)
-             for m in base_mechs for k in keepers if not (m == "pgroup" and k != "python")]
+    # (label, mechanism, keeper): pgroup has the Python keeper, the rest the native one
+    mechs = [(f"{m}/{k}", m, k) for m in base_mechs if m != "pgroup" for k in keepers]
+    if "pgroup" in base_mechs:
+        mechs.append(("pgroup/python", "pgroup", "python"))
+    keepers = keepers or ["python"]
     out: dict = {"bench": "spawn", "n": n, "python": platform.python_version(),
                  "kernel": platform.release(), "uid": os.geteuid(), "auto": choose("auto"),
                  "keepers": keepers, "load_avg": os.getloadavg(), "mechanisms": {}}
@@ -122,7 +121,6 @@ def main() -> int:
     old_keeper = bool(a.keeper_baseline) and not takes_beacon(a.keeper_baseline)
 
     def job_of(m: str, k: str) -> Job:
-        os.environ["TETHER_NATIVE"] = "0" if k == "python" else "1"
         built, beacon = native.HELPER, os.environ.get("_TETHER_BEACON")
         if k == "baseline":
             native.HELPER = a.keeper_baseline
@@ -131,7 +129,6 @@ def main() -> int:
         try:
             return Job(mechanism=m)
         finally:
-            del os.environ["TETHER_NATIVE"]
             if beacon is None:
                 os.environ.pop("_TETHER_BEACON", None)
             native.HELPER = built
@@ -214,7 +211,7 @@ def main() -> int:
         if k == "baseline":
             continue
         for count in (1, 10, 100) if not a.quick else (1, 10):
-            jobs = [job_of("auto", k) for _ in range(count)]
+            jobs = [job_of("auto" if k != "python" else "pgroup", k) for _ in range(count)]
             try:
                 for j in jobs:  # a job that ran something: a native cgroup job has its pin
                     j.run(["/bin/true"])

@@ -124,7 +124,6 @@ def main() -> int:
         stamp["exited"] = pc()
         return out
 
-    os.environ["TETHER_NATIVE"] = "1"
     _proto.send, _proto.recv, posix.JobPopen._exited = timed_send, timed_recv, timed_exited
     job = Job(mechanism=a.mechanism)
     if a.pin:

@@ -38,7 +38,6 @@ sanitized_env() {
   echo "_TETHER_NATIVE_HELPER=$dir/tether-keeper"
   echo "_TETHER_TEST_NATIVE_SHELL=$dir/tether-shell"
   echo "_TETHER_TEST_NATIVE_CLI=$dir/tether"
-  echo "TETHER_NATIVE=1"
   echo "ASAN_OPTIONS=log_path=$dir/reports/asan:detect_leaks=0:abort_on_error=1"
   echo "UBSAN_OPTIONS=log_path=$dir/reports/ubsan:print_stacktrace=1:halt_on_error=1"
 }

@@ -129,7 +129,7 @@ try:
         time.sleep(300)
     """)
     for mech in ("cgroup", "subreaper", "pidns"):
-        env = dict(ENV, _TETHER_NATIVE_HELPER=WRAP, TETHER_NATIVE="1")
+        env = dict(ENV, _TETHER_NATIVE_HELPER=WRAP)
         owner = subprocess.Popen([sys.executable, "-c", OWNER, mech], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env)
         control: list = []

@@ -23,6 +23,13 @@ cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/bin" "$ROOT/examples" "$ROOT/pyproject.to
 rm -f "$WORK/src/tether/_native/tether-keeper"  # built again by the install below, as a user gets it
 /usr/bin/python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" install -q "$WORK[test]"
+# The tests import the copied source tree: give it the keeper the install built.
+built=$(cd / && "$WORK/venv/bin/python" -c 'import tether.platform.native as n; print(n.HELPER)')
+if [ ! -x "$built" ]; then
+  echo "the install built no native keeper ($built)" >&2
+  exit 1
+fi
+cp "$built" "$WORK/src/tether/_native/tether-keeper"
 chown -R "$USER_NAME" "$WORK/home" "$WORK/tests"
 chmod -R a+rX "$WORK"
 # TETHER_UNPRIV_SANITIZED=1 (CI): the user's jobs run the native keeper, and the

@@ -27,8 +27,8 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 @pytest.fixture(autouse=True)
 def _tether_settings_unchanged():
     """A test leaves tether's settings (TETHER_*, _TETHER_*) as it found
-    them: CI's second run sets TETHER_NATIVE=0 for every worker, and a test
-    that dropped it made the rest of its worker run the native keeper."""
+    them: a run that sets one for every worker (the sanitized keeper's
+    _TETHER_NATIVE_HELPER) must keep it for every test."""
     def settings() -> dict:
         return {k: v for k, v in os.environ.items() if k.startswith(("TETHER_", "_TETHER_"))}
 

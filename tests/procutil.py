@@ -375,26 +375,22 @@ def is_native_program(path: str) -> bool:
     return is_program(path)
 
 
-def _native(name: str, override: str, honour_off: bool) -> str | None:
-    if honour_off and os.environ.get("TETHER_NATIVE", "").strip().lower() in ("0", "off", "no",
-                                                                               "false"):
-        return None  # it would hand every command to the Python one
+def _native(name: str, override: str) -> str | None:
     path = os.environ.get(override) or os.path.join(os.path.dirname(sys.executable), name)
     return path if is_native_program(path) else None
 
 
-def native_shell(honour_off: bool = False) -> str | None:
+def native_shell() -> str | None:
     """The native tether-shell pip installed (under scripts/_sanitized.sh the
-    same program built with ASan and UBSan), or None where it was not built -
-    or, with ``honour_off``, where ``TETHER_NATIVE=0`` turns it off."""
-    return _native("tether-shell", "_TETHER_TEST_NATIVE_SHELL", honour_off)
+    same program built with ASan and UBSan), or None where it was not built."""
+    return _native("tether-shell", "_TETHER_TEST_NATIVE_SHELL")
 
 
-def native_cli(honour_off: bool = True) -> str | None:
+def native_cli() -> str | None:
     """The native ``tether`` pip installed on Linux (it serves ``tether run``
     itself; the sanitized build under scripts/_sanitized.sh), or None where it
-    was not built - or, with ``honour_off``, where ``TETHER_NATIVE=0`` turns it off."""
-    return _native("tether", "_TETHER_TEST_NATIVE_CLI", honour_off)
+    was not built."""
+    return _native("tether", "_TETHER_TEST_NATIVE_CLI")
 
 
 def tether_shell(kind: str, scratch) -> str | None:
@@ -402,14 +398,13 @@ def tether_shell(kind: str, scratch) -> str | None:
     installs as ``tether-shell`` where it could be built; None where it was
     not) or ``python`` (``tether-shell-py`` beside it, the Python launcher the
     native one hands over to - ``tether-shell`` itself where no native one was
-    built). No native one under ``TETHER_NATIVE=0``, where it hands every
-    command over. When the package is only on PYTHONPATH (not installed) the Python
+    built). When the package is only on PYTHONPATH (not installed) the Python
     one is an equivalent launcher written into ``scratch`` (a directory), so
     the tests still run the real entry point through a real exec."""
     bindir = os.path.dirname(sys.executable)
     main = os.path.join(bindir, "tether-shell")
     if kind == "native":
-        return native_shell(honour_off=True)
+        return native_shell()
     for cand in (os.path.join(bindir, "tether-shell-py"), main):
         if os.access(cand, os.X_OK) and not is_native_program(cand):
             return cand

@@ -84,19 +84,30 @@ with Job(mechanism=mech) as job:
 _INTERNAL = (1 << 31) | (1 << 32)
 
 
+# The two keepers: the native program (every Linux mechanism but pgroup)
+# and the Python one (pgroup's, the keeper of macOS and the BSDs).
 KEEPERS = ["native", "python"]
 
 
-def _keeper_env(keeper: str) -> dict[str, str]:
+def _keeper_of(mech: str) -> str:
+    return "python" if mech == "pgroup" else "native"
+
+
+def _mech_for(keeper: str) -> str:
+    """A mechanism this machine offers whose job ``keeper`` keeps."""
+    mech = next((m for m in MECHS if _keeper_of(m) == keeper), None)
+    if mech is None:
+        pytest.skip(f"no mechanism of the {keeper} keeper is available here")
     if keeper == "native" and not native.built():
         pytest.skip("the native keeper is not built")
-    return {"TETHER_NATIVE": "1" if keeper == "native" else "0"}
+    return mech
 
 
-def _run_owner(mech: str, threaded: bool, procs, keeper: str = "native", **env) -> list[dict]:
+def _run_owner(mech: str, threaded: bool, procs, **env) -> list[dict]:
+    if _keeper_of(mech) == "native" and not native.built():
+        pytest.skip("the native keeper is not built")
     r = subprocess.run([sys.executable, "-c", OWNER, mech, "1" if threaded else "0"],
-                       capture_output=True, text=True, timeout=60,
-                       env=procs.env(**_keeper_env(keeper), **env))
+                       capture_output=True, text=True, timeout=60, env=procs.env(**env))
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
@@ -126,16 +137,14 @@ def _check_steps(steps: list[dict], keeper: str) -> None:
     assert int(by["SIGUSR2, SIGWINCH blocked"]["SigBlk"], 16) & (1 << 11)  # SIGUSR2
 
 
-@pytest.mark.parametrize("keeper", KEEPERS)
 @pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "threaded"])
 @pytest.mark.parametrize("mech", MECHS)
-def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs, keeper):
-    if threaded and mech != MECHS[0]:
+def test_job_child_has_the_owners_state_as_of_popen(mech, threaded, procs):
+    if threaded and mech not in (MECHS[0], "pgroup"):
         pytest.skip("the threaded owner's path (the warden, or the native keeper spawned "
-                    "from a thread) is the same for every mechanism: checked with one")
-    if keeper == "native" and mech == "pgroup":
-        pytest.skip("pgroup keeps its Python keeper")
-    _check_steps(_run_owner(mech, threaded, procs, keeper), keeper)
+                    "from a thread) is the same for every mechanism of a keeper: checked "
+                    "with one")
+    _check_steps(_run_owner(mech, threaded, procs), _keeper_of(mech))
 
 
 @pytest.mark.parametrize("keeper", KEEPERS)
@@ -144,8 +153,8 @@ def test_job_child_has_the_owners_state_when_the_keeper_cannot_read_it(procs, ke
     # owner's /proc (owner_state); where it cannot, it says so and the owner
     # sends them itself. The knob makes the keeper answer as if it could not
     # (test_native checks that it then does); the child's state must not change.
-    mech = next(m for m in MECHS if m != "pgroup")
-    _check_steps(_run_owner(mech, False, procs, keeper, **{native.NO_OWNER_STATE: "1"}), keeper)
+    mech = _mech_for(keeper)
+    _check_steps(_run_owner(mech, False, procs, **{native.NO_OWNER_STATE: "1"}), keeper)
 
 
 @pytest.mark.parametrize("keeper", [
@@ -155,8 +164,7 @@ def test_job_child_has_the_owners_state_when_the_keeper_cannot_read_it(procs, ke
         "(sigaddset refuses glibc's internal signals); the native keeper sets every signal "
         "with the raw system call")))])
 def test_job_child_does_not_ignore_glibc_internal_signals(procs, keeper):
-    mech = next((m for m in MECHS if m != "pgroup"), MECHS[0])
-    steps = _run_owner(mech, False, procs, keeper)
+    steps = _run_owner(_mech_for(keeper), False, procs)
     assert not int(steps[0]["subprocess"]["SigIgn"], 16) & _INTERNAL  # the control
     assert not int(steps[0]["job"]["SigIgn"], 16) & _INTERNAL
 
@@ -195,7 +203,7 @@ from tether import Job
 if os.geteuid() == 0:  # root's forks are never held to RLIMIT_NPROC: be nobody
     # every module a job needs, read while we can (this Python may be under /root)
     import ctypes, traceback  # noqa: E401, F401 - the Python keeper's prctl, its last words
-    with Job(mechanism="subreaper") as warm:
+    with Job(mechanism=sys.argv[1]) as warm:
         warm.run(["true"])
     os.setgroups([])
     os.setgid(65534)
@@ -209,7 +217,7 @@ def attempt(spawn):
     p.wait()
     return "ran"
 
-with Job(mechanism="subreaper") as job:
+with Job(mechanism=sys.argv[1]) as job:
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
     resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))  # this user has a process: no fork
     print(attempt(subprocess.Popen), attempt(job.popen))
@@ -218,14 +226,17 @@ with Job(mechanism="subreaper") as job:
 '''
 
 
-@pytest.mark.skipif(not available("subreaper"), reason="subreaper not available")
 @pytest.mark.parametrize("keeper", KEEPERS)
 def test_the_owners_process_limit_holds_for_a_jobs_spawn(procs, keeper):
     # RLIMIT_NPROC is checked at the fork, against the forking process's
     # limit: the keeper's, unless it takes the owner's for the spawn (the
     # native keeper set it on the child only, after its clone: it spawned).
-    r = subprocess.run([sys.executable, "-c", NPROC], capture_output=True, text=True, timeout=60,
-                       env=procs.env(**_keeper_env(keeper)), cwd="/")
+    # (native: subreaper, which a user without a delegated cgroup has too)
+    mech = _mech_for(keeper) if keeper == "python" else "subreaper"
+    if mech not in MECHS:
+        pytest.skip(f"{mech} is not available here")
+    r = subprocess.run([sys.executable, "-c", NPROC, mech], capture_output=True,
+                       text=True, timeout=60, env=procs.env(), cwd="/")
     lines = r.stdout.splitlines()
     # the control (subprocess) first; then, with the limit given back, both run
     assert lines == ["BlockingIOError BlockingIOError", "ran ran"], r.stdout + r.stderr
@@ -284,10 +295,10 @@ print(json.dumps({"here": here, "subprocess": sub.strip(), "job": mine.strip(),
 def test_job_child_starts_in_the_owners_deleted_working_directory(procs, keeper, owner_state):
     # The keeper opens the owner's working directory itself (its /proc/PID/cwd,
     # the directory, not its name); where it cannot, the owner passes it.
-    mech = next(m for m in MECHS if m != "pgroup")
+    mech = _mech_for(keeper)
     env = {native.NO_OWNER_STATE: "1"} if owner_state == "owner-sends" else {}
     r = subprocess.run([sys.executable, "-c", CWD_OWNER, mech], capture_output=True, text=True,
-                       timeout=60, env=procs.env(**_keeper_env(keeper), **env))
+                       timeout=60, env=procs.env(**env))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     # The control: subprocess's child is in the deleted directory.
@@ -326,9 +337,9 @@ print(json.dumps({"child": child, "parent": parent}))
 def test_a_forked_child_of_the_owner_spawns_with_its_own_state(procs, keeper):
     # The keeper reads the owner's /proc (owner_state): not the state of a
     # forked child, which sends its own.
-    mech = next(m for m in MECHS if m != "pgroup")
+    mech = _mech_for(keeper)
     r = subprocess.run([sys.executable, "-c", FORKED_OWNER, mech], capture_output=True, text=True,
-                       timeout=60, env=procs.env(**_keeper_env(keeper)))
+                       timeout=60, env=procs.env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["child"]["sub"] == "0077", out  # the control: subprocess's child has the child's

@@ -27,8 +27,7 @@ def tether(request) -> list[str]:
         return TETHER
     path = native_cli()
     if path is None:
-        pytest.skip("no native tether here (not built: no C compiler at install time; "
-                    "or TETHER_NATIVE=0, under which it hands every command over)")
+        pytest.skip("no native tether here (not built: no C compiler at install time)")
     return [path]
 
 
@@ -332,20 +331,18 @@ def _wait_file(path, timeout: float = 10.0) -> str:
     raise AssertionError(f"{path} never written")
 
 
-@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-TETHER_NATIVE=0"])
+@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-python-cli"])
 def test_native_tether_run_runs_no_interpreter(procs, native_off):
     """The command's parent is the job's keeper, forked from `tether run`: both
-    run the native program - or, with TETHER_NATIVE=0 (the control: the same
-    check sees the interpreter), the Python CLI it handed `run` to."""
-    path = native_cli(honour_off=False)
+    run the native program - or, for the Python CLI (the control: the same
+    check sees the interpreter), not."""
+    path = native_cli()
     if path is None:
         pytest.skip("the native tether is not built here (no C compiler at install time)")
     env = procs.env()
-    env.pop("TETHER_NATIVE", None)
-    if native_off:
-        env["TETHER_NATIVE"] = "0"
     script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
-    p = procs.popen([path, "run", "--", "sh", "-c", script], env=env, stdout=subprocess.PIPE,
+    cli = TETHER if native_off else [path]
+    p = procs.popen([*cli, "run", "--", "sh", "-c", script], env=env, stdout=subprocess.PIPE,
                     stdin=subprocess.DEVNULL)
     out, _ = p.communicate(timeout=20)
     keeper_exe, runner_exe, runner = out.decode().split()
@@ -359,18 +356,13 @@ def test_native_tether_run_runs_no_interpreter(procs, native_off):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="native programs: Linux")
-@pytest.mark.parametrize("native_off", [False, True], ids=["as-installed", "TETHER_NATIVE=0"])
-def test_doctor_says_which_commands_are_native(native_off):
+def test_doctor_says_which_commands_are_native():
     from procutil import is_native_program
 
-    env = {k: v for k, v in os.environ.items() if k != "TETHER_NATIVE"}
-    if native_off:
-        env["TETHER_NATIVE"] = "0"
-    data = json.loads(run(["doctor", "--json"], env=env).stdout)
+    data = json.loads(run(["doctor", "--json"]).stdout)
     got = {c["name"]: c["native"] for c in data["commands"]}
     bindir = os.path.dirname(sys.executable)
-    assert got == {n: not native_off and is_native_program(os.path.join(bindir, n))
-                   for n in ("tether-shell", "tether")}
+    assert got == {n: is_native_program(os.path.join(bindir, n)) for n in ("tether-shell", "tether")}
 
 
 @pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-", "<&- >&-", "<&- >&- 2>&-"])

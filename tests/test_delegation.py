@@ -217,7 +217,7 @@ def test_a_member_cannot_hide_in_its_jobs_pin(sim):
     os.chmod(sim["owned"], 0o755)
     script = ('echo $$ > "$CG/cgroup.procs" && exec setpriv --reuid=65534 --regid=65534 '
               '--clear-groups "$PY" -c "$CODE"')
-    env = dict(os.environ, CG=sim["owned"], PY=py, CODE=PIN, PYTHONPATH=SRC, TETHER_NATIVE="1")
+    env = dict(os.environ, CG=sim["owned"], PY=py, CODE=PIN, PYTHONPATH=SRC)
     r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
@@ -302,7 +302,7 @@ def _native_shell_in(cgroup: str, tmp_path, answer: str) -> tuple[dict, int]:
     keeper's exe), whose cgroup the command ran in, and how often systemctl ran."""
     from procutil import native_shell
 
-    shell = native_shell(honour_off=True)
+    shell = native_shell()
     if shell is None:
         pytest.skip("the native tether-shell is not built here")
     fake, calls = _counting_systemctl(tmp_path, answer)

@@ -385,14 +385,15 @@ def test_a_bad_state_dir_or_parent_is_refused_clearly(tmp_path, monkeypatch):
     assert (tmp_path / "st" / "audit.jsonl").exists()
 
 
-def test_multithreaded_owner_uses_warden(procs, monkeypatch):
-    """A multi-threaded owner must not fork: Python keepers come from the warden."""
-    monkeypatch.setenv("TETHER_NATIVE", "0")
+@pytest.mark.skipif(not available("pgroup"), reason="pgroup not available")
+def test_multithreaded_owner_uses_warden(procs):
+    """A multi-threaded owner must not fork: Python keepers (pgroup's) come
+    from the warden."""
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
-        with Job(mechanism="auto") as job:
+        with Job(mechanism="pgroup") as job:
             r = job.run(["sh", "-c", "echo hi"], capture_output=True)
             assert r.stdout == b"hi\n"
             keeper = identity.read(job.trace()["keeper_pid"])
@@ -403,9 +404,8 @@ def test_multithreaded_owner_uses_warden(procs, monkeypatch):
 
 
 @pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
-def test_multithreaded_owner_starts_the_native_keeper_itself(procs, monkeypatch):
+def test_multithreaded_owner_starts_the_native_keeper_itself(procs):
     """posix_spawn of the native keeper is safe from any thread: no warden."""
-    monkeypatch.setenv("TETHER_NATIVE", "1")
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
@@ -488,32 +488,10 @@ def _cgroup_of(pid):
 
 
 @pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
-def test_cgroup_keeper_lives_in_the_job_cgroup_and_children_are_born_there(procs, monkeypatch):
-    monkeypatch.setenv("TETHER_NATIVE", "0")  # the Python keeper
-    cgroup_of = _cgroup_of
-    with Job(mechanism="cgroup") as job:
-        path = job.trace()["cgroup_path"]
-        keeper = job.trace()["keeper_pid"]
-        assert path.endswith(cgroup_of(keeper))  # no move per spawn: it stays inside
-        p = job.popen(["sleep", "30"], env=procs.env())
-        assert path.endswith(cgroup_of(p.pid))
-        assert job.member_pids() == [p.pid]  # the keeper is not a member
-        job.terminate(0.5)
-        assert p.wait(timeout=5) is not None
-        # The job stays open after terminate(): the next child is a member too.
-        q = job.popen(["sleep", "30"], env=procs.env())
-        assert path.endswith(cgroup_of(q.pid))
-        assert path.endswith(cgroup_of(keeper))
-    assert q.wait(timeout=5) is not None
-    assert not os.path.exists(path)
-
-
-@pytest.mark.skipif(not available("cgroup"), reason="cgroup not available")
 @pytest.mark.skipif(not native.built(), reason="the native keeper is not built")
 @pytest.mark.parametrize("legacy", [False, True], ids=["clone3", "old-kernel"])
 def test_native_cgroup_keeper_lives_outside_and_children_are_born_inside(procs, monkeypatch,
                                                                          legacy):
-    monkeypatch.setenv("TETHER_NATIVE", "1")
     if legacy:  # as on a kernel without clone3 or cgroup.kill: fork, move in, kill each
         monkeypatch.setenv("_TETHER_NATIVE_LEGACY", "1")
     with Job(mechanism="cgroup") as job:
@@ -559,7 +537,6 @@ def test_native_cgroup_job_keeps_a_pin_that_is_no_member_and_ends_with_the_job(p
 
     from tether import cgroupfs
 
-    monkeypatch.setenv("TETHER_NATIVE", "1")
     with Job(mechanism="cgroup") as job:
         path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
         assert _pin_pids(path) == []  # none before the first spawn
@@ -724,19 +701,18 @@ def test_an_owner_that_left_the_jobs_session_is_told_why(procs, mech):
         assert "start_new_session=True" in out[1], out
 
 
-@pytest.mark.parametrize("keeper", ["native", "python"])
-@pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper") if available(m)])
-def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, monkeypatch, mech, keeper):
+@pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper", "pgroup") if available(m)])
+def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, mech):
     """SIGHUP, SIGINT, SIGQUIT, SIGTERM, the stop signals and SIGPIPE leave a
-    keeper serving (the native one blocks them, the Python one ignores
-    them). Control: SIGUSR1, which no keeper takes, ends it."""
+    keeper serving (the native one, cgroup's and subreaper's, blocks them;
+    the Python one, pgroup's, ignores them). Control: SIGUSR1, which no
+    keeper takes, ends it."""
     from procutil import wait_until
 
     from tether.platform._keeper import KEEPER_IGNORES
 
-    if keeper == "native" and not native.built():
+    if mech != "pgroup" and not native.built():
         pytest.skip("the native keeper is not built")
-    monkeypatch.setenv("TETHER_NATIVE", "1" if keeper == "native" else "0")
     job = Job(mechanism=mech)
     try:
         k = identity.read(job.trace()["keeper_pid"])
@@ -775,18 +751,16 @@ def _parent_once_orphaned(orphan: identity.Identity, parent: int) -> int:
     return wait_until(lambda: now().ppid != parent and now(), 3.0).ppid
 
 
-@pytest.mark.parametrize("keeper", ["native", "python"])
 @pytest.mark.parametrize("mech", [m for m in ("cgroup", "subreaper") if available(m)])
-def test_a_members_orphan_goes_to_the_keeper_never_to_pid_1(procs, monkeypatch, mech, keeper):
+def test_a_members_orphan_goes_to_the_keeper_never_to_pid_1(procs, mech):
     """Every keeper is its job's child subreaper (a cgroup job's too: its
     orphans went to PID 1, which may reap late or never): the orphan's
     parent is the keeper, which reaps it when it exits. Control: the same
     tree under plain Popen, whose orphan goes to PID 1."""
     from procutil import wait_until
 
-    if keeper == "native" and not native.built():
+    if not native.built():
         pytest.skip("the native keeper is not built")
-    monkeypatch.setenv("TETHER_NATIVE", "1" if keeper == "native" else "0")
     plain = procs.popen(["sh", "-c", ORPHANING], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     orphan, parent = _orphan_of(plain)
     # the control: PID 1, or this process where it is a subreaper itself
@@ -823,7 +797,6 @@ def test_a_native_cgroup_keeper_holds_the_procs_files_its_clones_are_checked_aga
     and drop their inodes on every spawn."""
     from tether import cgroupfs
 
-    monkeypatch.setenv("TETHER_NATIVE", "1")
     with Job(mechanism="cgroup") as job:
         path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]
         held = set()
@@ -846,7 +819,6 @@ def test_a_pin_dies_with_its_keeper(procs, monkeypatch):
     mechanism), its pin does not (PR_SET_PDEATHSIG)."""
     from procutil import wait_until
 
-    monkeypatch.setenv("TETHER_NATIVE", "1")
     job = Job(mechanism="cgroup")
     try:
         path, keeper = job.trace()["cgroup_path"], job.trace()["keeper_pid"]

@@ -345,7 +345,6 @@ def test_kill_all_but_ends_every_other_member_of_a_cgroup_and_nothing_outside(pr
 
 OUTLIVED_OWNER = r"""
 import json, os, subprocess, sys, time
-os.environ["TETHER_NATIVE"] = "0"  # the Python keeper (the native one never ran inside)
 from tether import Job
 j = Job(mechanism="cgroup")
 ps = [j.popen(["sleep", "300"], stdin=subprocess.DEVNULL) for _ in range(20)]
@@ -355,12 +354,13 @@ time.sleep(300)
 
 
 @pytest.mark.skipif(not available("cgroup"), reason="needs a writable cgroup v2")
-def test_python_cgroup_keeper_outlives_its_members_when_the_owner_dies(procs):
-    """The Python cgroup keeper used to end the job from inside (one
-    cgroup.kill, itself included) and could die before its members, which
-    were then re-parented to PID 1 while they died. It now steps out, kills
-    and reaps: every member is gone before it. Control: the members were alive
-    (their pidfds not ready) before the owner's SIGKILL."""
+def test_a_cgroup_keeper_outlives_its_members_when_the_owner_dies(procs):
+    """A cgroup keeper that ended the job from inside (one cgroup.kill,
+    itself included) could die before its members, which were then
+    re-parented to PID 1 while they died (the Python keeper once did). The
+    keeper lives outside the job, kills and reaps: every member is gone
+    before it. Control: the members were alive (their pidfds not ready)
+    before the owner's SIGKILL."""
     import json
     import select
 

@@ -1,10 +1,12 @@
 """The native keeper (tether-keeper, C) itself: its protocol under bad
 input, what it inherits, its settings. Its behaviour as a job's keeper is
-tested by every mechanism test (run with TETHER_NATIVE=0 too, and again
-with a sanitizer build in CI: scripts/native-tests.sh)."""
+tested by every mechanism test (again with a sanitizer build in CI:
+scripts/native-tests.sh); the same protocol checks also run against the
+Python keeper, pgroup's."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -30,7 +32,7 @@ pytestmark = [
 
 class Keeper:
     """A native subreaper keeper started by hand, with its socket; or, with
-    ``python=True``, a Python keeper (the one of a ``Job``), for the same
+    ``python=True``, the Python keeper (a pgroup ``Job``'s), for the same
     checks."""
 
     def __init__(self, python: bool = False) -> None:
@@ -38,15 +40,7 @@ class Keeper:
         if python:
             from tether import Job
 
-            was = os.environ.get("TETHER_NATIVE")
-            os.environ["TETHER_NATIVE"] = "0"
-            try:
-                self.job = Job(mechanism="subreaper")
-            finally:  # as it was: CI's Python-keeper run sets it for the whole worker
-                if was is None:
-                    del os.environ["TETHER_NATIVE"]
-                else:
-                    os.environ["TETHER_NATIVE"] = was
+            self.job = Job(mechanism="pgroup")
             self.sock = self.job._backend._sock  # the test speaks the protocol itself
             self.pid = self.job.trace()["keeper_pid"]
             return
@@ -364,24 +358,42 @@ def test_usage_errors_exit_2_with_a_line():
     assert r.returncode == 0 and r.stdout.startswith("tether-keeper ")
 
 
-@pytest.mark.parametrize("value", ["maybe", "2", " on-ish"])
-def test_a_bad_tether_native_is_a_usage_error(value, monkeypatch):
-    from tether import Job
-    from tether.errors import UsageError
+MISSING = r"""
+import json, sys
+from tether import Job, JobRefused
+out = {}
+for mech in sys.argv[1:]:
+    try:
+        with Job(mechanism=mech) as job:
+            out[mech] = [job.trace().get("keeper"), job.run(["true"]).returncode]
+    except JobRefused as exc:
+        out[mech] = str(exc)
+print(json.dumps(out))
+"""
 
-    monkeypatch.setenv("TETHER_NATIVE", value)
-    with pytest.raises(UsageError, match="TETHER_NATIVE"):
-        Job(mechanism="subreaper")
 
+@pytest.mark.parametrize("missing", [True, False], ids=["missing", "control-built"])
+def test_without_the_native_program_a_job_is_refused_with_the_fix(procs, missing):
+    """No second implementation to fall back to: where the program is missing
+    (a source tree never built), a job of every mechanism it keeps - auto
+    too - is refused in one line that names the fix; pgroup, which the
+    Python keeper keeps, still opens. Control: the same with the program."""
+    from procutil import available
 
-def test_tether_native_0_runs_the_python_keeper_and_1_the_native(monkeypatch):
-    from tether import Job
-
-    for value, want in (("0", "python"), ("1", "native"), ("", "native"), ("auto", "native")):
-        monkeypatch.setenv("TETHER_NATIVE", value)
-        with Job(mechanism="subreaper") as job:
-            assert job.trace()["keeper"] == want
-            assert job.run(["true"]).returncode == 0
+    mechs = ["auto", *(m for m in ("cgroup", "subreaper", "pidns", "pgroup") if available(m))]
+    env = procs.env(_TETHER_NATIVE_HELPER="/nonexistent/tether-keeper" if missing else native.HELPER)
+    r = subprocess.run([sys.executable, "-c", MISSING, *mechs], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    for mech in mechs:
+        if mech == "pgroup":
+            assert got[mech] == ["python", 0]
+        elif missing:
+            assert "native keeper is not built (/nonexistent/tether-keeper is missing)" in got[mech]
+            assert native.FIX in got[mech]
+        else:
+            assert got[mech] == ["native", 0]
 
 
 def test_a_keeper_whose_owner_is_already_gone_ends_at_once():

@@ -48,8 +48,8 @@ mech, sd = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
 if os.environ.get("NAME_KEEPER") == "0":
     # Keepers name themselves "tether-keeper"; the control un-names this one
     # (as a keeper of an older tether would be) to show the name is the trace.
-    # The native keeper is named by its program: the control takes the Python one.
-    os.environ["TETHER_NATIVE"] = "0"
+    # The native keeper is named by its program: only the Python one,
+    # pgroup's, can be un-named.
     from tether.platform import _keeper_socket
     _serve = _keeper_socket.SocketKeeper.serve
     def serve(self, ctl):
@@ -226,8 +226,9 @@ def test_job_found_from_its_named_keeper_alone(owner_factory, mech):
     assert j["member_count"] == 4
     assert {n["pid"] for n in j["members"]} == {o.info["p"], o.info["q"]}
     # Control: without the name (and without records or a cgroup), nothing
-    # points at the job, and ps says so by not listing it.
-    o2 = owner_factory(mech, None, name_keeper=False)
+    # points at the job, and ps says so by not listing it (pgroup's: the
+    # Python keeper, the one that can be un-named).
+    o2 = owner_factory("pgroup", None, name_keeper=False)
     doc = ps_json(None)
     assert not any(j["keeper"] and j["keeper"]["pid"] == o2.info["trace"]["keeper_pid"]
                    for j in doc["jobs"])

@@ -431,7 +431,6 @@ def test_portable_scan_catches_a_still_parented_leak(pytester, leaklog, monkeypa
 # that lives as long as the pytest process: not a leak. A job left open is one.
 WARDEN = r"""
 import json, os, threading
-os.environ["TETHER_NATIVE"] = "0"
 from tether import Job, gate, identity
 from tether.platform import own_helpers
 
@@ -447,7 +446,7 @@ def threaded_job(tag, close):
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
-        job = Job(mechanism="auto")
+        job = Job(mechanism="pgroup")  # the Python keeper's: the native one needs no warden
         record(tag, job.popen(["sleep", "300"]).pid)
         (warden,) = own_helpers()
         record("warden", warden)

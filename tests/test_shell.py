@@ -45,8 +45,7 @@ def ts(request, tmp_path_factory) -> str:
     program and against the Python one (``procutil.tether_shell``)."""
     path = tether_shell(request.param, tmp_path_factory.mktemp("bin"))
     if path is None:
-        pytest.skip("no native tether-shell here (not built: no C compiler at install time; "
-                    "or TETHER_NATIVE=0, under which it hands every command over)")
+        pytest.skip("no native tether-shell here (not built: no C compiler at install time)")
     return path
 
 
@@ -1550,10 +1549,16 @@ def test_scope_caller_keeps_status_and_ends_a_stopped_command(procs, ts, env, me
 
 # -- 13. named after the real shell: tether shell --install DIR ----------------------
 
-def _install(procs, env, d, *names):
+# `tether shell --install` as where no native tether-shell was built.
+_NO_NATIVE = ("import sys, tether._shellinstall as s; s._native_program = lambda: None; "
+              "from tether.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _install(procs, env, d, *names, python=False):
     """``tether shell --install``: links to the native tether-shell where it is
-    built, Python launchers where not (or with TETHER_NATIVE=0 in ``env``)."""
-    p = procs.popen([sys.executable, "-m", "tether", "shell", "--install", str(d), *names], env=env,
+    built, Python launchers where not (or with ``python``: as there)."""
+    how = ["-c", _NO_NATIVE] if python else ["-m", "tether"]
+    p = procs.popen([sys.executable, *how, "shell", "--install", str(d), *names], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=20)
     return p.returncode, out, err
@@ -1564,15 +1569,13 @@ def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_p
     native = native_shell()
     if kind == "native" and native is None:
         pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
-    env.pop("TETHER_NATIVE", None)
-    if kind == "python":
-        env["TETHER_NATIVE"] = "0"
+    py = kind == "python"
     d, d2 = tmp_path / "tbin", tmp_path / "tbin2"
-    rc, out, _ = _install(procs, env, d)
+    rc, out, _ = _install(procs, env, d, python=py)
     assert rc == 0 and f"SHELL={d}/bash".encode() in out
     assert sorted(os.listdir(d)) == ["bash", "sh", "zsh"]
     assert os.path.islink(d / "bash") == (kind == "native")
-    assert _install(procs, env, d2, "bash")[0] == 0
+    assert _install(procs, env, d2, "bash", python=py)[0] == 0
     real = shutil.which("bash")
     # Another install first on PATH, and this one twice: never itself, never the other.
     env["PATH"] = f"{d2}:{d}:{d}:{env['PATH']}"
@@ -1587,7 +1590,7 @@ def test_installed_bash_runs_the_real_bash_after_its_directory(procs, env, tmp_p
     assert [r["event"] for r in log_records(env["XDG_STATE_HOME"])][-4:] == [
         "job-open", "spawn", "exit", "job-close"]
     # installed again over itself (the links or the launchers are its own)
-    assert _install(procs, env, d)[0] == 0
+    assert _install(procs, env, d, python=py)[0] == 0
 
 
 def test_installed_name_without_a_real_shell_after_it_is_127(procs, env, tmp_path):
@@ -1619,7 +1622,6 @@ def test_install_never_replaces_a_real_file(procs, env, tmp_path):
     ("TETHER_SHELL_LOG_DAYS", "0"), ("TETHER_SHELL_LOG_DAYS", "two"),
     ("TETHER_SHELL_LOG_MAX_BYTES", "-5"), ("TETHER_SHELL_SCOPE", "agent"),
     ("TETHER_SHELL_WITH_CALLER", "2"), ("TETHER_SHELL_MECHANISM", "strict"),
-    ("TETHER_NATIVE", "maybe"),
 ])
 def test_bad_tether_shell_values_are_exit_2(procs, ts, env, tmp_path, name, value):
     marker = tmp_path / "ran"
@@ -1787,21 +1789,18 @@ def test_the_command_carries_the_cookie_first_and_the_log_names_it(procs, ts, en
 
 @pytest.mark.mechanism
 @pytest.mark.parametrize("form", [["-c"], ["-eu", "-o", "pipefail", "-c"]], ids=" ".join)
-@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-TETHER_NATIVE=0"])
-def test_the_native_tether_shell_runs_no_interpreter(procs, env, native_off, form):
+@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-python"])
+def test_the_native_tether_shell_runs_no_interpreter(procs, env, tmp_path, native_off, form):
     """The command's parent is the job's keeper, forked from the wrapper: both
-    run the native program - or, with TETHER_NATIVE=0 (the control: the same
-    check sees the interpreter), the Python one the native one handed over to,
-    in the same process (exec: the caller's child is still the wrapper)."""
+    run the native program - or, for the Python one the native one hands
+    over to (the control: the same check sees the interpreter), not."""
     native = native_shell()
     if native is None:
         pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
-    e = dict(env)
-    e.pop("TETHER_NATIVE", None)  # (the run with the Python keeper sets it for everything)
-    if native_off:
-        e["TETHER_NATIVE"] = "0"
+    wrapper = tether_shell("python", tmp_path) if native_off else native
     script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$k/exe /proc/$w/exe; echo $w'
-    p = procs.popen([native, *form, script], env=e, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    p = procs.popen([wrapper, *form, script], env=env, stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL)
     out, _ = p.communicate(timeout=20)
     keeper_exe, wrapper_exe, wrapper = out.decode().split()
     assert p.returncode == 0 and int(wrapper) == p.pid

@@ -286,8 +286,7 @@ def ts(request, tmp_path_factory) -> str:
     """An installed tether-shell, native and Python (see test_shell.ts)."""
     path = tether_shell(request.param, tmp_path_factory.mktemp("bin"))
     if path is None:
-        pytest.skip("no native tether-shell here (not built: no C compiler at install time; "
-                    "or TETHER_NATIVE=0, under which it hands every command over)")
+        pytest.skip("no native tether-shell here (not built: no C compiler at install time)")
     return path
 
 

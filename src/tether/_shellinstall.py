@@ -4,7 +4,7 @@ Agent CLIs look at the shell's name: OpenCode tells the model the basename of
 ``$SHELL`` ("Shell: bash"), Codex accepts only login shells whose name it
 knows. ``DIR/bash`` (``zsh``, ``sh``) made here is tether-shell started as
 ``DIR/bash``: a symbolic link to the native tether-shell installed beside
-this interpreter (where it was built, and ``TETHER_NATIVE`` is not 0), else
+this interpreter (where it was built), else
 a launcher of the Python one (``tether.shell.main``). Either runs the real
 shell of that name found on PATH after ``DIR``
 (``tether._shellargs.find_after``), never itself or another install of it.
@@ -25,12 +25,11 @@ _LAUNCHER_MARK = "made by `tether shell --install`"
 
 
 def _native_program() -> "str | None":
-    """The native tether-shell pip put beside this interpreter, if it was built
-    (and ``TETHER_NATIVE`` does not turn it off)."""
+    """The native tether-shell pip put beside this interpreter, if it was built."""
     from .platform import native
 
     cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
-    return cand if native.setting() != "off" and native.is_program(cand) else None
+    return cand if native.is_program(cand) else None
 
 
 def _ours(target: str) -> bool:

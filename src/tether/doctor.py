@@ -66,7 +66,6 @@ def report() -> dict[str, Any]:
 
         on, why = native.status()
         out["keeper"] = {"native": on, "what": why, "mechanisms": list(native.MECHANISMS),
-                         "setting": native.setting(),
                          # (per job, Job.trace()["owner_watch"] says what it got)
                          "owner_watch": ("its pidfd, and sooner the owner's beacon (a robust "
                                          "mutex the owner's main thread holds: told at the "

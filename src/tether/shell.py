@@ -576,12 +576,6 @@ def cli(argv: list[str], *, login: bool = False) -> int:
         grace = _grace_env(env)
         scope = _choice_env(env, "TETHER_SHELL_SCOPE", _SCOPES, "command")
         with_caller = _bool_env(env, "TETHER_SHELL_WITH_CALLER", True)
-        if env.get("TETHER_NATIVE"):
-            # a bad value is refused here as by a job and `tether run` (the
-            # native tether-shell hands it over to say so)
-            from .platform import native_setting
-
-            native_setting()
         if scope == "caller" and not with_caller:
             raise sa.UsageError("TETHER_SHELL_SCOPE=caller needs the caller watched: "
                                 "unset TETHER_SHELL_WITH_CALLER=0")

@@ -14,9 +14,9 @@
  * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
  * (-c, -lc, -l -c, --login -c, -c -l, -ic, -i -l -c, with - or --), TETHER_SHELL_MECHANISM
  * auto, cgroup or subreaper, scope command, the caller watch, the log. Every
- * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller,
- * TETHER_NATIVE=0, a usage error, no shell found, a log file only the audit
- * module's rules can judge - is handed over, before anything is done, to the
+ * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller, a
+ * usage error, no shell found, a log file only the audit module's rules can
+ * judge - is handed over, before anything is done, to the
  * Python tether-shell installed beside this program (`tether-shell-py`), by
  * exec (same pid, same caller): its answer is the Python path's because it
  * is the Python path. The trap that rule avoids: two implementations of the
@@ -1379,23 +1379,6 @@ static void find_argv0(void)
     self_add(self_exe);
 }
 
-/* TETHER_NATIVE=0 asks for the Python path everywhere */
-static void honour_native_off(void)
-{
-    const char *native = getenv("TETHER_NATIVE");
-    if (native && *native) {
-        char low[8];
-        size_t n = strlen(native);
-        if (n >= sizeof low)
-            hand_over();
-        for (size_t k = 0; k <= n; k++)
-            low[k] = (char)(native[k] >= 'A' && native[k] <= 'Z' ? native[k] - 'A' + 'a' : native[k]);
-        if (strcmp(low, "auto") && strcmp(low, "1") && strcmp(low, "on") && strcmp(low, "yes") &&
-            strcmp(low, "true"))
-            hand_over();
-    }
-}
-
 /* A cgroup extended attribute's value, blanks trimmed: 1 when it is there. */
 static int unit_mark(const char *dir, const char *name, char *val, size_t size)
 {
@@ -2299,7 +2282,6 @@ int main(int argc, char **argv)
         fallback = RUN_FALLBACK_NAME;
         cli_front = 1;
         prog = "tether";
-        honour_native_off();
         R.grace = TETHER_DEFAULT_GRACE;
         if (argc >= 2 && !strcmp(argv[1], "run"))
             return run_main(argc, argv);
@@ -2307,6 +2289,5 @@ int main(int argc, char **argv)
     }
     dash_login = argc > 0 && argv[0] && argv[0][0] == '-';
     find_argv0(); /* before any hand-over: the Python one is told it */
-    honour_native_off();
     return shell_main(argc, argv);
 }

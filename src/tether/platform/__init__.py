@@ -11,7 +11,6 @@ Import-light: names only here (the shell wrapper's one-command path imports
 this package); each mechanism module is imported on first use.
 """
 
-import os
 import sys
 
 from ..errors import JobRefused
@@ -20,25 +19,6 @@ AUTO, STRICT = "auto", "strict"
 CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT, NONE = (
     "cgroup", "subreaper", "pgroup", "pidns", "jobobject", "none")
 MECHANISM_NAMES = (AUTO, STRICT, CGROUP, SUBREAPER, PGROUP, PIDNS, JOBOBJECT, NONE)
-
-#: Which keeper jobs get (platform.native): read here, not there, so that a
-#: front end can check the value without loading the native driver.
-NATIVE_ENV = "TETHER_NATIVE"
-_NATIVE_WORDS = {"": "auto", "auto": "auto", "1": "on", "on": "on", "yes": "on", "true": "on",
-                 "0": "off", "off": "off", "no": "off", "false": "off"}
-
-
-def native_setting() -> str:
-    """``auto``, ``on`` or ``off``, from ``TETHER_NATIVE``; a value that is
-    none of those is a :class:`tether.errors.UsageError`."""
-    raw = os.environ.get(NATIVE_ENV, "")
-    word = _NATIVE_WORDS.get(raw.strip().lower())
-    if word is None:
-        from ..errors import UsageError
-
-        raise UsageError(f"{NATIVE_ENV} must be auto, 1 (on) or 0 (off), not {raw!r}")
-    return word
-
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -218,8 +218,6 @@ class Keeper:
         return pid
 
     def end_for_dead_owner(self) -> int:
-        if self.mech.exit_ends_job and not self.mech.options.background:
-            os._exit(0)  # PID 1 of the job's namespace: the kernel kills the rest at once
         if self.mech.options.background:
             # Background jobs outlive the owner on purpose: keep reaping until empty.
             identity.reap_exited(wait=True)

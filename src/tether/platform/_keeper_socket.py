@@ -25,7 +25,12 @@ def fork_keeper(mech, ctl_child: socket.socket, owner_pid: int, owner_pidfd: int
                 extra_keep: tuple[int, ...] = ()) -> int:
     """Fork a keeper for the socket driver from the current (single-threaded)
     process; return its pid. The child never returns: it serves ``ctl_child``
-    and leaves with ``os._exit``."""
+    and leaves with ``os._exit``. Only a mechanism the native program does
+    not keep (pgroup): there is one keeper per mechanism."""
+    from .native import MECHANISMS
+
+    if mech.name in MECHANISMS:
+        raise ValueError(f"the {mech.name} mechanism is kept by the native program, not here")
     pid = os.fork()
     if pid:
         return pid

@@ -308,7 +308,6 @@ class KeeperMechanism:
     name = "?"
     keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
     kernel_keeps_members = False  # members stay listed by the kernel when the keeper dies
-    exit_ends_job = False  # True when the keeper's own exit makes the kernel end the job
     kernel_enforced = False
     transparent = True
     # the keeper keeps every child it ever spawned (Keeper.spawned): only a

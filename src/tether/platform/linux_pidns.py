@@ -1,12 +1,14 @@
 """PID namespace per job (strict): the keeper is the namespace's init.
 
 When a PID namespace's init exits, the kernel SIGKILLs every other process
-in it - even if every tether process was SIGKILLed first. The keeper becomes
-that init: an intermediate fork calls ``unshare(CLONE_NEWPID)`` (with
-``CLONE_NEWUSER`` when unprivileged: plain CLONE_NEWPID is EPERM for users)
-and forks the keeper, which is PID 1 inside and watches the owner through a
-pidfd inherited from outside (``getppid()`` is 0 in there, so the usual
-PDEATHSIG race check cannot work).
+in it - even if every tether process was SIGKILLed first. The keeper (the
+native program, ``keeper.c``) becomes that init: it calls
+``unshare(CLONE_NEWPID)`` (with ``CLONE_NEWUSER`` when unprivileged: plain
+CLONE_NEWPID is EPERM for users) and forks itself, which is PID 1 inside and
+watches the owner through a pidfd inherited from outside (``getppid()`` is
+0 in there, so the usual PDEATHSIG race check cannot work). This module is
+the owner's side: the probe (which tries it for real), the guarantee, and
+the members as the owner sees them.
 
 Visible costs, stated by ``guarantee``: the job's processes see their own
 PIDs (``echo $!`` prints a number the outside does not know; ``kill`` of a
@@ -154,36 +156,13 @@ def guarantee(options: JobOptions | None = None) -> Guarantee:
 
 
 class Mechanism(KeeperMechanism):
+    """The owner's side of a pidns job; its keeper, the namespace's init, is
+    the native program (``keeper.c``), which enters the namespace itself."""
+
     name = PIDNS
-    exit_ends_job = True
     kernel_enforced = True
     transparent = False
     joins_owner_group = False  # (the owner's group is not visible inside the namespace)
 
-    def keeper_setup(self, keeper) -> None:
-        from . import _proto
-
-        enter_new_namespace()
-        pid = os.fork()
-        if pid:
-            # The intermediate: report the init's pid as the outside sees it, and go.
-            _proto.send(keeper.ctl, {"outer": pid})
-            os._exit(0)
-        if os.getpid() != 1:
-            raise RuntimeError("PID namespace keeper is not PID 1")
-
-    def spawn_attrs(self, msg: dict) -> dict:
-        # The owner's process group is not visible inside the namespace.
-        if msg.get("setsid"):
-            return {}
-        return {"setpgroup": 0}
-
     def member_pids(self, keeper_pid: int) -> list[int]:
         return identity.descendant_pids(keeper_pid)
-
-    def kill_all(self, keeper, timeout: float) -> None:
-        # Inside the namespace the shared /proc shows outer pids, so the keeper
-        # cannot name its members; the owner kills them by identity from
-        # outside (posix.KeeperJob.kill_all) and the keeper only reaps here.
-        # Ending the whole namespace is the keeper's own exit.
-        keeper.reap()

@@ -1,24 +1,19 @@
 """The native keeper: ``tether-keeper``, one small C program per job.
 
-What it is: the keeper of ``_keeper_socket`` (the same requests, replies and
-rules over the same socket, see ``_proto``) written in C
-(``src/tether/_native/keeper.c``), built when tether is installed where a C
-compiler exists. A job then costs a ~100 KiB process instead of a forked
-interpreter, a spawn is one ``clone3`` straight into the job, and an owner
-with threads needs no warden (a fork server): ``posix_spawn`` of the helper is
-safe from any thread.
+What it is: on Linux, the one keeper of the cgroup, subreaper and pidns
+mechanisms (``src/tether/_native/keeper.c``), spoken to over a socket in the
+protocol of ``docs/protocol.md`` (``_proto`` is the Python end). It is built
+when tether is installed; setup.py stops a Linux build that cannot compile
+it. A job costs a ~100 KiB process instead of a forked interpreter, a spawn
+is one ``clone3`` straight into the job, and an owner with threads needs no
+warden (a fork server): ``posix_spawn`` of the helper is safe from any
+thread.
 
-Which keeper a job gets: the native one for the cgroup, subreaper and pidns
-mechanisms when the helper is built, else the Python one (the same
-behaviour, slower); ``TETHER_NATIVE`` decides:
-
-``auto`` (or unset)
-    the native keeper where it is built, else the Python keeper.
-``0`` / ``off``
-    always the Python keeper.
-``1`` / ``on``
-    the native keeper or nothing: a job that cannot have it is refused
-    (:class:`tether.errors.JobRefused`), never silently served by Python.
+There is no second implementation to fall back to: where the program is
+missing (a source tree never built, a copied install), a job of those
+mechanisms is refused (:class:`tether.errors.JobRefused`) with the fix in
+one line, and ``tether doctor`` says the same. The Python keeper
+(``_keeper_socket``) serves only ``pgroup``, the keeper of macOS and the BSDs.
 
 The owner's death reaches it twice: by the owner's pidfd, and earlier, at the
 start of the owner's exit, by the owner's beacon (``_beacon``) where this
@@ -34,7 +29,7 @@ reader waiting after the owner is gone).
 import errno
 import os
 
-from . import NATIVE_ENV, _beacon, native_setting
+from . import _beacon
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
                       "tether-keeper")
@@ -46,8 +41,9 @@ MECHANISMS = ("cgroup", "subreaper", "pidns")
 #: Test knob, read when a job opens: its keeper answers as if the owner's
 #: /proc could not be read (the owner then sends its state itself).
 NO_OWNER_STATE = "_TETHER_TEST_NO_OWNER_STATE"
-ENV = NATIVE_ENV
-setting = native_setting  # ``auto``, ``on`` or ``off``; a bad value is a UsageError
+#: The fix, in one line, where the program is missing.
+FIX = ("reinstall tether with a C compiler and the Linux headers present (Debian, Ubuntu: "
+       "apt-get install gcc libc6-dev), or install a tether wheel")
 
 
 def built() -> bool:
@@ -55,35 +51,26 @@ def built() -> bool:
 
 
 def status() -> "tuple[bool, str]":
-    """Whether jobs get the native keeper, and why, in words for ``doctor``."""
-    word = setting()
-    if word == "off":
-        return False, f"the Python keeper ({ENV}=0)"
+    """Whether the native keeper is here, and what that means, in words for
+    ``doctor``."""
     if built():
         return True, f"the native keeper ({HELPER}, {linkage(HELPER)})"
-    why = ("not built (no C compiler when tether was installed; "
-           "install gcc and reinstall tether)")
-    if word == "on":
-        return False, f"none: {ENV}=1 asks for the native keeper, which is {why}"
-    return False, f"the Python keeper (the native helper is {why})"
+    return False, (f"none: {HELPER} is missing, so jobs of {', '.join(MECHANISMS)} are "
+                   f"refused; {FIX}")
 
 
-def wanted(mechanism: str) -> bool:
-    """Whether a job of ``mechanism`` is to get the native keeper. Raises
-    :class:`tether.errors.JobRefused` when ``TETHER_NATIVE=1`` and it cannot."""
-    word = setting()
-    if word == "off" or mechanism not in MECHANISMS:
-        if word == "on" and mechanism not in MECHANISMS:
-            return False  # pgroup keeps its Python keeper (it needs the table capture)
+def required(mechanism: str) -> bool:
+    """Whether a job of ``mechanism`` is kept by the native keeper (every
+    mechanism of :data:`MECHANISMS`); raises :class:`tether.errors.JobRefused`
+    naming the fix when it is one of them and the program is missing."""
+    if mechanism not in MECHANISMS:
         return False
-    if built():
-        return True
-    if word == "on":
+    if not built():
         from ..errors import JobRefused
 
-        why = status()[1]
-        raise JobRefused(f"{mechanism}: {why}", reason=why, mechanism=mechanism)
-    return False
+        why = f"tether's native keeper is not built ({HELPER} is missing)"
+        raise JobRefused(f"{mechanism}: {why}; {FIX}", reason=why, mechanism=mechanism)
+    return True
 
 
 def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> int:
@@ -177,7 +164,6 @@ def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
     import sys
 
     bindir = bindir or os.path.dirname(sys.executable)
-    off = setting() == "off"
     out = []
     for name, fallback, serves in FRONT_ENDS:
         path = os.path.join(bindir, name)
@@ -188,10 +174,8 @@ def front_ends(bindir: "str | None" = None) -> "list[dict[str, object]]":
         native = is_program(path)
         if not native:
             what = "the Python one (no native program was built at install time)"
-        elif off:
-            what = f"native, but {ENV}=0: it hands every command to {fallback}"
         else:
             what = (f"native ({linkage(path)}): serves {serves} with no interpreter, "
                     f"the rest by {fallback}")
-        out.append({"name": name, "native": native and not off, "path": path, "what": what})
+        out.append({"name": name, "native": native, "path": path, "what": what})
     return out

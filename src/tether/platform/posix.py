@@ -50,6 +50,9 @@ class KeeperJob(JobBackend):
     def __init__(self, mechanism: str, options: JobOptions):
         self.mechanism = mechanism
         self.options = options
+        # On Linux the native program keeps every mechanism but pgroup (the
+        # Python keeper is macOS's and the BSDs'): no program, no job.
+        self.native = native.required(mechanism)
         me = identity.own()
         self.owner = me
         # the keeper's session: the only one its children can join a group in
@@ -80,7 +83,6 @@ class KeeperJob(JobBackend):
         self._sock_pid = os.getpid()  # the process this socket's conversation is with
         if os.environ.get(native.NO_OWNER_STATE) == "1":  # tests: see native.NO_OWNER_STATE
             self.mech.params["no_owner_state"] = True
-        self.native = native.wanted(mechanism)
         if self.native:
             self.mech.keeper_inside = False  # it clones each child into the job instead
         try:
