@@ -358,6 +358,50 @@ def test_usage_errors_exit_2_with_a_line():
     assert r.returncode == 0 and r.stdout.startswith("tether-keeper ")
 
 
+def test_one_usage_errors_exit_2_with_a_line_and_run_nothing(tmp_path):
+    """``tether-keeper one`` (the one-command driver the Python tether-shell
+    execs) refuses a malformed invocation with its usage line, exit 2, and
+    runs nothing; the control, well formed, runs the command and reports."""
+    marker = tmp_path / "ran"
+    cmd = ["--", "/bin/sh", "sh", "-c", f"touch {marker}"]
+    rep_r, rep_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    me = os.pidfd_open(os.getpid())
+    fds = [str(rep_w), str(ctl_r), str(me)]
+    who = [str(os.getpid()), str(identity.start_ticks(os.getpid())), str(os.getpgrp())]
+    good = ["one", *fds, *who, "subreaper", "0.5"]
+    bad = [
+        ["one"], good[:-1] + cmd, ["one", "x", *fds[1:], *who, "auto", "1"] + cmd,
+        ["one", *fds[:2], "999", *who, "auto", "1"] + cmd,  # not an open fd
+        ["one", *fds, "0", *who[1:], "auto", "1"] + cmd, ["one", *fds, *who, "pidns", "1"] + cmd,
+        ["one", *fds, *who, "auto", "nan"] + cmd, ["one", *fds, *who, "auto", "1e9"] + cmd,
+        ["one", *fds, *who, "cgroup", "1"] + cmd,  # cgroup without base=: the front end's
+        good + ["what=1"] + cmd, good + ["caller=1:2"] + cmd, good + ["ign=zz"] + cmd,
+        good + ["--", "sh", "sh"], good + ["--", "/bin/sh"], good,
+    ]
+    try:
+        for args in bad:
+            r = subprocess.run([native.HELPER, *args], capture_output=True, text=True, timeout=5,
+                               pass_fds=(rep_w, ctl_r, me))
+            assert r.returncode == 2 and r.stderr.startswith("usage: tether-keeper one"), (args, r)
+            assert not marker.exists(), args
+        r = subprocess.run([native.HELPER, *good, *cmd], capture_output=True, text=True,
+                           timeout=10, pass_fds=(rep_w, ctl_r, me))
+        assert r.returncode == 0, r
+        os.close(rep_w)
+        rep_w = -1
+        with os.fdopen(rep_r, "rb") as f:
+            rep_r = -1
+            lines = f.read().decode().splitlines()
+        assert [ln.split()[0] for ln in lines] == ["P", "X"], lines
+        assert lines[0].split()[2] == "subreaper" and lines[1] == "X 0 0", lines
+        assert marker.exists()
+    finally:
+        for fd in (rep_r, rep_w, ctl_r, ctl_w, me):
+            if fd >= 0:
+                os.close(fd)
+
+
 MISSING = r"""
 import json, sys
 from tether import Job, JobRefused

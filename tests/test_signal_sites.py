@@ -76,7 +76,7 @@ ALLOWED_C = {
     ("keeper.c", "serve", "kill"): "signal 0: is the owner there",
     ("keeper.c", "main", "kill"): "signal 0: is the owner there",
     ("keeper.c", "owner_execd", "kill"): "signal 0: is the owner there (exec or exit)",
-    ("shell.c", "signal_if_still", "pidfd_signal_"): "pinned, start ticks (and cgroup) checked",
+    ("oneshot.c", "signal_if_still", "pidfd_signal_"): "pinned, start ticks (and cgroup) checked",
     ("shell.c", "wait_orphaned_command", "pidfd_signal_"): "own unreaped child's pidfd",
     ("shell.c", "die_by", "raise"): "itself (dies by the signal its command died by)",
 }

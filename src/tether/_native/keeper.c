@@ -1,9 +1,8 @@
 /*
- * tether-keeper: the native keeper of one tether job (Linux).
- *
- * The same job the Python keeper (tether/platform/_keeper.py) keeps, with
- * the same rules, for the price of a small C process instead of an
- * interpreter: it creates nothing the owner did not ask for, starts each
+ * tether-keeper: the native keeper of one tether job (Linux), the one
+ * keeper of the cgroup, subreaper and pidns mechanisms there (the Python
+ * keeper, tether/platform/_keeper.py, keeps pgroup, the mechanism of macOS
+ * and the BSDs). A small C process instead of an interpreter: it creates nothing the owner did not ask for, starts each
  * child inside the job before the child's first instruction, watches the
  * owner by pidfd (and, told earlier, by the owner's beacon: beacon_wait) and
  * ends the whole job the moment the owner is gone.
@@ -12,6 +11,7 @@
  *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]
  *                 [keep=FD,...]
  *   tether-keeper pin KEEPER_PID      (a job's pin, started by its keeper: pin_job)
+ *   tether-keeper one ...             (one command in a job of its own: oneshot.c)
  *
  * legacy=1 makes it behave as on a kernel without clone3, cgroup.kill and
  * PIDFD_GET_INFO (fork and move in by hand; freeze and kill each member;
@@ -2919,11 +2919,16 @@ static void close_all_but(void)
     }
 }
 
+/* the second driver: one command, reported on a pipe (tether-shell, tether run) */
+#include "oneshot.c"
+
 static int usage(void)
 {
     static const char text[] =
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
         "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET] [keep=FD,...]\n"
+        "       tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID MECH "
+        "GRACE ... -- EXE ARGV0 [ARG...]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
@@ -3061,6 +3066,8 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && strcmp(argv[1], "pin") == 0)
         return pin_main(argv[2]);
+    if (argc >= 2 && strcmp(argv[1], "one") == 0)
+        return one_main(argc, argv);
     if (argc < 6 || strcmp(argv[1], "serve") != 0)
         return usage();
     if (strcmp(argv[2], "cgroup") == 0)

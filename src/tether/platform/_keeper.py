@@ -226,27 +226,30 @@ class Keeper:
         self.mech.end_for_dead_owner(self)
         return 0
 
-    # -- driver 2: the pipe, for the one-command path ------------------------------------
+    # -- driver 2: the pipe, for tether-shell's scope caller -----------------------------
     def run_one(self, executable: str, argv: list[str], *, pgid: int, ignored: set[int],
-                grace: float, rep_w: int, ctl_r: int, env=None, caller_fd: int | None = None,
-                shared: bool = False) -> int:
-        """Start the one command (it inherits this keeper's fds, cwd and
-        environment, which are the owner's; ``env``: that environment with
-        the job's cookie first), report ``P <pid> <mechanism> <start ticks>
-        <cgroup or ->`` on ``rep_w``, wait for it, end what it left behind
-        (SIGTERM, ``grace``, the mechanism's kill) and report ``X <status>
-        <leftovers>``. A byte on ``ctl_r`` (the owner got SIGTERM/SIGHUP) ends
-        the job now; EOF on it, or the owner's pidfd, means the owner is gone:
-        end everything, no grace, report nothing. ``caller_fd`` (a pidfd of
-        the owner's caller) readable: the caller is gone - end everything at
-        once, report ``X <status> <leftovers> caller``.
-
-        ``shared`` (tether-shell's scope ``caller``): what the command leaves
-        is not ended when it returns but lives until the caller ends. The
-        job is the caller's cgroup (shared by its commands: only this
-        command's processes, by its cookie, are ended when the command is
+                grace: float, rep_w: int, ctl_r: int, env=None,
+                caller_fd: int | None = None) -> int:
+        """Start the one command of tether-shell's scope ``caller`` (it
+        inherits this keeper's fds, cwd and environment, which are the
+        owner's; ``env``: that environment with the job's cookie first),
+        report ``P <pid> <mechanism> <start ticks> <cgroup or ->`` on
+        ``rep_w``, wait for it and report ``X <status> <leftovers>``. What the
+        command leaves is not ended when it returns but lives until the caller
+        ends: the job is the caller's cgroup (shared by its commands: only
+        this command's processes, by its cookie, are ended when the command is
         stopped or its owner dies), or this subreaper, which then stays,
-        watching the caller, until its last descendant is gone.
+        watching the caller, until its last descendant is gone (``X ...
+        linger``). A byte on ``ctl_r`` (the owner got SIGTERM/SIGHUP) ends
+        the command's processes now (SIGTERM, ``grace``, the kill); EOF on it,
+        or the owner's pidfd, means the owner is gone: end them, no grace,
+        report nothing. ``caller_fd`` (a pidfd of the owner's caller) readable:
+        the caller is gone - end everything at once, report ``X <status>
+        <leftovers> caller``.
+
+        Scope ``command`` is not served here: that is the native keeper's
+        one-command driver (``_native/oneshot.c``), which ends what the
+        command leaves the moment it returns.
         """
         mech = self.mech
         env = os.environ if env is None else env
@@ -258,10 +261,7 @@ class Keeper:
                 pass
 
         def done() -> None:
-            if shared:
-                mech.step_aside()  # the caller's cgroup stays: its scope keeper removes it
-            else:
-                mech.cleanup(self)
+            mech.step_aside()  # the caller's cgroup stays: its scope keeper removes it
 
         if _readable(ctl_r) or (caller_fd is not None and _readable(caller_fd)):
             done()  # stopped (or the owner or its caller died) while we set up
@@ -321,7 +321,7 @@ class Keeper:
             mech.cleanup(self)
             return 0
         cookie = f"{mech.options.cookie_var}={mech.options.cookie}".encode()
-        if shared and mech.keeper_inside:
+        if mech.keeper_inside:
             # The caller's cgroup is shared: this command's processes are
             # those that carry its cookie (and the shell itself).
             def members() -> list:
@@ -346,7 +346,7 @@ class Keeper:
             return 0
         left = [i.pid for i in members() if i.state not in ("Z", "X", "x")]
         leftovers = len([p for p in left if p != child])
-        if left and (stop or not shared):
+        if left and stop:
             self._end(members, born, grace, kill)
         self.reap()
         status = self.status.get(child)
@@ -357,8 +357,7 @@ class Keeper:
                 self.forget_spawned(child, before)
             except ChildProcessError:
                 status = None
-        linger = shared and not stop and leftovers and not mech.keeper_inside \
-            and caller_fd is not None
+        linger = not stop and leftovers and not mech.keeper_inside and caller_fd is not None
         # "linger": the owner must not wait for this keeper, which stays.
         say(f"X {-1 if status is None else status} {leftovers}" + (" linger" if linger else ""))
         if linger and caller_fd is not None:

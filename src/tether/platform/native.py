@@ -29,8 +29,6 @@ reader waiting after the owner is gone).
 import errno
 import os
 
-from . import _beacon
-
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_native",
                       "tether-keeper")
 # Test knob: another build of the same program (the sanitizer build in CI).
@@ -79,6 +77,8 @@ def start(mech, ctl_child: int, owner_pid: int, owner_pidfd: "int | None") -> in
 
     # The fds move above every source first (any may be 0-2 in an owner
     # that closed its stdio), then stdio becomes /dev/null.
+    from . import _beacon  # (not at import: the one-command path loads this module too)
+
     beacon = _beacon.for_keeper() if owner_pid == os.getpid() else None
     hi = max(ctl_child, owner_pidfd if owner_pidfd is not None else 0,
              beacon[0] if beacon else 0, 2) + 1

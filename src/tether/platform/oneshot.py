@@ -1,12 +1,15 @@
-"""One command in its own job, with the least start-up: the path ``tether-shell`` takes.
+"""One command in its own job, with the least start-up: the path ``tether-shell-py`` takes.
 
 The generic path (``tether.job.Job``) pays for generality on every command:
 ``subprocess``, ``threading``, ``socket``, and a keeper spoken to over a
-socket. A wrapper that runs exactly one command needs none of it, and it
-runs on every shell command an agent issues, so it drives the same keeper
-(``_keeper.Keeper.run_one``) and the same mechanism classes over a pipe.
+socket. A wrapper that runs exactly one command needs none of it. The native
+``tether-shell`` serves most commands itself (``_native/shell.c``); this is
+the Python one's path for what it hands over (a log only the audit writer may
+judge, a systemd unit not yet asked about, scope ``caller``). Scope
+``command`` runs the very keeper the native one forks: the native program's
+one-command driver (``tether-keeper one``, ``_native/oneshot.c``), exec'd.
 This module imports only ``os``, ``sys``, ``select`` and ``_signal`` before
-the fork (the keeper imports its mechanism after it).
+the fork.
 
 How (Linux only; the caller must be single-threaded, as the wrapper is):
 
@@ -14,23 +17,29 @@ How (Linux only; the caller must be single-threaded, as the wrapper is):
   inherits the owner's file descriptors, working directory and environment:
   nothing is sent to it, so big environments and deleted working directories
   just work, and every inheritable fd reaches the command as under ``sh``.
-* The keeper names itself ``tether-keeper``, goes into its own process group
-  and ignores hang-up, interrupt, terminate and job-control signals (a caller
-  killing the owner's group must not take it along). It opens the job - the
-  cgroup ``<own cgroup>/tether-<owner pid>-<owner start ticks>/j<owner pid>-1``
-  of ``linux_cgroup``, or, for ``auto`` where no cgroup v2 is writable, a
-  ``linux_subreaper`` job - and ``posix_spawn``\\ s the command in the
+* The fork decides where a cgroup job may go (``cgroupfs.base_dir``, with
+  systemd's delegation rules) and execs ``tether-keeper one``, which goes
+  into its own process group and ignores hang-up, interrupt, terminate and
+  job-control signals (a caller killing the owner's group must not take it
+  along). It opens the job - the cgroup ``<own cgroup>/tether-<owner
+  pid>-<owner start ticks>/j<owner pid>-1``, or, for ``auto`` where no
+  cgroup v2 is writable, a subreaper job - and starts the command in the
   owner's process group (the command keeps the terminal, and the caller's
   ``killpg`` reaches it), with the owner's ignored signals and blocked mask.
-* It reports ``P <pid> <mechanism>`` and, at the end, ``X <status> <leftovers>``
-  on a pipe; the owner waits on that pipe and on its own signals.
+* It reports ``P <pid> <mechanism> <start> <cgroup>`` and, at the end,
+  ``X <status> <leftovers>`` on a pipe; the owner waits on that pipe and on
+  its own signals.
 * The keeper watches the owner through a pidfd: the owner SIGKILLed (alone or
   with its process group) makes the keeper end the whole job at once. A
   ``s`` byte from the owner (it got SIGTERM/SIGHUP) makes the keeper end the
   job: SIGTERM to every member, ``grace`` seconds, then the mechanism's kill.
 * When the command exits, whatever is left in the job is ended the same way
-  (``tether.ending``) before the keeper reports - so the owner exits only
-  once nothing of the command is left.
+  before the keeper reports - so the owner exits only once nothing of the
+  command is left.
+* Scope ``caller`` (what a command leaves runs on until its caller ends) is
+  kept by the Python keeper (``_keeper.Keeper.run_one``), with the
+  ``linux_cgroup``/``linux_subreaper`` mechanism classes: one cgroup per
+  caller, or a subreaper that stays.
 
 Guarantee, as for the generic ``cgroup``/``subreaper`` mechanisms: guardian-
 enforced and transparent; if the keeper itself is SIGKILLed first, a cgroup
@@ -215,7 +224,7 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
          scope) -> "Result":
     res = Result()
     try:
-        threads, ign, _blocked = identity.self_status()
+        threads, ign, blocked = identity.self_status()
     except (OSError, ValueError):
         raise Unavailable("/proc/self/status is not readable") from None
     if threads != 1:
@@ -241,6 +250,10 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
     # The job's cookie: random, so a stranger given a leftover's pid within the
     # same clock tick cannot carry it (os.urandom: `secrets` costs an import).
     res.cookie = f"{res.run}:{res.job}:{os.urandom(8).hex()}"
+    if scope == COMMAND:
+        from . import native
+
+        native.required("cgroup" if mechanism == "cgroup" else "subreaper")  # or JobRefused
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     early = sigs.first()
@@ -274,9 +287,13 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
     if keeper == 0:
         code = 1
         try:
+            inherited = (sigs.rfd, sigs.wfd, rep_r, ctl_w)
+            if scope == COMMAND:  # the native keeper's one-command driver, exec'd: never returns
+                _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid,
+                             ignored, blocked, owner_fd, rep_w, ctl_r, inherited, res, caller)
             code = _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid,
-                                ignored, owner_ignores, owner_fd, rep_w, ctl_r,
-                                (sigs.rfd, sigs.wfd, rep_r, ctl_w), res, caller)
+                                ignored, owner_ignores, owner_fd, rep_w, ctl_r, inherited, res,
+                                caller)
         except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
             try:
                 import traceback
@@ -396,9 +413,58 @@ def _end_from_here(res: "Result", born: int) -> None:
 
 # -- the keeper's side ---------------------------------------------------------------
 
+def _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
+                 blocked, owner_fd, rep_w, ctl_r, inherited, res, caller) -> None:
+    """In the forked keeper, scope ``command``: become the native keeper's
+    one-command driver (``tether-keeper one``, ``_native/oneshot.c``), the
+    one that the native tether-shell forks. Decided here, as the native front
+    end decides it: where the job's cgroup may go (``cgroupfs.base_dir``,
+    systemd's delegation rules included); none, for ``auto``, is a subreaper
+    job. Returns only when it cannot exec (the error is reported)."""
+    from .. import cgroupfs
+    from . import native
+
+    def say(line: str) -> None:
+        try:
+            os.write(rep_w, line.encode() + b"\n")
+        except OSError:
+            pass
+
+    _signal.set_wakeup_fd(-1)
+    for fd in inherited:  # the owner's ends
+        os.close(fd)
+    place: list[str] = []
+    if mechanism in ("auto", "cgroup"):
+        loc = cgroupfs.where()
+        base, why = cgroupfs.base_dir(loc)
+        if base is not None and loc is not None:
+            place = [f"base={base}", f"mount={loc[0]}"]
+        elif mechanism == "cgroup":
+            say(f"E job 0 cannot create the job (cgroup): {why}")
+            os._exit(0)
+    watch: list[str] = []
+    if caller is not None:
+        watch = [f"caller={caller[2]}:{caller[0]}:{caller[1]}"]
+        os.set_inheritable(caller[2], True)
+    for fd in (rep_w, ctl_r, owner_fd):
+        os.set_inheritable(fd, True)
+    ign = sum(1 << (s - 1) for s in ignored if 0 < s < 65)
+    args = [native.HELPER, "one", str(rep_w), str(ctl_r), str(owner_fd), str(owner),
+            str(owner_start), str(pgid), mechanism, repr(float(grace)), *place, *watch,
+            f"ign={ign:x}", f"mask={blocked:x}", "--", executable, *argv]
+    env = {res.cookie_var.encode(): res.cookie.encode()}
+    env.update((k, v) for k, v in os.environb.items() if k != res.cookie_var.encode())
+    try:
+        os.execve(native.HELPER, args, env)
+    except OSError as exc:
+        say(f"E job {exc.errno or 0} cannot start the native keeper: {exc.strerror or exc}")
+        os._exit(0)
+
+
 def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
                  owner_ignores, owner_fd, rep_w, ctl_r, inherited, res, caller) -> int:
-    """In the forked keeper: open the job, then ``Keeper.run_one``."""
+    """In the forked keeper, scope ``caller``: open the job, then
+    ``Keeper.run_one``."""
     from . import _keeper as kp
 
     def say(line: str) -> None:
@@ -434,29 +500,24 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
     env = with_cookie(os.environ, keeper.mech.options)
     try:
         return keeper.run_one(executable, argv, pgid=pgid, ignored=ignored, grace=grace,
-                              rep_w=rep_w, ctl_r=ctl_r, env=env, caller_fd=caller_fd,
-                              shared=res.scope == CALLER)
+                              rep_w=rep_w, ctl_r=ctl_r, env=env, caller_fd=caller_fd)
     except BaseException:
         # Never leave the job running on a keeper bug: end it, then say so.
         try:
             keeper.mech.kill_all(keeper, timeout=kp.KILL_BOUND)
         finally:
-            if res.scope != CALLER:
-                keeper.mech.cleanup(keeper)
             say("X -1 0")
         raise
 
 
 def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, res: "Result",
               caller_fd: "int | None"):
-    """A set-up Keeper with its job open: cgroup where asked (or, for auto,
-    where this process may join one), else a subreaper. In scope ``caller``
-    the cgroup is the caller's (shared by its commands, named for it) and a
-    scope keeper watches it; a subreaper job is this command's."""
+    """Scope ``caller``: a set-up Keeper with its job open: the caller's
+    cgroup (shared by its commands, named for the caller, watched by a scope
+    keeper) where asked (or, for auto, where this process may join one), else
+    a subreaper of this command's."""
     from . import keeper_mechanism
     from .base import JobOptions
-
-    shared = res.scope == CALLER
 
     def options(job_id: str) -> "JobOptions":
         return JobOptions(name="tether-shell", job_id=job_id, cookie=res.cookie,
@@ -464,12 +525,9 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, r
 
     born = identity.now_ticks()
     if mechanism in ("auto", "cgroup"):
-        # The run directory names the job's owner: in scope caller the caller.
-        run_owner = res.caller if shared else (owner, owner_start)
-        assert run_owner is not None  # scope caller: run() set res.caller
-        mech: Any = keeper_mechanism("cgroup")(options(SCOPE_JOB if shared else res.job), run_owner[0],
-                                           run_owner[1], born_after=born, sweep=False,
-                                           shared=shared)
+        assert res.caller is not None  # scope caller: run() set it
+        mech: Any = keeper_mechanism("cgroup")(options(SCOPE_JOB), res.caller[0], res.caller[1],
+                                               born_after=born, sweep=False, shared=True)
         try:
             mech.prepare()
         except OSError:
@@ -478,7 +536,7 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, r
             mech = None  # auto: no writable cgroup v2 here (EACCES, EROFS, none mounted)
         if mech is not None:
             keeper = kp.Keeper(mech, owner, owner_fd)
-            if shared and caller_fd is not None:
+            if caller_fd is not None:
                 kp.ensure_scope_keeper(mech.path, caller_fd)
             mech.keeper_setup(keeper)
             # Joining is the real permission test (a delegated subtree needs
@@ -486,8 +544,6 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, r
             if mech.inside:
                 keeper.setup_wakeup()
                 return keeper
-            if not shared:
-                mech.cleanup(keeper)
             if mechanism == "cgroup":
                 raise PermissionError(13, "cannot join the job's cgroup")
     mech = keeper_mechanism("subreaper")(options(res.job), owner, owner_start, born_after=born)

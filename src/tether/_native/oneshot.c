@@ -1,0 +1,720 @@
+/*
+ * The one-command driver of tether-keeper: one command in a job of its own,
+ * reported on a pipe. Included by keeper.c (the socket driver's program),
+ * so both drivers share one ending engine: the spawn into the job
+ * (spawn_followed), the kill loops and cgroup.kill (kill_all), the cgroup's
+ * removal (cleanup).
+ *
+ * Who runs it:
+ *  - the native tether-shell and tether (shell.c) fork it in-process
+ *    (keeper_begin): no exec on the hot path;
+ *  - the Python tether-shell (tether/platform/oneshot.py), for the cases the
+ *    native front end hands over, execs it:
+ *
+ *   tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID
+ *                 auto|cgroup|subreaper GRACE [base=DIR mount=DIR]
+ *                 [caller=FD:PID:START] [ign=HEX] [mask=HEX] -- EXE ARGV0 [ARG...]
+ *
+ *   base: the cgroup this job's run directory goes under (the Python front
+ *   end decided it may: cgroupfs.base_dir); none: a subreaper job. ign/mask:
+ *   the caller's ignored and blocked signals as bit masks (bit N-1: signal
+ *   N), which the command gets. The environment is the command's, the job's
+ *   cookie first.
+ *
+ * The reports, one line each on REP_FD: "P <pid> <mechanism> <start ticks>
+ * <cgroup or ->" once the command runs; then "X <wait status> <leftovers>
+ * [caller]", or "E job|exec|spawn <errno> <words>" when nothing ran. A byte
+ * on CTL_FD (the owner got SIGTERM/SIGHUP) ends the job now; its EOF, or the
+ * owner's pidfd, means the owner is gone: everything ends, no grace, no
+ * report. The caller's pidfd readable: its commands end at once ("caller").
+ */
+
+#include <limits.h>
+#include <stdarg.h>
+
+/* Start ticks of pid (field 22 of /proc/PID/stat), 0 when unreadable; the
+ * state letter into *state when asked, the parent into *ppid. */
+static unsigned long long proc_stat(pid_t pid, char *state, pid_t *ppid)
+{
+    char path[64], buf[1024];
+    if (pid > 0)
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    if (read_file(path, buf, sizeof buf) <= 0)
+        return 0;
+    const char *st = stat_field(buf, 3), *pp = stat_field(buf, 4), *start = stat_field(buf, 22);
+    if (!st || !pp || !start)
+        return 0;
+    if (state)
+        *state = *st;
+    if (ppid)
+        *ppid = (pid_t)strtol(pp, NULL, 10);
+    return strtoull(start, NULL, 10);
+}
+
+/* identity.now_ticks: CLOCK_BOOTTIME in clock ticks, rounded down as the
+ * kernel rounds a task's start time. */
+static unsigned long long now_ticks(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    unsigned long long hz = (unsigned long long)sysconf(_SC_CLK_TCK);
+    unsigned long long ns = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    return ns / (1000000000ULL / hz);
+}
+
+struct run {
+    char shell[PATH_MAX];
+    char **argv;
+    char **path; /* PATH's entries, for a command without a '/' */
+    int only_stdio; /* the command gets fds 0-2 only (tether run: Popen's close_fds) */
+    int cli;        /* tether run: a refused spawn is refused (Job's rule), no fallback */
+    double grace;
+    int mech_auto, want_cgroup;
+    char base[4096], mount[4096]; /* where the cgroup goes (cgroup mechanism) */
+    pid_t owner, pgid;
+    unsigned long long owner_start;
+    int ownerfd;
+    int callerfd; /* -1: the caller is not watched */
+    int lifefd;   /* tether run --lifeline FD, else -1: the job ends at its EOF/hangup */
+    pid_t caller;
+    unsigned long long caller_start;
+    unsigned char orig_ign[65];
+    sigset_t orig_mask;
+    char cookie[200];
+    char run_id[64], job_id[64];
+    unsigned long long born;
+};
+
+
+static int rep_w = -1, ctl_r = -1;
+
+static void tell(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tell(const char *fmt, ...)
+{
+    char line[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t w = write(rep_w, line, (size_t)n);
+    (void)w;
+}
+
+static int readable(int fd)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* The lifeline (a pipe or socket the app holds the other end of): gone at
+ * hangup, error or EOF. What the app writes into it means nothing and is
+ * read away, never more than is there (FIONREAD), so no read can block. */
+static int lifeline_gone(int fd, short revents)
+{
+    if (revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP))
+        return 1;
+    if (!(revents & POLLIN))
+        return 0;
+    int n = 0;
+    if (ioctl(fd, FIONREAD, &n) < 0 || n <= 0)
+        return 1; /* readable with nothing to read: EOF */
+    char sink[4096];
+    ssize_t r = read(fd, sink, (size_t)n < sizeof sink ? (size_t)n : sizeof sink);
+    return r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+static int lifeline_gone_now(int fd)
+{
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && lifeline_gone(fd, p.revents);
+}
+
+/* The members of the job, this keeper aside: the cgroup's (and its child
+ * cgroups'), or the subreaper's descendants; only those born after the job
+ * began and not yet dead. */
+static size_t nmembers;
+static pid_t members_buf[MAX_CHILDREN];
+
+/* Every descendant of root, breadth first, by the kernel's children lists. */
+static size_t descendants(pid_t root, pid_t *out, size_t cap)
+{
+    size_t n = children_of(root, out, cap, 1);
+    for (size_t k = 0; k < n; k++)
+        n += children_of(out[k], out + n, cap - n, 1);
+    return n;
+}
+static unsigned long long members_start[MAX_CHILDREN]; /* their start ticks, as read */
+static pid_t members_ppid[MAX_CHILDREN];
+static unsigned long long members_born;
+
+static void add_members_of(const char *dir, int depth)
+{
+    char path[4200];
+    static char buf[65536];
+    const char *base = strrchr(dir, '/');
+    if (depth > 0 && base && strcmp(base + 1, PIN_DIR) == 0)
+        return; /* a job's pin (keeper.c's pin_job), not a member */
+    if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", dir) >= sizeof path)
+        return;
+    ssize_t len = read_file(path, buf, sizeof buf);
+    for (char *p = buf; len > 0 && *p && nmembers < MAX_CHILDREN;) {
+        char *e;
+        long c = strtol(p, &e, 10);
+        if (e == p)
+            break;
+        p = e;
+        if (c > 1 && c != getpid())
+            members_buf[nmembers++] = (pid_t)c;
+    }
+    if (depth <= 16)
+        each_subdir(dir, depth, add_members_of);
+}
+
+/* The live members now, each with the start ticks and parent read for it. */
+static size_t members(void)
+{
+    nmembers = 0;
+    if (K.mech == M_CGROUP)
+        add_members_of(K.cgroup, 0);
+    else
+        nmembers = descendants(getpid(), members_buf, MAX_CHILDREN);
+    size_t live = 0;
+    for (size_t k = 0; k < nmembers; k++) {
+        char st = 0;
+        pid_t ppid = 0;
+        unsigned long long start = proc_stat(members_buf[k], &st, &ppid);
+        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x') {
+            members_buf[live] = members_buf[k];
+            members_start[live] = start;
+            members_ppid[live++] = ppid;
+        }
+    }
+    return nmembers = live;
+}
+
+/* Signal pid through a pidfd if, once pinned, it is still the process that
+ * started at start (the pid of one that exited a moment ago may name someone
+ * else now) - and, in a cgroup job, still a member (member_only). */
+static int signal_if_still(pid_t pid, unsigned long long start, int sig, int member_only)
+{
+    int fd = pidfd_open_(pid);
+    if (fd < 0)
+        return 0;
+    int ok = proc_stat(pid, NULL, NULL) == start && (!member_only || cg_is_member(pid)) &&
+             pidfd_signal_(fd, sig) == 0;
+    close(fd);
+    return ok;
+}
+
+static int signal_member(size_t k, int sig)
+{
+    return signal_if_still(members_buf[k], members_start[k], sig, K.mech == M_CGROUP);
+}
+
+struct pid_at {
+    pid_t pid;
+    size_t at; /* its index in members_buf */
+};
+
+static int by_pid(const void *a, const void *b)
+{
+    pid_t x = ((const struct pid_at *)a)->pid, y = ((const struct pid_at *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* tether.ending.depth_order: member indices by depth along the ppid links
+ * among the members, parents first (the members sorted by pid answer "is
+ * this one's parent a member, and which" in log n). */
+static size_t *parents_first(size_t n)
+{
+    static struct pid_at sorted[MAX_CHILDREN];
+    static size_t order[MAX_CHILDREN];
+    static int depth[MAX_CHILDREN];
+    for (size_t k = 0; k < n; k++)
+        sorted[k] = (struct pid_at){members_buf[k], k};
+    qsort(sorted, n, sizeof *sorted, by_pid);
+    int deepest = 0;
+    for (size_t k = 0; k < n; k++) {
+        int d = 0;
+        struct pid_at key = {members_ppid[k], 0};
+        const struct pid_at *up;
+        while (d < 64 && (up = bsearch(&key, sorted, n, sizeof *sorted, by_pid))) {
+            d++;
+            key.pid = members_ppid[up->at];
+        }
+        depth[k] = d;
+        if (d > deepest)
+            deepest = d;
+    }
+    size_t m = 0;
+    for (int d = 0; d <= deepest; d++)
+        for (size_t k = 0; k < n; k++)
+            if (depth[k] == d)
+                order[m++] = k;
+    return order;
+}
+
+/* tether.ending.end for the job: SIGTERM to every member, parents first (a
+ * wrapper hears it before it sees a child die), then SIGCONT; up to grace
+ * seconds for them to go (not once the owner is gone: then nobody waits for
+ * a report); then the mechanism's kill. */
+static void end_job(double grace)
+{
+    size_t n = members();
+    if (!n)
+        return;
+    if (grace > 0) {
+        size_t *order = parents_first(n);
+        int told = 0;
+        for (size_t k = 0; k < n; k++)
+            if (signal_member(order[k], SIGTERM))
+                told = 1;
+        for (size_t k = 0; k < n; k++)
+            signal_member(order[k], SIGCONT);
+        if (told) {
+            double deadline = now_s() + grace;
+            long delay = 1000;
+            for (;;) {
+                reap_all(0);
+                if (!members() || now_s() >= deadline || readable(K.ownerfd))
+                    break;
+                double left = deadline - now_s();
+                long us = delay < (long)(left * 1e6) ? delay : (long)(left * 1e6);
+                if (us > 0)
+                    nap_us(us);
+                delay = delay * 2 < 50000 ? delay * 2 : 50000;
+            }
+        }
+        if (!members())
+            return;
+    }
+    kill_all(KILL_BOUND);
+}
+
+/* Start the shell in the job, as op_spawn does (the born-killed retry
+ * included); its pid, or -1 with what failed in *stage ('e' exec and the
+ * like, 'g' placing it in the job, 'c' clone) and *err. */
+static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
+{
+    struct spawn_req q;
+    memset(&q, 0, sizeof q);
+    q.argv = R->argv;
+    q.envp = envp;
+    q.exe = R->shell;
+    q.path = R->path;
+    q.cwd = NULL;
+    q.cwd_fd = -1;
+    q.pgroup = R->pgid;
+    q.mask = R->orig_mask;
+    q.umask_ = -1;
+    for (int s = 1; s < 65; s++)
+        q.ign[s] = R->orig_ign[s];
+    q.ign[SIGPIPE] = q.ign[SIGXFSZ] = 0; /* as the Python path: its own ignores, never the caller's */
+    q.only_stdio = R->only_stdio;
+    int pidfd;
+    unsigned char b[6];
+    ssize_t n = 0;
+    pid_t pid = spawn_followed(&q, &pidfd, b, &n);
+    if (pid < 0) {
+        *stage = 'c';
+        *err = errno;
+        return -1;
+    }
+    if (pidfd >= 0)
+        close(pidfd);
+    if (n == (ssize_t)sizeof b || n == 0) { /* failed before exec, or killed at birth */
+        int st;
+        while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR) {
+        }
+        *stage = n == 0 ? 'g' : (char)b[1];
+        *err = n == 0 ? EBUSY : (int)b[2] | ((int)b[3] << 8) | ((int)b[4] << 16) | ((int)b[5] << 24);
+        return -1;
+    }
+    if (K.nkids < MAX_CHILDREN)
+        K.kids[K.nkids++] = pid;
+    return pid;
+}
+
+static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
+{
+    char run_dir[4200];
+    snprintf(run_dir, sizeof run_dir, "%s/tether-%d-%llu", R->base, (int)R->owner, R->owner_start);
+    int made_run = mkdir(run_dir, 0777) == 0;
+    if (!made_run && errno != EEXIST) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        return -1;
+    }
+    if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", run_dir, R->job_id) >= sizeof K.cgroup)
+        errno = ENAMETOOLONG;
+    else if (mkdir(K.cgroup, 0777) == 0)
+        errno = 0;
+    if (errno) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        if (made_run)
+            rmdir(run_dir);
+        K.cgroup[0] = '\0';
+        return -1;
+    }
+    snprintf(K.mount, sizeof K.mount, "%s", R->mount);
+    K.cgfd = openat(AT_FDCWD, K.cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (K.cgfd < 0) {
+        *err = errno;
+        snprintf(why, whysize, "%s", strerror(errno));
+        cleanup();
+        K.cgroup[0] = '\0';
+        return -1;
+    }
+    K.mech = M_CGROUP;
+    return 0;
+}
+
+static int open_subreaper(char *why, size_t whysize, int *err)
+{
+    K.mech = M_SUBREAPER;
+    K.cgroup[0] = '\0';
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        *err = errno;
+        snprintf(why, whysize, "prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Wait for our child pid (SIGKILLed a moment ago) up to KILL_BOUND: 1 with its
+ * status, 0 if it is not gone by then (a process in D state). */
+static int wait_killed(pid_t pid, int *st)
+{
+    double deadline = now_s() + KILL_BOUND;
+    for (;;) {
+        pid_t got = waitpid(pid, st, WNOHANG | __WALL);
+        if (got == pid)
+            return 1;
+        if ((got < 0 && errno != EINTR) || now_s() > deadline)
+            return 0;
+        nap_us(1000);
+    }
+}
+
+/* Keep only these fds (and a /dev/null stdio) and leave the caller's cwd:
+ * nothing of the caller's may stay open in the keeper once the command has
+ * it (a pipe's reader would wait for the keeper too). */
+static void let_go(int *keep, int n)
+{
+    for (int a = 0; a < n; a++) /* sort: a handful */
+        for (int b = a + 1; b < n; b++)
+            if (keep[b] < keep[a]) {
+                int t = keep[a];
+                keep[a] = keep[b];
+                keep[b] = t;
+            }
+    unsigned lo = 3;
+    for (int k = 0; k < n; k++) {
+        if (keep[k] < 3)
+            continue;
+        if ((unsigned)keep[k] > lo)
+            close_span(lo, (unsigned)keep[k] - 1);
+        lo = (unsigned)keep[k] + 1;
+    }
+    close_span(lo, ~0U);
+    int null = openat(AT_FDCWD, "/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        for (int fd = 0; fd < 3; fd++)
+            dup2(null, fd);
+        if (null > 2)
+            close(null);
+    }
+    if (chdir("/") < 0) { /* never pin the caller's mount */
+    }
+}
+
+static void keeper_run(struct run *R, char **envp) __attribute__((noreturn));
+static void keeper_run(struct run *R, char **envp)
+{
+    const char *asked = R->mech_auto ? "auto" : R->want_cgroup ? "cgroup" : "subreaper";
+    char why[600] = "";
+    int err = 0;
+    int ok;
+    if (R->want_cgroup) {
+        ok = open_cgroup(R, why, sizeof why, &err) == 0;
+        if (!ok && R->mech_auto)
+            ok = open_subreaper(why, sizeof why, &err) == 0;
+    } else {
+        ok = open_subreaper(why, sizeof why, &err) == 0;
+    }
+    if (!ok) {
+        tell("E job %d cannot create the job (%s): %s", err, asked, why);
+        _exit(0);
+    }
+    K.have_clone3 = 1;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (K.sigfd < 0) {
+        cleanup();
+        tell("E job %d cannot create the job (%s): signalfd: %s", errno, asked, strerror(errno));
+        _exit(0);
+    }
+    if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
+        cleanup(); /* stopped (or the owner or its caller died) while we set up */
+        tell("X -1 0");
+        _exit(0);
+    }
+    members_born = now_ticks(); /* nothing of the command is older */
+    char stage = 0;
+    pid_t child = spawn_command(R, envp, &stage, &err);
+    if (child < 0 && K.mech == M_CGROUP && (stage == 'c' || stage == 'g') &&
+        (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
+        /* not allowed into the job's cgroup (a delegated subtree needs write
+         * access to the common ancestor's cgroup.procs) */
+        cleanup();
+        if (R->cli) {
+            tell("E spawn %d spawn refused by the job's keeper: cannot place the child in the job: %s",
+                 err, strerror(err));
+            _exit(0);
+        }
+        if (!R->mech_auto) {
+            tell("E job 13 cannot create the job (cgroup): cannot join the job's cgroup");
+            _exit(0);
+        }
+        if (open_subreaper(why, sizeof why, &err) < 0) {
+            tell("E job %d cannot create the job (auto): %s", err, why);
+            _exit(0);
+        }
+        child = spawn_command(R, envp, &stage, &err);
+    }
+    if (child < 0) {
+        cleanup();
+        if (stage == 'c' || stage == 'g')
+            tell("E job %d cannot place the child in the job: %s", err, strerror(err));
+        else
+            tell("E exec %d", err);
+        _exit(0);
+    }
+    tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
+         proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
+    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
+    let_go(keep, (int)(sizeof keep / sizeof *keep));
+    /* a watch not asked for is fd -1, which poll skips */
+    struct pollfd p[5] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
+                          {R->callerfd, POLLIN, 0}, {R->lifefd, POLLIN | POLLRDHUP, 0}};
+    nfds_t np = 5;
+    int owner_gone = 0, stop = 0, caller_gone = 0, st = 0, have = 0;
+    reap_all(0);
+    while (!(have = take_status(child, &st)) && !owner_gone && !stop && !caller_gone) {
+        if (poll(p, np, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            owner_gone = 1;
+            break;
+        }
+        if (p[2].revents & POLLIN) {
+            drain_sigfd();
+            reap_all(0);
+        }
+        if (R->callerfd >= 0 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
+            caller_gone = 1;
+        if (R->lifefd >= 0 && lifeline_gone(R->lifefd, p[4].revents))
+            caller_gone = 1; /* the app's end of its lifeline closed: it died */
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+            owner_gone = 1;
+        if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char c;
+            ssize_t n = read(ctl_r, &c, 1);
+            if (n > 0)
+                stop = 1;
+            else if (n == 0 || errno != EINTR)
+                owner_gone = 1; /* the owner's end closed: it died */
+        }
+    }
+    if (caller_gone) {
+        /* The caller (an agent CLI) is gone: its commands go with it, at once. */
+        kill_all(KILL_BOUND);
+        reap_all(0);
+        if (!have)
+            have = take_status(child, &st);
+        /* killed: out of the cgroup before it is a zombie to wait for */
+        if (!have && !wait_killed(child, &st))
+            st = -1;
+        tell("X %d 0 caller", st);
+        cleanup();
+        _exit(0);
+    }
+    if (owner_gone) {
+        kill_all(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
+        cleanup();
+        _exit(0);
+    }
+    size_t left = members();
+    size_t leftovers = 0;
+    for (size_t k = 0; k < left; k++)
+        if (members_buf[k] != child)
+            leftovers++;
+    if (left)
+        end_job(R->grace);
+    reap_all(0);
+    if (!have)
+        have = take_status(child, &st);
+    if (!have)
+        have = wait_killed(child, &st); /* dead, or dying: it was killed above */
+    tell("X %d %zu", have ? st : -1, leftovers);
+    cleanup();
+    _exit(0);
+}
+
+/* The forked (or exec'd) keeper's set-up, then the job: never returns. The
+ * caller of the owner may kill the owner's group: the keeper goes into a
+ * group of its own and ignores what such a caller sends. */
+static void keeper_begin(struct run *R, char **envp, int rep, int ctl) __attribute__((noreturn));
+static void keeper_begin(struct run *R, char **envp, int rep, int ctl)
+{
+    rep_w = rep;
+    ctl_r = ctl;
+    setpgid(0, 0);
+    prctl(PR_SET_NAME, "tether-keeper", 0, 0, 0);
+    static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN,
+                                  SIGTTOU, SIGPIPE};
+    for (int s = 1; s < 65; s++)
+        K.ign[s] = R->orig_ign[s];
+    for (size_t k = 0; k < sizeof ignored / sizeof *ignored; k++) {
+        raw_signal(ignored[k], SIG_IGN);
+        K.ign[ignored[k]] = 1;
+    }
+    raw_signal(SIGCHLD, SIG_DFL); /* we wait for our children, whatever the caller ignores */
+    K.ign[SIGCHLD] = 0;
+    K.ctl = -1;
+    K.owner = R->owner;
+    K.ownerfd = R->ownerfd;
+    K.cgfd = -1;
+    keeper_run(R, envp);
+}
+
+/* -- `tether-keeper one`: the same driver, exec'd ---------------------------------- */
+
+static int one_fd(const char *s, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || end == s || v < 0 || v > INT_MAX)
+        return -1;
+    *out = (int)v;
+    return fcntl(*out, F_SETFD, FD_CLOEXEC); /* (fails for an fd that is not open) */
+}
+
+static int one_mask(const char *s, unsigned long long *bits)
+{
+    char *end;
+    errno = 0;
+    *bits = strtoull(s, &end, 16);
+    return *end || end == s || errno ? -1 : 0;
+}
+
+/* caller=FD:PID:START */
+static int one_caller(const char *s, struct run *R)
+{
+    char fd[16];
+    unsigned long long pid, start;
+    int n = 0;
+    if (sscanf(s, "%15[0-9]:%llu:%llu%n", fd, &pid, &start, &n) != 3 || s[n] || !pid ||
+        pid > INT_MAX || one_fd(fd, &R->callerfd) < 0)
+        return -1;
+    R->caller = (pid_t)pid;
+    R->caller_start = start;
+    return 0;
+}
+
+static int one_option(const char *a, struct run *R)
+{
+    unsigned long long bits;
+    if (!strncmp(a, "base=", 5))
+        return (size_t)snprintf(R->base, sizeof R->base, "%s", a + 5) >= sizeof R->base ? -1 : 0;
+    if (!strncmp(a, "mount=", 6))
+        return (size_t)snprintf(R->mount, sizeof R->mount, "%s", a + 6) >= sizeof R->mount ? -1 : 0;
+    if (!strncmp(a, "caller=", 7))
+        return one_caller(a + 7, R);
+    if (!strncmp(a, "ign=", 4) && one_mask(a + 4, &bits) == 0) {
+        for (int s = 1; s < 65; s++)
+            R->orig_ign[s] = (unsigned char)((bits >> (s - 1)) & 1);
+        return 0;
+    }
+    if (!strncmp(a, "mask=", 5) && one_mask(a + 5, &bits) == 0) {
+        sigemptyset(&R->orig_mask);
+        for (int s = 1; s < 65; s++)
+            if ((bits >> (s - 1)) & 1)
+                sigaddset(&R->orig_mask, s);
+        return 0;
+    }
+    return -1;
+}
+
+static int one_usage(void)
+{
+    static const char text[] =
+        "usage: tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID "
+        "auto|cgroup|subreaper GRACE [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
+        "[mask=HEX] -- EXE ARGV0 [ARG...]\n";
+    ssize_t n = write(2, text, sizeof text - 1);
+    (void)n;
+    return 2;
+}
+
+static int one_main(int argc, char **argv)
+{
+    static struct run R;
+    static char *nopath[1];
+    int rep, ctl;
+    char *end;
+    if (argc < 14 || one_fd(argv[2], &rep) < 0 || one_fd(argv[3], &ctl) < 0 ||
+        one_fd(argv[4], &R.ownerfd) < 0)
+        return one_usage();
+    unsigned long long owner = strtoull(argv[5], &end, 10);
+    if (*end || !owner || owner > INT_MAX)
+        return one_usage();
+    R.owner_start = strtoull(argv[6], &end, 10);
+    if (*end)
+        return one_usage();
+    long pgid = strtol(argv[7], &end, 10);
+    if (*end || pgid <= 0)
+        return one_usage();
+    R.owner = (pid_t)owner;
+    R.pgid = (pid_t)pgid;
+    R.mech_auto = !strcmp(argv[8], "auto");
+    if (!R.mech_auto && strcmp(argv[8], "cgroup") && strcmp(argv[8], "subreaper"))
+        return one_usage();
+    R.grace = strtod(argv[9], &end);
+    if (*end || !(R.grace >= 0 && R.grace <= TETHER_MAX_GRACE))
+        return one_usage();
+    R.callerfd = R.lifefd = -1;
+    sigemptyset(&R.orig_mask);
+    int k = 10;
+    for (; k < argc && strcmp(argv[k], "--"); k++)
+        if (one_option(argv[k], &R) < 0)
+            return one_usage();
+    if (k + 2 >= argc || argv[k + 1][0] != '/' ||
+        (size_t)snprintf(R.shell, sizeof R.shell, "%s", argv[k + 1]) >= sizeof R.shell)
+        return one_usage();
+    R.want_cgroup = R.base[0] != '\0';
+    if (!R.want_cgroup && !strcmp(argv[8], "cgroup"))
+        return one_usage(); /* the front end refuses that itself, with its reason */
+    R.argv = argv + k + 2;
+    R.path = nopath;
+    snprintf(R.job_id, sizeof R.job_id, "j%d-1", (int)R.owner);
+    /* What this process ignores is what the command is to ignore: exec kept
+     * the interpreter's own ignores (SIGPIPE, SIGXFSZ), which ign= does not
+     * list. (32 and 33 are glibc's, default after exec unless listed.) */
+    for (int s = 1; s < 65; s++)
+        if (s != SIGKILL && s != SIGSTOP && (R.orig_ign[s] || (s != 32 && s != 33)))
+            raw_signal(s, R.orig_ign[s] ? SIG_IGN : SIG_DFL);
+    extern char **environ;
+    keeper_begin(&R, environ, rep, ctl);
+}
