@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from . import cgroupfs, gate, identity
+from . import cgroupfs, gate, identity, proctree
 from .ending import end
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
             pids = cgroupfs.procs(cg)
             found = [i for i in map(identity.read, pids) if i is not None]
         else:
-            found = identity.descendants([keeper], born_after=born)
+            found = proctree.descendants([keeper], born_after=born)
         return [i for i in found if i.pid not in (me, keeper) and i.start >= born
                 and i.state not in ("Z", "X", "x")]
 

@@ -113,13 +113,9 @@ so readers (the reaper) know records are missing. An insecure directory
 constructor raises :class:`AuditDirError`; found later on a retry, it counts as
 a loss.
 
-Reading. :func:`iter_records` / :func:`read_records` stream every rotated
-copy oldest first, then the live file, in bounded memory (256 KiB blocks plus
-at most ``max_line`` of carry). They skip and count lines that are not JSON,
-non-object lines, lines longer than ``max_line`` (never held whole in memory)
-and a last line without its newline (torn by a crash or still being written).
-A torn fragment glued to the start of a good record is cut off and the record
-kept. Records of a newer schema are yielded as they are.
+Reading. The reader (:func:`iter_records`, :func:`read_records`,
+:func:`log_files`, :class:`ReadStats`) lives in :mod:`tether.audit_read`
+and is importable from here too, loaded on first use: a writer never loads it.
 """
 
 from __future__ import annotations
@@ -139,6 +135,8 @@ from tether.errors import TetherError
 if TYPE_CHECKING:  # annotations only: typing and dataclasses cost start-up time
     from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any
+
+    from .audit_read import ReadStats, iter_records, log_files, read_records
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -871,6 +869,8 @@ class AuditWriter:
         from tether.records import legacy_shell_records, still_needed  # lazy: only a prune needs it
 
         def legacy(name: str) -> Iterator[bytes]:  # an old day file: as the audit records it meant
+            from .audit_read import read_records  # lazy: only an old day file needs the reader
+
             for rec in read_records(self.state_dir, filename=name, max_line=self.max_line):
                 recs = legacy_shell_records(rec)
                 if recs:
@@ -1021,56 +1021,8 @@ def _why(e: OSError, state_dir: Path) -> str:
 
 
 # --------------------------------------------------------------------------
-# reading
-
-
-class ReadStats:
-    """Counts filled by :func:`read_records`."""
-
-    __slots__ = (
-        "files",  # log files read
-        "lines",  # non-empty lines seen (records + skipped)
-        "records",  # objects yielded
-        "corrupt",  # not JSON, or JSON but not an object
-        "truncated",  # last line of a file without its newline
-        "too_long",  # longer than max_line, skipped unread
-        "newer",  # yielded records with v > SCHEMA_VERSION
-        "refused_files",  # not a regular file, not ours, writable by others, a link
-        "refusals",  # "name: why" for each refused file (not a count)
-    )
-    files: int
-    lines: int
-    records: int
-    corrupt: int
-    truncated: int
-    too_long: int
-    newer: int
-    refused_files: int
-    refusals: list[str]
-
-    def __init__(self, **counts: int) -> None:
-        for name in self.__slots__:
-            setattr(self, name, counts.pop(name, [] if name == "refusals" else 0))
-        if counts:
-            raise TypeError(f"unknown ReadStats fields: {sorted(counts)}")
-
-    def refused(self, name: str, why: str) -> None:
-        """Count one refused file, and say why."""
-        self.refused_files += 1
-        self.refusals.append(f"{name}: {why}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: (list(getattr(self, name)) if name == "refusals" else getattr(self, name))
-                for name in self.__slots__}
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ReadStats):
-            return NotImplemented
-        return self.as_dict() == other.as_dict()
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
-        return f"ReadStats({inner})"
+# the files' names and lines: shared by the writer (rotation, carry) and the
+# reader (tether.audit_read), so that the writer needs no reader to carry
 
 
 def _rotated(names: list[str], filename: str) -> list[tuple[int, str]]:
@@ -1084,117 +1036,6 @@ def _rotated(names: list[str], filename: str) -> list[tuple[int, str]]:
                 out.append((int(suffix), name))
     out.sort(reverse=True)
     return out
-
-
-def log_files(state_dir: str | os.PathLike[str], *, filename: str = DEFAULT_FILENAME) -> list[Path]:
-    """The log files that exist, oldest first (rotated copies, then the live file)."""
-    d = Path(state_dir)
-    try:
-        names = os.listdir(d)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    files = [d / name for _, name in _rotated(names, filename)]
-    if filename in names:
-        files.append(d / filename)
-    return files
-
-
-def iter_records(
-    state_dir: str | os.PathLike[str],
-    *,
-    filename: str = DEFAULT_FILENAME,
-    max_line: int = MAX_LINE,
-) -> Iterator[dict[str, Any]]:
-    """Every record, oldest first, across every rotated copy; see :func:`read_records`."""
-    return read_records(state_dir, filename=filename, max_line=max_line)
-
-
-def read_records(
-    state_dir: str | os.PathLike[str],
-    *,
-    filename: str = DEFAULT_FILENAME,
-    max_line: int = MAX_LINE,
-    stats: ReadStats | None = None,
-    since: float | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Like :func:`iter_records`, counting what it read and skipped in *stats*.
-    ``since`` (a ``time.time()``): skip the rotated copies last written before
-    it - none of them holds a record written since (a bounded read of what a
-    run that began then wrote).
-
-    The directory is checked now (not at the first ``next()``): an unsafe one
-    raises :class:`AuditDirError`; a missing one yields nothing. All files are
-    opened up front, under a shared lock when the lock file exists, so a
-    rotation while reading neither hides nor repeats a file.
-    """
-    d = Path(state_dir)
-    try:
-        check_dir(d, create=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return iter(())
-    st = stats if stats is not None else ReadStats()
-    fds = _open_all(d, filename, st, since)
-    return _records(fds, max_line, st)
-
-
-def _open_all(d: Path, filename: str, st: ReadStats, since: float | None = None) -> list[int]:
-    lock = -1
-    try:
-        import fcntl
-
-        try:
-            lock = os.open(d / (filename + ".lock"),
-                           os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK)
-        except OSError:
-            lock = -1
-        if lock >= 0 and file_refusal(os.fstat(lock), lock) is not None:
-            st.refused(f"{filename}.lock", file_refusal(os.fstat(lock), lock) or "")
-            os.close(lock)  # a FIFO or a hostile file: read without the shared lock
-            lock = -1
-        if lock >= 0:
-            for _ in range(_LOCK_TRIES):
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    time.sleep(0.005)
-            # Not locked after ~50 ms: read anyway, a rotation may shift a file.
-    except ImportError:
-        pass
-    fds: list[int] = []
-    seen: set[tuple[int, int]] = set()
-    try:
-        for path in log_files(d, filename=filename):
-            try:
-                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
-                             | _O_NONBLOCK)
-            except FileNotFoundError:
-                continue  # rotated away since the listing
-            except OSError as e:
-                st.refused(path.name, e.strerror or str(e))  # a symlink (ELOOP), unreadable
-                continue
-            fst = os.fstat(fd)
-            why = file_refusal(fst, fd)
-            if why is not None:
-                os.close(fd)
-                st.refused(path.name, why)
-                continue
-            if (fst.st_dev, fst.st_ino) in seen or (
-                    since is not None and fst.st_mtime < since and path.name != filename):
-                # Listed under two names by a rotation we could not lock out;
-                # or older than what the caller asked for.
-                os.close(fd)
-                continue
-            seen.add((fst.st_dev, fst.st_ino))
-            fds.append(fd)
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    finally:
-        if lock >= 0:
-            os.close(lock)
-    return fds
 
 
 def _line_blocks(read: Callable[[int], bytes], max_line: int,
@@ -1231,50 +1072,14 @@ def _line_blocks(read: Callable[[int], bytes], max_line: int,
         st.truncated += 1
 
 
-def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str, Any]]:
-    import json
+_READER = frozenset(("ReadStats", "log_files", "iter_records", "read_records"))
 
-    def parse(line: bytes) -> dict[str, Any] | None:
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            obj = None
-        if isinstance(obj, dict):
-            return obj
-        st.corrupt += 1
-        # A line torn by a full disk gets the next writer's record glued to
-        # its end: keep that record. (Writers put "v" first.)
-        cut = line.rfind(b'{"v":')
-        if cut > 0:
-            try:
-                obj = json.loads(line[cut:])
-            except (ValueError, RecursionError):
-                return None
-            if isinstance(obj, dict):
-                return obj
-        return None
 
-    try:
-        for i, fd in enumerate(fds):
-            st.files += 1
-            with open(fd, "rb", buffering=0, closefd=True) as f:
-                fds[i] = -1
-                for whole in _line_blocks(f.read, max_line, st):
-                    for line in whole.split(b"\n"):
-                        if not line.strip():
-                            continue
-                        st.lines += 1
-                        if len(line) > max_line:
-                            st.too_long += 1
-                            continue
-                        obj = parse(line)
-                        if obj is not None:
-                            st.records += 1
-                            v = obj.get("v")
-                            if type(v) is int and v > SCHEMA_VERSION:
-                                st.newer += 1
-                            yield obj
-    finally:
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
+def __getattr__(name: str) -> Any:
+    # The reader's names, still importable from here (``audit.read_records``):
+    # tether.audit_read is loaded on first use, never by a writer alone.
+    if name in _READER:
+        from . import audit_read
+
+        return getattr(audit_read, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -219,13 +219,13 @@ def _ours(born: int, marker: str) -> dict[int, int]:
 def _tree_after(born: int, marker: str):
     """Live processes running our demo scripts, born after the demo began
     (never anything older), found by the marker in their environment."""
-    from . import identity
+    from . import capture, environ
 
-    cap = identity.capture(born_after=born)
+    cap = capture.capture(born_after=born)
     entry = b"F=" + marker.encode()
     return [i for i in cap.procs.values()
             if i.uid == os.getuid() and i.state not in ("Z", "X", "x")
-            and identity.environ_has(i.pid, entry)]
+            and environ.environ_has(i.pid, entry)]
 
 
 def demo(mechanism: str = "auto", control: bool = False, as_json: bool = False) -> int:

@@ -123,7 +123,9 @@ class Proof:
                 if self.cookie is None:
                     return "not in its job's cgroup"
         if self.cookie:
-            has = identity.environ_has(pid, self.cookie)
+            from . import environ  # only here, as cgroupfs above
+
+            has = environ.environ_has(pid, self.cookie)
             if has:
                 return None
             if has is False:

@@ -1,5 +1,5 @@
-"""Who a process is, and a bounded capture of the process table: the process
-reader. (Signalling is :mod:`tether.gate`'s, which reads through this.)
+"""Who a process is, and what is read about it: the process reader.
+(Signalling is :mod:`tether.gate`'s, which reads through this.)
 
 A process is its pid **plus** its kernel start time **plus** the boot it
 belongs to. A bare pid is not an identity: the kernel hands a reaped pid to
@@ -14,11 +14,12 @@ Elsewhere (macOS, BSD, Windows) psutil is used, imported lazily; ``start`` is
 psutil's ``create_time`` in integer microseconds (there the kernel keeps a
 fixed start timestamp, so it does not drift the way Linux's derivation does).
 
-It is also THE process reader: everything tether reads about processes
-lives here - stat and status fields, the children of a task, bounded
-born-after walks of descendants, the command line, a search of the
-environment, open fds and pidfds, and the bounded capture of the whole
-table. Mechanisms and features call these; none keeps a copy.
+It is also THE process reader: everything tether reads about processes is
+here (stat and status fields, the command line, fds and pidfds, ancestors)
+or in a module built on it: :mod:`tether.proctree` (children, descendants),
+:mod:`tether.environ` (the environment), :mod:`tether.capture` (the bounded
+capture of the table). Those import this one; their names still resolve here,
+imported on first use. Mechanisms and features call these; none keeps a copy.
 
 This module is a leaf on hot paths (shell wrapper start-up, contained spawn):
 it imports only ``os``, ``sys`` and ``time`` at the top, and ``tether.errors``
@@ -37,30 +38,26 @@ except ImportError:  # pragma: no cover - other Pythons
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
+
+    from .capture import *  # noqa: F403 - moved out, still found here: see __getattr__
+    from .environ import *  # noqa: F403
+    from .proctree import *  # noqa: F403
 
 __all__ = [
     "Identity",
-    "Capture",
     "boot_id",
     "clock_ticks",
     "now_ticks",
     "read",
     "matches",
     "is_alive",
-    "children",
-    "pids",
-    "newest_pids",
-    "proc_is_ours",
-    "descendant_pids",
-    "descendants",
     "status_fields",
     "rlimits",
     "self_status",
     "start_ticks",
     "nspid",
     "cmdline",
-    "environ_has",
     "open_fds",
     "open_pidfd",
     "pidfd_pid",
@@ -71,20 +68,13 @@ __all__ = [
     "exiting",
     "read_stat",
     "parent_pid",
-    "capture",
     "reap_exited",
     "COOKIE_VAR",
-    "carriers",
-    "environ_value",
 ]
 
 _LINUX = sys.platform.startswith("linux")
 #: pidfds (Linux >= 5.3 and Python >= 3.9): signals that cannot reach a reused pid.
 HAVE_PIDFD = _LINUX and hasattr(os, "pidfd_open")
-
-# Rough bytes one captured entry costs (Identity tuple, its ints and comm str,
-# the dict slot). Measured with tracemalloc at ~260 bytes; rounded up.
-_ENTRY_BYTES = 400
 
 # Fields after the ')' that closes comm in /proc/PID/stat, 0-based:
 # 0 state, 1 ppid, 2 pgrp, 3 session, ..., 17 num_threads, 19 starttime (field 22
@@ -105,7 +95,7 @@ class Identity(tuple):
     Fields, in order: ``pid``, ``start`` (Linux: clock ticks since boot, field
     22 of ``/proc/PID/stat``; elsewhere: create time in integer microseconds),
     ``boot`` (boot id), ``ppid``, ``pgid``, ``sid``, ``uid`` (real uid from
-    :func:`read`; see :func:`capture` for the cheaper uid it records),
+    :func:`read`; see :func:`tether.capture.capture` for the cheaper uid it records),
     ``state`` (one letter, as in ``/proc``: R S D Z T t X I ...), ``comm``.
 
     Two identities name the same process when ``pid``, ``start`` and ``boot``
@@ -515,57 +505,6 @@ def is_alive(ident: "Identity") -> bool:
     return cur is not None and cur[1] == ident[1] and cur[7] not in ("Z", "X", "x")
 
 
-def children(pid: int, *, every_thread: bool = True) -> list[int]:
-    """Direct children of ``pid`` (of all its threads: a child belongs to the
-    thread that forked it); [] if ``pid`` is gone. Not atomic: a loop that
-    kills must rescan. ``every_thread=False``: its main thread's only (one
-    file, not a directory and a file per thread), for a kill loop, to which
-    a dead process's other children come anyway (Linux; elsewhere all)."""
-    if type(pid) is not int or pid <= 0:
-        return []
-    if not _LINUX:
-        ps = _psutil()
-        try:
-            return [c.pid for c in ps.Process(pid).children()]
-        except ps.Error:
-            return []
-    base = f"/proc/{pid}/task"
-    if every_thread:
-        try:
-            tids = os.listdir(base)
-        except OSError as e:
-            _missing(e)
-            return []
-    else:
-        tids = [str(pid)]
-    out: list[int] = []
-    seen: set[int] = set()
-    for tid in tids:
-        try:
-            fd = os.open(f"{base}/{tid}/children", os.O_RDONLY)
-        except OSError as e:
-            _missing(e)
-            continue  # the thread exited meanwhile
-        chunks = []
-        try:
-            while True:  # a subreaper can have tens of thousands: read to EOF
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        for tok in data.split():
-            c = int(tok)
-            if c not in seen:
-                seen.add(c)
-                out.append(c)
-    return out
-
-
 def pidfd_pid(fd: int) -> int | None:
     """The pid that pidfd ``fd`` refers to, as this process sees it (the
     ``Pid:`` line of ``/proc/self/fdinfo/FD``); None once that process has
@@ -584,118 +523,6 @@ def pidfd_pid(fd: int) -> int | None:
     return None
 
 
-def newest_pids(span: int = 64) -> list[int]:
-    """The ``span`` pids the kernel handed out last, newest first (from the
-    last-pid field of /proc/loadavg, wrapping at pid_max); [] elsewhere. A
-    pid-hopper lives a millisecond at a pid: a scan of the whole table never
-    reaches it in time, a look at the newest pids does."""
-    last, pid_max = last_pid()
-    if last <= 0:
-        return []
-    out = []
-    for back in range(span):
-        p = last - back
-        if p <= 1:
-            p += pid_max - 300  # wrapped: the kernel reuses from 300 on
-        out.append(p)
-    return out
-
-
-def last_pid() -> tuple[int, int]:
-    """(the pid the kernel handed out last in this PID namespace, pid_max),
-    from /proc/loadavg; (0, 0) where it cannot be read. Unchanged between two
-    looks: no process was created in between."""
-    if not _LINUX:
-        return 0, 0
-    try:
-        last = int(_read_fd(os.open("/proc/loadavg", os.O_RDONLY), 256).split()[-1])
-        pid_max = int(_read_fd(os.open("/proc/sys/kernel/pid_max", os.O_RDONLY), 64))
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return last, pid_max
-
-
-def pids_since(last: int, now: int, pid_max: int, cap: int = 4096) -> list[int] | None:
-    """The pids handed out after ``last`` up to ``now`` (wrapping at
-    ``pid_max``; the kernel reuses from 300 on), oldest first; None when more
-    than ``cap`` (then read the whole table instead)."""
-    if now == last:
-        return []
-    if now > last:
-        n = now - last
-        return list(range(last + 1, now + 1)) if n <= cap else None
-    n = (pid_max - last - 1) + (now - 300 + 1)
-    if n > cap or pid_max <= 0:
-        return None
-    return list(range(last + 1, pid_max)) + list(range(300, now + 1))
-
-
-def proc_is_ours() -> bool:
-    """Whether the mounted /proc is this PID namespace's (``/proc/self`` names
-    this process): in a new PID namespace with the host's /proc it does not,
-    and then no pid read from it is ours to name."""
-    try:
-        return os.readlink("/proc/self") == str(os.getpid())
-    except OSError:
-        return False
-
-
-def pids() -> set[int] | None:
-    """Every pid now (a listing of /proc, nothing read), or None where there
-    is no /proc: for dropping records of processes that are gone for good."""
-    if not _LINUX:
-        return None
-    try:
-        return {int(n) for n in os.listdir("/proc") if n.isdigit()}
-    except OSError:
-        return None
-
-
-_HAS_CHILDREN_LISTS: bool | None = None
-
-
-def has_children_lists() -> bool:
-    """Whether this kernel keeps /proc/PID/task/TID/children
-    (``CONFIG_PROC_CHILDREN``), which :func:`children` reads."""
-    global _HAS_CHILDREN_LISTS
-    if _HAS_CHILDREN_LISTS is None:
-        me = os.getpid()
-        _HAS_CHILDREN_LISTS = _LINUX and os.path.exists(f"/proc/{me}/task/{me}/children")
-    return _HAS_CHILDREN_LISTS
-
-
-def sessions(pids: "Iterable[int]") -> dict[int, list[int]]:
-    """Session id -> the ``pids`` in it, by one ``getsid`` each (no file is
-    opened); a pid gone meanwhile is left out."""
-    out: dict[int, list[int]] = {}
-    for pid in pids:
-        try:
-            out.setdefault(os.getsid(pid), []).append(pid)
-        except OSError:
-            continue
-    return out
-
-
-def session_of(pid: int) -> int | None:
-    """``pid``'s session id, or None once it is gone."""
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def in_group(pgid: int, pids: "Iterable[int]") -> list[int]:
-    """Those of ``pids`` in process group ``pgid``, by one ``getpgid`` each."""
-    out = []
-    for pid in pids:
-        try:
-            if os.getpgid(pid) == pgid:
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
 def open_pidfd(pid: int) -> int | None:
     """A pidfd of ``pid`` (close-on-exec), or None: gone, a thread id, or no
     pidfd here. It pins whichever process holds ``pid`` at this instant."""
@@ -705,66 +532,6 @@ def open_pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except OSError:
         return None
-
-
-def descendant_pids(root: int, limit: int = 100_000) -> list[int]:
-    """Every descendant of ``root`` by the kernel's children lists, depth
-    first, without reading any of them (the kill loop's fast walk). Not
-    atomic, and a pid seen here may be reaped and reused at once: use it only
-    below a process whose subtree cannot leave it (a subreaper, a PID
-    namespace's init), or read identities with :func:`descendants`."""
-    out: list[int] = []
-    stack = children(root)
-    seen = {root}
-    while stack and len(out) < limit:
-        pid = stack.pop()
-        if pid in seen or pid <= 1:
-            continue
-        seen.add(pid)
-        out.append(pid)
-        stack.extend(children(pid))
-    return out
-
-
-def descendants(roots: "Iterable[int]", *, born_after: int | None = None,
-                limit: int = 100_000, stable: bool = False) -> "list[Identity]":
-    """Live-read identities of every descendant of ``roots`` (roots left out).
-
-    Walks the kernel's children lists, so its cost follows the subtree, not
-    the machine. Each process is read once; a child born before its parent
-    (or, with ``born_after``, before that tick) is a reused pid and is
-    neither listed nor walked through. PID <= 2, this process and its
-    ancestors are never listed. ``stable``: the lists are not atomic (a fork
-    during the walk can be missed), so walk again until two walks agree
-    (at most 8 times).
-    """
-    roots = [r for r in roots if type(r) is int and r > 0]
-    excluded = own_ancestors() | {2, os.getpid()}
-    floor = -1 if born_after is None else born_after
-    found: dict[int, Identity] = {}
-    for _ in range(8 if stable else 1):
-        before = len(found)
-        stack: list[tuple[int, int]] = []
-        for r in roots:
-            ri = _stat_linux(r) if _LINUX else read(r)
-            stack.append((r, ri[1] if ri is not None else -1))
-        seen = set(roots)
-        while stack and len(found) < limit:
-            parent, pstart = stack.pop()
-            for c in children(parent):
-                if c in seen:
-                    continue
-                seen.add(c)
-                if c <= 2 or c in excluded:
-                    continue  # a reused pid of ours: never listed nor walked through
-                ident = found.get(c) or read(c)
-                if ident is None or ident[1] < pstart or ident[1] < floor:
-                    continue
-                found[c] = ident
-                stack.append((c, ident[1]))
-        if len(found) == before and _ > 0:
-            break
-    return list(found.values())
 
 
 def status_fields(pid: int | str, *names: bytes) -> dict[bytes, bytes]:
@@ -886,115 +653,6 @@ def argv(pid: int, limit: int = 65536) -> list[str]:
                                        for a in data.split(b"\0")]
 
 
-_ENVIRON_CAP = 1 << 20  # an environment larger than this is not searched further
-# Test knob: take the portable (psutil) path on Linux too, as macOS/BSD do.
-_PORTABLE_ENVIRON = os.environ.get("_TETHER_PORTABLE_ENVIRON") == "1"
-
-
-def environ_has(pid: int, entry: bytes) -> bool | None:
-    """Whether the environment of ``pid`` holds ``entry`` (a whole
-    ``NAME=value``): True or False, or None when it cannot be read (gone,
-    another user's, exiting). Reads at most 1 MiB. Where there is no /proc,
-    psutil's ``environ()``."""
-    if not _LINUX or _PORTABLE_ENVIRON:
-        return _environ_has_psutil(pid, entry)
-    try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
-    except OSError:
-        return None
-    needle = b"\0" + entry + b"\0"
-    try:
-        data = b"\0"
-        while len(data) < _ENVIRON_CAP:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-            if needle in data + b"\0":
-                return True
-        # Nothing at all: a process that is exiting (its memory is gone) reads
-        # so, as does one that cleared its environment - not a "no".
-        return False if len(data) > 1 else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def environ_empty(pid: int) -> bool:
-    """Whether ``pid``'s environment is set up and empty (exec'd with none):
-    ``/proc/PID/stat``'s env_start and env_end (proc(5) fields 50, 51) equal
-    and not 0. An empty read of ``/proc/PID/environ`` means that, or a process
-    exiting (no memory: 0 there) or inside exec (the new memory's fields are 0
-    until the kernel lays out the new stack) - the two worth asking again.
-    False where it cannot be told (not Linux, gone, fields not shown)."""
-    if not _LINUX:
-        return False
-    try:
-        fields = _stat_fields(pid, 49)
-        start, end = int(fields[47]), int(fields[48])
-    except (OSError, ValueError, IndexError):
-        return False
-    return start == end != 0
-
-
-def environ_value(pid: int, name: bytes) -> bytes | None:
-    """The value of the first ``name=`` entry in the environment of ``pid``
-    (Linux: at most 1 MiB read), or None: no such entry, or not readable. One
-    read answers for many cookies at once (the reaper's search)."""
-    if not _LINUX or _PORTABLE_ENVIRON:
-        ps = _psutil()
-        try:
-            v = ps.Process(pid).environ().get(os.fsdecode(name))
-        except (ps.Error, OSError):
-            return None
-        return None if v is None else os.fsencode(v)
-    try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        data = b"\0" + _read_fd(fd, _ENVIRON_CAP)
-    except OSError:
-        return None
-    i = data.find(b"\0" + name + b"=")
-    if i < 0:
-        return None
-    start = i + len(name) + 2
-    end = data.find(b"\0", start)
-    return data[start:] if end < 0 else data[start:end]
-
-
-def carriers(entry: bytes, *, born_after: int) -> "list[Identity]":
-    """The live processes of this user (root: of anyone) born after
-    ``born_after`` whose environment holds ``entry`` - a job's cookie, the
-    whole ``NAME=value`` - and what those started: a job's members found
-    from outside, when nothing else links them to it (its keeper is gone, or
-    a double fork cut the parent links). One bounded capture; a zombie is
-    left out."""
-    cap = capture(born_after=born_after)
-    uid = os.geteuid()
-    found = {i.pid: i for i in cap.procs.values()
-             if i.pid > 2 and i.state not in "ZXx" and (i.uid == uid or uid == 0)
-             and environ_has(i.pid, entry)}
-    for d in cap.descendants(list(found), born_after=born_after):
-        if d.state not in "ZXx":
-            found.setdefault(d.pid, d)
-    return list(found.values())
-
-
-def _environ_has_psutil(pid: int, entry: bytes) -> "bool | None":
-    ps = _psutil()
-    name, _, value = os.fsdecode(entry).partition("=")
-    try:
-        env = ps.Process(pid).environ()
-    except (ps.Error, OSError):
-        return None
-    if not env:
-        return None  # exiting, or no environment to read: not a "no"
-    return env.get(name) == value
-
-
 def open_fds(pid: int | str = "self") -> list[int] | None:
     """The fd numbers ``pid`` has open, or None where that cannot be listed."""
     try:
@@ -1089,275 +747,6 @@ def is_own_ancestor(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------
-# Bounded capture of the process table
-
-
-class Capture:
-    """One snapshot of the process table, and safe walks over it.
-
-    Every listing (``children_of``, ``descendants``, ``by_session``,
-    ``by_pgid``) leaves out PID <= 2, this process and each of its ancestors
-    (read when the listing is made), because a walk by ppid, session or
-    group can otherwise reach the whole machine: PID 1's session is 0, and
-    seen through a PID namespace a session id can read as 0 too.
-    """
-
-    __slots__ = ("procs", "complete", "reason", "elapsed", "born_after", "_kids")
-
-    def __init__(
-        self,
-        procs: "dict[int, Identity]",
-        complete: bool = True,
-        reason: str = "",
-        elapsed: float = 0.0,
-        born_after: int | None = None,
-    ) -> None:
-        self.procs = procs
-        self.complete = complete
-        self.reason = reason
-        self.elapsed = elapsed
-        self.born_after = born_after  # the filter applied while reading, if any
-        self._kids: dict[int, list[Identity]] | None = None
-
-    def __repr__(self) -> str:
-        how = "complete" if self.complete else f"incomplete: {self.reason}"
-        return f"<Capture {len(self.procs)} processes, {self.elapsed * 1e3:.1f} ms, {how}>"
-
-    def __len__(self) -> int:
-        return len(self.procs)
-
-    def __contains__(self, pid: object) -> bool:
-        return pid in self.procs
-
-    def get(self, pid: int) -> "Identity | None":
-        return self.procs.get(pid)
-
-    def _children_map(self) -> "dict[int, list[Identity]]":
-        if self._kids is None:
-            kids: dict[int, list[Identity]] = {}
-            for p in self.procs.values():
-                lst = kids.get(p[3])
-                if lst is None:
-                    kids[p[3]] = [p]
-                else:
-                    lst.append(p)
-            self._kids = kids
-        return self._kids
-
-    @staticmethod
-    def _excluded() -> frozenset[int]:
-        return own_ancestors() | {2, os.getpid()}
-
-    def _kids_of(self, pid: int) -> "Iterable[Identity]":
-        """Captured processes whose ppid is ``pid``, unfiltered: what every
-        walk below asks (a sparse capture reads the kernel's list here)."""
-        return self._children_map().get(pid, ())
-
-    def children_of(self, pid: int) -> "list[Identity]":
-        """Captured processes whose ppid is ``pid`` (safety exclusions apply)."""
-        return self.adopted((pid,))
-
-    def adopted(self, adopters: "Iterable[int]") -> "list[Identity]":
-        """Captured processes whose parent is one of ``adopters`` (safety
-        exclusions apply): the orphans init, a subreaper or a keeper holds."""
-        excl = self._excluded()
-        out: dict[int, Identity] = {}
-        for a in set(adopters):
-            out.update((c[0], c) for c in self._kids_of(a) if c[0] > 2 and c[0] not in excl)
-        return list(out.values())
-
-    def descendants(self, roots: "Iterable[int]", born_after: int | None = None) -> "list[Identity]":
-        """Every captured process below ``roots`` by ppid, breadth first.
-
-        The roots themselves are not listed (but are walked, even this
-        process: a subreaper keeper lists its own descendants). With
-        ``born_after``, only processes with ``start >= born_after`` are
-        listed or walked through (a child is never older than its parent).
-        Excluded processes (PID <= 2, this process, its ancestors) are
-        neither listed nor walked through.
-        """
-        excl = self._excluded()
-        queue = [r for r in roots]
-        seen = set(queue)
-        out: list[Identity] = []
-        i = 0
-        while i < len(queue):
-            parent = queue[i]
-            i += 1
-            for c in self._kids_of(parent):
-                pid = c[0]
-                if pid in seen:
-                    continue  # a torn snapshot can show a ppid loop
-                seen.add(pid)
-                if pid <= 2 or pid in excl:
-                    continue
-                if born_after is not None and c[1] < born_after:
-                    continue
-                out.append(c)
-                queue.append(pid)
-        return out
-
-    def _by(self, index: int, value: int, born_after: int, what: str) -> "list[Identity]":
-        if born_after is None:
-            raise TypeError(f"{what}: born_after is required (a walk by {what} must be bounded)")
-        if value <= 1:
-            return []  # 0: PID 1's session/group, or a pid from outside our namespace
-        excl = self._excluded()
-        return [
-            p
-            for p in self._with(index, value)
-            if p[index] == value and p[1] >= born_after and p[0] > 2 and p[0] not in excl
-        ]
-
-    def _with(self, index: int, value: int) -> "Iterable[Identity]":
-        """The processes that may have field ``index`` (5: session, 4: group)
-        equal to ``value``, unfiltered (a sparse capture asks the kernel)."""
-        return self.procs.values()
-
-    def by_session(self, sid: int, born_after: int) -> "list[Identity]":
-        """Captured processes of session ``sid`` born at or after ``born_after``
-        (safety exclusions apply; ``sid <= 1`` gives [])."""
-        return self._by(5, sid, born_after, "session")
-
-    def by_pgid(self, pgid: int, born_after: int) -> "list[Identity]":
-        """Captured processes of process group ``pgid`` born at or after
-        ``born_after`` (safety exclusions apply; ``pgid <= 1`` gives [])."""
-        return self._by(4, pgid, born_after, "process group")
-
-
-def captured_at(pfd: int | None, name: str, boot: str, floor: int, *,
-                _open=os.open, _read=os.read, _fstat=os.fstat, _close=os.close,
-                _rdonly=os.O_RDONLY, _new=tuple.__new__,
-                _states=_STATES) -> "tuple[Identity, int] | None":
-    """Process ``name`` (its pid, as text) as a capture records it, read
-    relative to ``pfd`` (an open ``/proc``: no path walk from / per
-    process; None: by its path), and its number of threads; None if it is
-    gone or was born before ``floor``. The uid is the owner of /proc/PID - the
-    effective uid (0 when it is not dumpable): a cheap fstat instead of
-    parsing the much costlier /proc/PID/status for the real uid. The thread count tells a
-    sparse capture whether a process's children are on one list or several.
-    Every capture reads through here, thousands of calls: kept lean. The
-    parse is inlined rather than a call of :func:`_parse_stat`, the Identity
-    built by tuple.__new__ without a Python call, and the os functions bound
-    as defaults (locals: no global and attribute lookups per call); each of
-    these cost a full capture a few per cent."""
-    try:
-        fd = _open(name + "/stat", _rdonly, dir_fd=pfd) if pfd is not None \
-            else _open(f"/proc/{name}/stat", _rdonly)
-        try:
-            data = _read(fd, 1024)
-            uid = _fstat(fd).st_uid
-        finally:
-            _close(fd)
-    except OSError:
-        return None  # it exited while we looked
-    if not data:
-        return None
-    rp = data.rindex(b")")  # comm may contain ") ": the LAST ')' ends it
-    f = data[rp + 2 :].split(None, 20)
-    start = int(f[_F_START])
-    if start < floor:
-        return None
-    st = f[_F_STATE]
-    return _new(Identity, (
-        int(name), start, boot, int(f[_F_PPID]), int(f[_F_PGRP]), int(f[_F_SID]), uid,
-        _states.get(st) or st.decode("ascii", "replace"),
-        data[data.index(b"(") + 1 : rp].decode("utf-8", "backslashreplace"),
-    )), int(f[_F_THREADS])
-
-
-def _capture_linux(time_cap: float, mem_cap: int, born_after: int | None) -> "Capture":
-    clock = time.monotonic
-    t0 = clock()
-    deadline = t0 + time_cap
-    max_entries = mem_cap // _ENTRY_BYTES
-    boot = boot_id()
-    procs: dict[int, Identity] = {}
-    complete, reason = True, ""
-    read = captured_at
-    floor = -1 if born_after is None else born_after
-    n = 0
-    pfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with os.scandir(pfd) as it:  # streamed: never a full listing in memory
-            for entry in it:
-                name = entry.name
-                if not name[0].isdigit():
-                    continue
-                n += 1
-                # the clock on the 1st process and every 16th after: cheap
-                if (n & 15) == 1 and clock() > deadline:
-                    complete = False
-                    reason = f"time cap {time_cap:g} s reached after {n - 1} processes"
-                    break
-                if len(procs) >= max_entries:
-                    complete = False
-                    reason = (
-                        f"memory cap {mem_cap / 2**20:g} MiB reached after {len(procs)} processes"
-                    )
-                    break
-                got = read(pfd, name, boot, floor)
-                if got is not None:
-                    procs[got[0][0]] = got[0]
-    finally:
-        os.close(pfd)
-    return Capture(procs, complete, reason, clock() - t0, born_after)
-
-
-def _capture_psutil(time_cap: float, mem_cap: int, born_after: int | None) -> "Capture":
-    ps = _psutil()
-    clock = time.monotonic
-    t0 = clock()
-    deadline = t0 + time_cap
-    max_entries = mem_cap // _ENTRY_BYTES
-    boot = boot_id()
-    procs: dict[int, Identity] = {}
-    complete, reason = True, ""
-    attrs = _ps_attrs()
-    n = 0
-    for p in ps.process_iter(attrs):
-        if clock() > deadline:
-            complete = False
-            reason = f"time cap {time_cap:g} s reached after {n} processes"
-            break
-        n += 1
-        if len(procs) >= max_entries:
-            complete = False
-            reason = f"memory cap {mem_cap / 2**20:g} MiB reached after {len(procs)} processes"
-            break
-        info = p.info
-        if info.get("create_time") is None:
-            continue  # access denied or gone: no identity without a start time
-        info["name"] = _ps_name(p)
-        ident = _from_psutil_info(info, boot)
-        if born_after is not None and ident[1] < born_after:
-            continue
-        procs[ident[0]] = ident
-    return Capture(procs, complete, reason, clock() - t0, born_after)
-
-
-def capture(
-    *, time_cap: float = 1.0, mem_cap: int = 32 * 2**20, born_after: int | None = None
-) -> "Capture":
-    """One bounded capture of the process table.
-
-    Records pid, ppid, pgid, sid, uid, start, state and comm of every process
-    (with ``born_after``: of every process with ``start >= born_after``).
-    Stops early, with ``complete=False`` and a ``reason``, when ``time_cap``
-    seconds have passed or the estimated memory reaches ``mem_cap`` bytes.
-    Processes that exit while being read are skipped.
-
-    Linux reads ``/proc`` directly (several times cheaper than psutil). The
-    ``uid`` recorded there is the owner of ``/proc/PID`` -- the effective uid,
-    or 0 for a non-dumpable process -- not the real uid :func:`read` gives;
-    :func:`send_signal` re-reads the real uid itself. Elsewhere psutil.
-    """
-    if _LINUX:
-        return _capture_linux(time_cap, mem_cap, born_after)
-    return _capture_psutil(time_cap, mem_cap, born_after)
-
-
-# --------------------------------------------------------------------------
 # The job's cookie, and the processes that exit, reaped
 
 #: The environment variable every process a tether job starts carries, first
@@ -1386,7 +775,22 @@ def reap_exited(on_reaped: "Callable[[int, int], object] | None" = None, *, wait
             on_reaped(pid, status)
 
 
+# Moved to modules of their own that import this one (an import of them here
+# would be a cycle): still found here, imported on first use, then bound.
+_MOVED = {**dict.fromkeys(("Capture", "capture", "captured_at", "_ENTRY_BYTES"), "capture"),
+          **dict.fromkeys(("environ_has", "environ_empty", "environ_value", "carriers"), "environ"),
+          **dict.fromkeys(("children", "newest_pids", "last_pid", "pids_since", "proc_is_ours",
+                           "pids", "has_children_lists", "sessions", "session_of", "in_group",
+                           "descendant_pids", "descendants"), "proctree")}
+
+
 def __getattr__(name: str) -> object:
+    home = _MOVED.get(name)
+    if home is not None:
+        __import__("tether." + home)  # (importlib itself is not loaded at start-up)
+        value = getattr(sys.modules["tether." + home], name)
+        globals()[name] = value  # later lookups: a plain attribute read
+        return value
     # The signal gate lived here before tether.gate: its names still resolve.
     if name in ("Proof", "send_signal", "signal_child"):
         from tether import gate

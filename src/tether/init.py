@@ -264,9 +264,9 @@ class _Init:
 
     # -- ending what is left --------------------------------------------------
     def _descendants(self) -> list:
-        from . import identity
+        from . import proctree
 
-        return identity.descendants([os.getpid()], born_after=self.born)
+        return proctree.descendants([os.getpid()], born_after=self.born)
 
     def end_rest(self, sigs: set[int]) -> None:
         """End what CMD left running, through ``tether.ending``: SIGTERM and
@@ -275,9 +275,9 @@ class _Init:
         kernel SIGKILL whatever could not be named."""
         if not self.reap():
             return  # nothing left
-        from . import gate, identity
+        from . import gate, proctree
 
-        if self.pid1 and not identity.proc_is_ours():
+        if self.pid1 and not proctree.proc_is_ours():
             # PID 1 with the host's /proc: its pids are not ours to name, so
             # signal nothing; our exit makes the kernel end the namespace.
             return

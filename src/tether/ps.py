@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cgroupfs, identity
+from . import capture, cgroupfs, identity, proctree
 from ._constants import SHELL_JOB, SHELL_SCOPE_JOB
 from .identity import Identity
 from .stops import format_duration, oneline
@@ -305,7 +305,7 @@ def _owner_of_keeper(k: Identity) -> Identity | None:
 
 def _keepers_by_name(notes: list[str]) -> list[Identity]:
     """Processes named ``tether-keeper`` (one bounded capture of the table)."""
-    cap = identity.capture()
+    cap = capture.capture()
     if not cap.complete:
         notes.append(f"keeper search incomplete: {cap.reason}")
     # Not a zombie: a PID-namespace keeper's intermediate is one for a moment.
@@ -422,11 +422,11 @@ def collect(state_dir: str | os.PathLike[str] | None = None, *,
         if j.cgroup is not None and os.path.isdir(j.cgroup):
             found = [i for i in map(identity.read, cgroupfs.procs_here(j.cgroup)) if i]
         elif j.keeper is not None:
-            found = identity.descendants([j.keeper.pid], born_after=j.keeper.start)
+            found = proctree.descendants([j.keeper.pid], born_after=j.keeper.start)
         else:
             for c in live_spawned:
                 found.append(c)
-                found.extend(identity.descendants([c.pid], born_after=c.start))
+                found.extend(proctree.descendants([c.pid], born_after=c.start))
         idents = {i.pid: i for i in found
                   if i.pid not in helpers and i.state not in ("Z", "X")}
         j.member_count = len(idents)

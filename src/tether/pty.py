@@ -48,7 +48,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gate, identity, sparse_capture
+from . import environ, gate, identity, proctree, sparse_capture
+from .capture import Capture
 from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import SignalRefused, TetherError
 from .identity import Identity
@@ -403,8 +404,8 @@ class PtySession:
         # Test seams (fault injection around the real calls; see tests/test_pty.py).
         self._send: Callable[..., bool] = gate.send_signal
         # (sparse: a close reads what its walks reach, not the whole table)
-        self._capture: Callable[..., identity.Capture] = sparse_capture.capture
-        self._capture_job: Callable[[], identity.Capture] = self._read_job
+        self._capture: Callable[..., Capture] = sparse_capture.capture
+        self._capture_job: Callable[[], Capture] = self._read_job
 
         self._master, slave = os.openpty()
         self.job: Job | None = None
@@ -721,7 +722,7 @@ class PtySession:
             op._finish(res)
 
     # steps ----------------------------------------------------------------------
-    def capture(self) -> tuple[list[Identity], identity.Capture]:
+    def capture(self) -> tuple[list[Identity], Capture]:
         """One bounded capture of the session's processes (the root
         excluded): see :meth:`close`. Read-only; safe to call any time.
 
@@ -736,7 +737,7 @@ class PtySession:
             self._proven: tuple[frozenset[int], frozenset[int]] = (
                 frozenset(), frozenset(i.pid for i in found_job) | {self.pid} | self._keeper_pids())
             return found_job, cap
-        self._capture_last = identity.last_pid()[0]  # before it: see _seed_job_close
+        self._capture_last = proctree.last_pid()[0]  # before it: see _seed_job_close
         cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
                             born_after=self.born_after)
         born = self.born_after
@@ -752,7 +753,7 @@ class PtySession:
             # each process's environment is read at most once per capture
             k = (i.pid, i.start)
             if k not in env_known:
-                env_known[k] = bool(identity.environ_has(i.pid, needle))
+                env_known[k] = bool(environ.environ_has(i.pid, needle))
             return env_known[k]
 
         def add(idents: Iterable[Identity]) -> list[Identity]:
@@ -836,7 +837,7 @@ class PtySession:
                         frozenset(i.pid for i in out) | {root_pid} | keepers)
         return out, cap
 
-    def _seed_job_close(self, cap: identity.Capture) -> None:
+    def _seed_job_close(self, cap: Capture) -> None:
         """pgroup: the job's own look at its members, made from this close's
         capture and handed to its keeper's close (which would otherwise
         capture the whole table again): one table scan per close."""
@@ -878,7 +879,7 @@ class PtySession:
         alive = getattr(job._backend, "keeper_alive", None)
         return bool(alive is not None and alive())
 
-    def _read_job(self) -> identity.Capture:
+    def _read_job(self) -> Capture:
         """The job's live members born since the session began, as a capture."""
         t0 = time.monotonic()
         born = self.born_after
@@ -891,16 +892,16 @@ class PtySession:
             ident = identity.read(pid)
             if ident is not None and ident.start >= born and ident.state not in ("Z", "X"):
                 procs[pid] = ident
-        return identity.Capture(procs, elapsed=time.monotonic() - t0, born_after=born)
+        return Capture(procs, elapsed=time.monotonic() - t0, born_after=born)
 
-    def _from_job(self, cap: identity.Capture) -> tuple[list[Identity], identity.Capture]:
+    def _from_job(self, cap: Capture) -> tuple[list[Identity], Capture]:
         excluded = {self.pid} | identity.own_ancestors() | {os.getpid()}
         keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
         if keeper:
             excluded.add(keeper)
         return [i for i in cap.procs.values() if i.pid > 2 and i.pid not in excluded], cap
 
-    def _job_members(self, cap: identity.Capture) -> list[Identity]:
+    def _job_members(self, cap: Capture) -> list[Identity]:
         """The job's members as its mechanism lists them, identified from the
         capture where it has them (``Job.members()`` re-reads every one)."""
         job = self.job

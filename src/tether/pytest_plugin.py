@@ -177,7 +177,7 @@ class _OffHint:
     """When the detector is off: one line at the end of a session whose
     processes outlived it, saying how to turn the detector on.
 
-    One bounded capture of the process table (``tether.identity.capture``),
+    One bounded capture of the process table (``tether.capture.capture``),
     of the processes born after this pytest process: those still below it,
     and those in its session or process group that were orphaned (their
     topmost new ancestor hangs under PID 1 or a subreaper above us - not under
@@ -210,13 +210,13 @@ def outliving_processes(settle: float = 0.25) -> list[Identity]:
     still alive ``settle`` seconds after a first look."""
     import time
 
-    from tether import identity
+    from tether import capture, identity
 
     me = os.getpid()
     start = identity.start_ticks("self")
     if start is None:
         return []
-    cap = identity.capture(time_cap=0.5, born_after=start)
+    cap = capture.capture(time_cap=0.5, born_after=start)
     found = {i.pid: i for i in cap.descendants([me], born_after=start)}
     ancestors = identity.own_ancestors()
     # Windows has no sessions or process groups: there, only descendants.
@@ -315,12 +315,14 @@ class LeakDetector:
 
     def _walk(self) -> list[_Proc]:
         """Every process below this one, parents before children."""
+        from tether import capture, proctree
+
         me = self.me
         if self._subreaper:
-            return [_Proc(i, i.ppid) for i in self._id.descendants([me], limit=_MAX_WALK)]
+            return [_Proc(i, i.ppid) for i in proctree.descendants([me], limit=_MAX_WALK)]
         # Portable: one bounded capture; descendants, plus processes born
         # after the test began in a session or group one of those is in.
-        cap = self._id.capture()
+        cap = capture.capture()
         out = [_Proc(i, i.ppid) for i in cap.descendants([me])]
         seen = {p.ident.pid for p in out}
         mine = {os.getpgrp(), os.getsid(0)}

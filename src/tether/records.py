@@ -11,8 +11,8 @@ The audit log's writer (:mod:`tether.audit`) and its reader
 * which records still prove a process that may be alive
   (:func:`still_needed`): what a rotation carries forward into the live file.
 
-Imports only ``identity`` and the shared constants: the writer's prune path
-loads it, nothing on a spawn's path does.
+Imports only the process reader (``identity``, ``proctree``) and the shared
+constants: the writer's prune path loads it, nothing on a spawn's path does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any
 
-from . import identity
+from . import identity, proctree
 from ._constants import SHELL_JOB, SHELL_SCOPE_JOB
 from .identity import Identity
 
@@ -194,7 +194,7 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
     gone come first: a size cap drops what comes last.
     """
     boot = identity.boot_id()
-    alive = identity.pids()
+    alive = proctree.pids()
     records = (rec for rec in map(_record, _candidates(blocks, alive)) if rec is not None)
     cache: dict = {}
     owners: dict[Identity, bool] = {}

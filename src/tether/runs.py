@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import identity
+from . import identity, proctree
 from .identity import Identity
 from .records import ident_of, legacy_shell_records, nonempty_str, parse_pid, parse_start
 
@@ -171,7 +171,7 @@ def read_runs(state_dir: str | os.PathLike[str], *, stats: Any = None,
     if stats is None:
         stats = audit.ReadStats()
     boot = identity.boot_id()
-    alive = identity.pids()
+    alive = proctree.pids()
     runs: dict[str, Run] = {}
     cache: dict = {}
     unusable = 0

@@ -3,7 +3,7 @@
 A close under ``pgroup`` (and a PTY close whose keeper is gone) must find the
 job's processes by what links them to it: parentage, session, process group,
 and the cookie of the orphans re-parented to an adopter (init, a subreaper
-ancestor, the keeper). :func:`tether.identity.capture` reads every process's
+ancestor, the keeper). :func:`tether.capture.capture` reads every process's
 ``/proc/PID/stat`` to answer those walks, so a close costs as much as the
 machine holds: 2 000 unrelated processes are 2 000 reads.
 
@@ -16,10 +16,10 @@ the members of the sessions and groups asked for. Its reads follow the job.
 
 Trap: a child is on the children list of the *thread* that forked it, and an
 orphan is given to any live thread of its new parent, so every thread's list
-is read (:func:`tether.identity.children`). The lists, like a scan of
+is read (:func:`tether.proctree.children`). The lists, like a scan of
 ``/proc``, are not atomic: a kill loop looks again, as after any capture.
 
-Same contract as :class:`tether.identity.Capture` (its walks, its safety
+Same contract as :class:`tether.capture.Capture` (its walks, its safety
 exclusions, ``born_after``, ``complete``); ``procs`` holds what was read so
 far, not the table. Linux only; :func:`capture` falls back to the full one
 elsewhere and where the kernel has no children lists.
@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import time
 
-from . import identity
-from .identity import Capture, Identity
+from . import identity, proctree
+from .capture import Capture, captured_at
+from .capture import capture as full_capture
+from .identity import Identity
 
 
 class SparseCapture(Capture):
@@ -44,7 +46,7 @@ class SparseCapture(Capture):
         self._t0 = time.monotonic()
         self._deadline = self._t0 + time_cap
         # The one scan of the table: names only, no process is read.
-        self._pids = list(identity.pids() or ())
+        self._pids = list(proctree.pids() or ())
         self._sids: dict[int, list[int]] | None = None  # session id -> pids
         self._absent: set[int] = set()  # gone, or born before born_after
         self._lists: dict[int, list[int]] = {}  # pid -> its children (every thread's)
@@ -66,7 +68,7 @@ class SparseCapture(Capture):
                 self.complete = False
                 self.reason = f"time cap reached after reading {len(self.procs)} processes"
             return None
-        got = identity.captured_at(None, str(pid), self._boot, self.born_after or 0)
+        got = captured_at(None, str(pid), self._boot, self.born_after or 0)
         if got is None:  # gone, or born before the capture's floor
             self._absent.add(pid)
             return None
@@ -89,7 +91,7 @@ class SparseCapture(Capture):
         if pids is None:  # each list read once per capture, as a snapshot would hold it
             # One thread (read with it): one list, no listing of its threads.
             single = self._threads.get(pid) == 1
-            pids = self._lists[pid] = identity.children(pid, every_thread=not single)
+            pids = self._lists[pid] = proctree.children(pid, every_thread=not single)
         out = []
         for c in pids:
             ident = self.get(c)
@@ -107,7 +109,7 @@ class SparseCapture(Capture):
         """The pids of session ``sid``: one ``getsid`` per pid of the table,
         once per capture (no file is opened)."""
         if self._sids is None:
-            self._sids = identity.sessions(self._pids)
+            self._sids = proctree.sessions(self._pids)
         return self._sids.get(sid, [])
 
     def _group(self, pgid: int) -> list[int]:
@@ -117,16 +119,16 @@ class SparseCapture(Capture):
         out the pid meanwhile), and a group leader cannot leave its session
         (``setsid`` refuses it). Without the leader, a member read already
         names the session; else every pid is asked."""
-        sid = identity.session_of(pgid)
+        sid = proctree.session_of(pgid)
         if sid is None:
             sid = next((i[5] for i in self.procs.values() if i[4] == pgid), None)
-        return identity.in_group(pgid, self._session(sid) if sid is not None else self._pids)
+        return proctree.in_group(pgid, self._session(sid) if sid is not None else self._pids)
 
 
 def capture(*, time_cap: float = 1.0, mem_cap: int = 32 * 2**20,
             born_after: int) -> Capture:
     """A capture for walks from the job's own processes: sparse on Linux
-    (see the module), else :func:`tether.identity.capture`."""
-    if identity.has_children_lists():
+    (see the module), else :func:`tether.capture.capture`."""
+    if proctree.has_children_lists():
         return SparseCapture(time_cap=time_cap, born_after=born_after)
-    return identity.capture(time_cap=time_cap, mem_cap=mem_cap, born_after=born_after)
+    return full_capture(time_cap=time_cap, mem_cap=mem_cap, born_after=born_after)

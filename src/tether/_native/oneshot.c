@@ -572,6 +572,67 @@ static void keeper_run(struct run *R, char **envp)
     _exit(0);
 }
 
+/* A job whose keeper vanished, ended from its owner (the front end): the
+ * cgroup's kill (cgroup: "" for none), and every process that carries the
+ * job's cookie (what a subreaper job's members were re-parented away with),
+ * born after the job began, with what it started (identity.carriers). */
+__attribute__((unused)) /* (the front ends' only: shell.c) */
+static void end_without_keeper(const char *cgroup, const char *mount, const char *cookie,
+                               unsigned long long born)
+{
+    if (cgroup[0]) {
+        snprintf(K.cgroup, sizeof K.cgroup, "%s", cgroup);
+        snprintf(K.mount, sizeof K.mount, "%s", mount);
+        K.mech = M_CGROUP;
+        kill_cgroup(KILL_BOUND);
+    }
+    char entry[240];
+    int elen = snprintf(entry, sizeof entry, "%c%s=%s%c", 0, TETHER_COOKIE_VAR, cookie, 0);
+    static char env[1 << 20];
+    uid_t me = geteuid();
+    double deadline = now_s() + KILL_BOUND;
+    while (now_s() < deadline) {
+        int found = 0;
+        struct dir_walk w;
+        if (dir_open(&w, "/proc") < 0)
+            return;
+        for (const struct dent64 *d; (d = dir_next(&w));) {
+            char *e;
+            long pid = strtol(d->name, &e, 10);
+            if (*e || pid <= 2 || pid == getpid())
+                continue;
+            char st = 0;
+            unsigned long long start = proc_stat((pid_t)pid, &st, NULL);
+            if (!start || start < born || st == 'Z' || st == 'X' || st == 'x')
+                continue;
+            char path[64];
+            snprintf(path, sizeof path, "/proc/%ld", pid);
+            struct stat sb;
+            if (stat(path, &sb) < 0 || (me != 0 && sb.st_uid != me))
+                continue;
+            snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+            env[0] = '\0';
+            ssize_t len = read_file(path, env + 1, sizeof env - 2);
+            if (len <= 0 || !memmem(env, (size_t)len + 2, entry, (size_t)elen))
+                continue;
+            /* what it started too (identity.carriers: a child may have
+             * cleared its environment), read before it dies */
+            size_t nd = descendants((pid_t)pid, scratch, MAX_CHILDREN);
+            if (signal_if_still((pid_t)pid, start, SIGKILL, 0))
+                found = 1;
+            for (size_t k = 0; k < nd; k++) {
+                unsigned long long ds = proc_stat(scratch[k], NULL, NULL);
+                if (ds && ds >= born && signal_if_still(scratch[k], ds, SIGKILL, 0))
+                    found = 1;
+            }
+        }
+        close(w.fd);
+        if (!found)
+            return;
+        nap_us(2000);
+    }
+}
+
 /* The forked (or exec'd) keeper's set-up, then the job: never returns. The
  * caller of the owner may kill the owner's group: the keeper goes into a
  * group of its own and ignores what such a caller sends. */

@@ -729,62 +729,10 @@ static void die_by(int sig)
     _exit(128 + sig);
 }
 
-/* The keeper vanished while the command ran: end the job from here - its
- * cgroup's kill, and every process that carries the job's cookie (what a
- * subreaper job's members were re-parented away with), born after it began. */
+/* The keeper vanished while the command ran: end the job from here. */
 static void end_from_here(struct run *R, struct outcome *o)
 {
-    if (o->cgroup[0]) {
-        snprintf(K.cgroup, sizeof K.cgroup, "%s", o->cgroup);
-        snprintf(K.mount, sizeof K.mount, "%s", R->mount);
-        K.mech = M_CGROUP;
-        kill_cgroup(KILL_BOUND);
-    }
-    char entry[240];
-    int elen = snprintf(entry, sizeof entry, "%c%s=%s%c", 0, COOKIE_VAR, R->cookie, 0);
-    static char env[1 << 20];
-    uid_t me = geteuid();
-    double deadline = now_s() + KILL_BOUND;
-    while (now_s() < deadline) {
-        int found = 0;
-        struct dir_walk w;
-        if (dir_open(&w, "/proc") < 0)
-            return;
-        for (const struct dent64 *d; (d = dir_next(&w));) {
-            char *e;
-            long pid = strtol(d->name, &e, 10);
-            if (*e || pid <= 2 || pid == getpid())
-                continue;
-            char st = 0;
-            unsigned long long start = proc_stat((pid_t)pid, &st, NULL);
-            if (!start || start < R->born || st == 'Z' || st == 'X' || st == 'x')
-                continue;
-            char path[64];
-            snprintf(path, sizeof path, "/proc/%ld", pid);
-            struct stat sb;
-            if (stat(path, &sb) < 0 || (me != 0 && sb.st_uid != me))
-                continue;
-            snprintf(path, sizeof path, "/proc/%ld/environ", pid);
-            env[0] = '\0';
-            ssize_t len = read_file(path, env + 1, sizeof env - 2);
-            if (len <= 0 || !memmem(env, (size_t)len + 2, entry, (size_t)elen))
-                continue;
-            /* what it started too (identity.carriers: a child may have
-             * cleared its environment), read before it dies */
-            size_t nd = descendants((pid_t)pid, scratch, MAX_CHILDREN);
-            if (signal_if_still((pid_t)pid, start, SIGKILL, 0))
-                found = 1;
-            for (size_t k = 0; k < nd; k++) {
-                unsigned long long ds = proc_stat(scratch[k], NULL, NULL);
-                if (ds && ds >= R->born && signal_if_still(scratch[k], ds, SIGKILL, 0))
-                    found = 1;
-            }
-        }
-        close(w.fd);
-        if (!found)
-            return;
-        nap_us(2000);
-    }
+    end_without_keeper(o->cgroup, R->mount, R->cookie, R->born);
 }
 
 /* The keeper died before it reported the command: it may have started it.

@@ -38,7 +38,7 @@ import os
 import select
 import sys
 
-from .. import gate, identity
+from .. import environ, gate, identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a hint only
@@ -326,7 +326,7 @@ class Keeper:
             # those that carry its cookie (and the shell itself).
             def members() -> list:
                 return [i for i in map(identity.read, mech.member_pids(os.getpid()))
-                        if i is not None and (i.pid == child or identity.environ_has(i.pid, cookie))]
+                        if i is not None and (i.pid == child or environ.environ_has(i.pid, cookie))]
 
             kill = None
         else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import identity
+from .. import identity, proctree
 from .base import PIDNS, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PIDNS
@@ -165,4 +165,4 @@ class Mechanism(KeeperMechanism):
     joins_owner_group = False  # (the owner's group is not visible inside the namespace)
 
     def member_pids(self, keeper_pid: int) -> list[int]:
-        return identity.descendant_pids(keeper_pid)
+        return proctree.descendant_pids(keeper_pid)

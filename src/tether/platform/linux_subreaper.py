@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from .. import gate, identity
+from .. import gate, identity, proctree
 from .._prctl import set_subreaper
 from .base import SUBREAPER, Availability, Guarantee, JobOptions, KeeperMechanism
 
@@ -79,7 +79,7 @@ def kill_round(found: "list[int]", killed: "set[int]", me: int, whole: bool, stu
         before = pid in killed
         if before and not whole:
             continue
-        kids = [] if wide and not stuck else identity.children(pid, every_thread=stuck)
+        kids = [] if wide and not stuck else proctree.children(pid, every_thread=stuck)
         if not before:
             if not gate.signal_child(pid, _SIGKILL, parent):
                 continue  # what was read is not walked
@@ -120,7 +120,7 @@ def reap_loop(timeout: float, on_reap=None) -> bool:
             return True
         stuck = progress is not None and time.monotonic() - progress >= 0.02
         whole = progress is None or stuck
-        kill_round(identity.children(me, every_thread=stuck), killed, me, whole, stuck)
+        kill_round(proctree.children(me, every_thread=stuck), killed, me, whole, stuck)
         if whole:
             progress = time.monotonic()
         time.sleep(0.001)
@@ -134,7 +134,7 @@ class Mechanism(KeeperMechanism):
         set_subreaper()
 
     def member_pids(self, keeper_pid: int) -> list[int]:
-        return identity.descendant_pids(keeper_pid)
+        return proctree.descendant_pids(keeper_pid)
 
     def kill_all(self, keeper, timeout: float) -> None:
         reap_loop(timeout, keeper.reaped)

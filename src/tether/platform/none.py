@@ -18,7 +18,7 @@ import os
 import subprocess
 from typing import Any
 
-from .. import gate, identity
+from .. import gate, identity, proctree
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, SignalRefused
 from .base import NONE, Availability, Guarantee, JobBackend, JobOptions, with_cookie
@@ -70,7 +70,7 @@ class Backend(JobBackend):
     def _members(self) -> list[identity.Identity]:
         roots = {p.pid for p in self.children if p.poll() is None}
         out = {i.pid: i for i in map(identity.read, roots) if i is not None}
-        for d in identity.descendants([p.pid for p in self.children], born_after=self.born):
+        for d in proctree.descendants([p.pid for p in self.children], born_after=self.born):
             out.setdefault(d.pid, d)
         return [i for i in out.values() if i.state not in _GONE and i.start >= self.born]
 

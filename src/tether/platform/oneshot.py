@@ -400,14 +400,14 @@ def _end_from_here(res: "Result", born: int) -> None:
     the job's cgroup (``cgroup.kill``; in scope ``caller`` only this command's
     processes, the scope is shared), and every process that carries the job's
     cookie (what a subreaper job's members were re-parented away with)."""
-    from .. import cgroupfs
+    from .. import cgroupfs, environ
     from ..ending import KILL_BOUND, end
 
     if res.cgroup and res.scope == COMMAND:
         cgroupfs.kill(res.cgroup, KILL_BOUND)
     entry = f"{res.cookie_var}={res.cookie}".encode()
     proof = gate.Proof(entry)  # found by the cookie: each must still carry it
-    end(lambda: identity.carriers(entry, born_after=born), born_after=born, grace=0,
+    end(lambda: environ.carriers(entry, born_after=born), born_after=born, grace=0,
         member=False, bound=KILL_BOUND, proof=lambda _i: proof)
 
 

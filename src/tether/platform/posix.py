@@ -299,7 +299,9 @@ class KeeperJob(JobBackend):
         o = self.options
         if not o.cookie:
             return []
-        return identity.carriers(f"{o.cookie_var}={o.cookie}".encode(), born_after=self.born_after)
+        from .. import environ  # only here: a keeper gone is rare
+
+        return environ.carriers(f"{o.cookie_var}={o.cookie}".encode(), born_after=self.born_after)
 
     def member_pids(self) -> list[int]:
         if self._closed:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from .. import gate, identity, sparse_capture
+from .. import capture, environ, gate, identity, proctree, sparse_capture
 from .base import PGROUP, Availability, Guarantee, JobOptions, KeeperMechanism
 
 MECHANISM = PGROUP
@@ -111,7 +111,7 @@ class Mechanism(KeeperMechanism):
         k = (i.pid, i.start)
         has = seen.get(k)
         if has is None:
-            has = identity.environ_has(i.pid, cookie)
+            has = environ.environ_has(i.pid, cookie)
             # Unreadable: exiting, or inside exec (its new environment is not
             # set up yet - its name may already be the new program's). Asked
             # again for a few milliseconds (one look may be all a kill loop
@@ -119,12 +119,12 @@ class Mechanism(KeeperMechanism):
             # An environment set up empty (a process exec'd with none, e.g.
             # another job's native keeper) is a "no" at once: waiting on it
             # cost every look 50 ms.
-            while has is None and not identity.environ_empty(i.pid) \
+            while has is None and not environ.environ_empty(i.pid) \
                     and self.__dict__.get("env_wait", 0.0) < 0.05 and identity.is_alive(i):
                 time.sleep(0.001)
                 self.__dict__["env_wait"] = self.__dict__.get("env_wait", 0.0) + 0.001
-                has = identity.environ_has(i.pid, cookie)
-            if has is None and identity.environ_empty(i.pid):
+                has = environ.environ_has(i.pid, cookie)
+            if has is None and environ.environ_empty(i.pid):
                 has = False
             if has is None:
                 return False
@@ -134,7 +134,7 @@ class Mechanism(KeeperMechanism):
                 seen[k] = False
         return has
 
-    def _proven_ids(self, cap: identity.Capture, leaders: dict[int, int], keeper,
+    def _proven_ids(self, cap: capture.Capture, leaders: dict[int, int], keeper,
                     cookie: bytes | None) -> set[int]:
         """The remembered group and session ids that are still the job's
         (see above); the others are dropped from ``leaders``. ``keeper``
@@ -174,7 +174,7 @@ class Mechanism(KeeperMechanism):
 
     def _related(self, keeper_pid: int, leaders: dict[int, int] | None = None,
                  keeper=None, hot: bool = False,
-                 cap: identity.Capture | None = None) -> list[identity.Identity]:
+                 cap: capture.Capture | None = None) -> list[identity.Identity]:
         """The job's live members: the keeper's descendants, the members of
         every remembered group and session that is still the job's, what
         those started, and every process born since the job opened that
@@ -194,7 +194,7 @@ class Mechanism(KeeperMechanism):
         # of the table takes.
         hopped = []
         if cookie is not None and hot:
-            for pid in identity.newest_pids():
+            for pid in proctree.newest_pids():
                 i = identity.read(pid)
                 if i is not None and i.start >= self.born_after and own(i) \
                         and self._carries(i, cookie):
@@ -248,7 +248,7 @@ class Mechanism(KeeperMechanism):
     # keeper proves a group by its unreaped child or the reap time, which
     # the owner cannot see).
 
-    def look_from(self, keeper_pid: int, cap: identity.Capture, last: int) -> dict | None:
+    def look_from(self, keeper_pid: int, cap: capture.Capture, last: int) -> dict | None:
         """The job's members found in ``cap`` (a capture of the whole table
         the caller made after the kernel's last pid was ``last``), as the
         keeper's close takes them; None when it cannot serve."""
@@ -308,8 +308,8 @@ class Mechanism(KeeperMechanism):
 
         def find() -> list[identity.Identity]:
             if st["last"] is not None:
-                now, pid_max = identity.last_pid()
-                new = identity.pids_since(st["last"], now, pid_max) if now else None
+                now, pid_max = proctree.last_pid()
+                new = proctree.pids_since(st["last"], now, pid_max) if now else None
                 if new is not None:
                     st["last"] = now
                     if not any([maybe_ours(p) for p in new]):
@@ -319,7 +319,7 @@ class Mechanism(KeeperMechanism):
                         return [i for p, t in st.pop("first", ()) if (i := identity.read(p))
                                 is not None and i.start == t and i.state not in "ZXx"]
             st.pop("first", None)
-            last = identity.last_pid()[0]  # before the look: what is born after it is "new"
+            last = proctree.last_pid()[0]  # before the look: what is born after it is "new"
             out = self._related(keeper_pid, leaders, keeper, hot=st["last"] is None)
             if self.complete and last:
                 st["last"] = last
