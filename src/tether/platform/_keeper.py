@@ -291,26 +291,7 @@ class Keeper:
             return 0
         say(f"P {child} {mech.name} {child_start} {mech.trace().get('cgroup_path') or '-'}")
         self._let_go({self.owner_pidfd, rep_w, ctl_r, self.wake_r, self.wake_w, caller_fd})
-        poller = select.poll()
-        for fd in (self.owner_pidfd, ctl_r, self.wake_r, caller_fd):
-            if fd is not None:
-                poller.register(fd, select.POLLIN)
-        owner_gone = stop = caller_gone = False
-        self.reap()
-        while child not in self.status and not owner_gone and not stop and not caller_gone:
-            for fd, _ev in poller.poll():
-                if fd == self.wake_r:
-                    self.drain_wakeups()
-                    self.reap()
-                elif fd == caller_fd:
-                    caller_gone = True
-                elif fd == self.owner_pidfd:
-                    owner_gone = True
-                elif fd == ctl_r:
-                    if os.read(ctl_r, 64):
-                        stop = True
-                    else:  # the owner's end closed: it died
-                        owner_gone = True
+        owner_gone, stop, caller_gone = self._wait_one(child, ctl_r, caller_fd)
         if caller_gone:
             # The caller (an agent CLI) is gone: its commands go with it, at
             # once - in scope caller everything it kept, too.
@@ -320,22 +301,7 @@ class Keeper:
             say(f"X {-1 if status is None else status} 0 caller")
             mech.cleanup(self)
             return 0
-        cookie = f"{mech.options.cookie_var}={mech.options.cookie}".encode()
-        if mech.keeper_inside:
-            # The caller's cgroup is shared: this command's processes are
-            # those that carry its cookie (and the shell itself).
-            def members() -> list:
-                return [i for i in map(identity.read, mech.member_pids(os.getpid()))
-                        if i is not None and (i.pid == child or environ.environ_has(i.pid, cookie))]
-
-            kill = None
-        else:
-            def members() -> list:
-                return [i for i in map(identity.read, mech.member_pids(os.getpid()))
-                        if i is not None]
-
-            def kill() -> None:
-                mech.kill_all(self, timeout=KILL_BOUND)
+        members, kill = self._scope_of(child)
         if owner_gone:
             # Nobody to report to: end everything now, no grace.
             if kill is not None:
@@ -364,6 +330,54 @@ class Keeper:
             self._linger(caller_fd, {rep_w, ctl_r, self.owner_pidfd})
         done()
         return 0
+
+    def _wait_one(self, child: int, ctl_r: int, caller_fd: "int | None") -> "tuple[bool, bool, bool]":
+        """Reap until ``child`` is gone, or the owner is (``owner_gone``), or
+        asked to stop (a byte on ``ctl_r``: ``stop``), or the caller is gone
+        (``caller_gone``)."""
+        poller = select.poll()
+        for fd in (self.owner_pidfd, ctl_r, self.wake_r, caller_fd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        owner_gone = stop = caller_gone = False
+        self.reap()
+        while child not in self.status and not owner_gone and not stop and not caller_gone:
+            for fd, _ev in poller.poll():
+                if fd == self.wake_r:
+                    self.drain_wakeups()
+                    self.reap()
+                elif fd == caller_fd:
+                    caller_gone = True
+                elif fd == self.owner_pidfd:
+                    owner_gone = True
+                elif fd == ctl_r:
+                    if os.read(ctl_r, 64):
+                        stop = True
+                    else:  # the owner's end closed: it died
+                        owner_gone = True
+        return owner_gone, stop, caller_gone
+
+    def _scope_of(self, child: int):
+        """This command's processes (``members``) and how to kill them all at
+        once (``kill``; None: only one by one). In the caller's shared cgroup
+        they are those that carry its cookie (and the shell itself); a
+        subreaper's are its whole tree."""
+        mech = self.mech
+        cookie = f"{mech.options.cookie_var}={mech.options.cookie}".encode()
+        if mech.keeper_inside:
+            def members() -> list:
+                return [i for i in map(identity.read, mech.member_pids(os.getpid()))
+                        if i is not None and (i.pid == child or environ.environ_has(i.pid, cookie))]
+
+            return members, None
+
+        def whole() -> list:
+            return [i for i in map(identity.read, mech.member_pids(os.getpid())) if i is not None]
+
+        def kill() -> None:
+            mech.kill_all(self, timeout=KILL_BOUND)
+
+        return whole, kill
 
     def _end(self, members, born: int, grace: float, kill) -> None:
         from ..ending import end

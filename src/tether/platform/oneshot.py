@@ -220,40 +220,75 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
                 pass
 
 
-def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", caller,
-         scope) -> "Result":
+class _Owner:
+    """This process as its job's owner, read once before the fork."""
+
+    __slots__ = ("pid", "start", "pgid", "fd", "ignores", "ignored", "blocked")
+
+    def __init__(self) -> None:
+        try:
+            threads, ign, self.blocked = identity.self_status()
+        except (OSError, ValueError):
+            raise Unavailable("/proc/self/status is not readable") from None
+        if threads != 1:
+            raise Unavailable("the caller has several threads: a fork would not be safe")
+        try:
+            self.fd = os.pidfd_open(os.getpid())
+        except OSError as exc:  # a kernel older than 5.3
+            raise Unavailable(f"pidfd_open: {exc.strerror}") from None
+        self.pid, self.start, self.pgid = os.getpid(), _start_ticks(), os.getpgrp()
+        self.ignores = {s for s in range(1, 65) if ign & (1 << (s - 1))}
+        self.ignored = self.ignores - set(_RESTORED)  # what the command is to ignore
+
+
+class _Launch:
+    """What the forked keeper is given: the command, the job's settings and
+    names (``res``), the owner, the caller's watch, and its ends of the pipes
+    (``inherited``: the owner's ends, which it closes)."""
+
+    __slots__ = ("argv", "executable", "mechanism", "grace", "owner", "res", "caller",
+                 "rep_w", "ctl_r", "inherited")
+
+    def __init__(self, argv: "list[str]", executable: str, mechanism: str, grace: float,
+                 owner: _Owner, res: "Result", caller: "tuple[int, int, int] | None",
+                 rep_w: int, ctl_r: int, inherited: "tuple[int, ...]") -> None:
+        self.argv, self.executable, self.mechanism, self.grace = argv, executable, mechanism, grace
+        self.owner, self.res, self.caller = owner, res, caller
+        self.rep_w, self.ctl_r, self.inherited = rep_w, ctl_r, inherited
+
+    def say(self, line: str) -> None:
+        try:
+            os.write(self.rep_w, line.encode() + b"\n")
+        except OSError:  # the owner is gone
+            pass
+
+
+def _named(owner: _Owner, scope: str, caller) -> "Result":
+    """A Result with the job's names and cookie."""
     res = Result()
-    try:
-        threads, ign, blocked = identity.self_status()
-    except (OSError, ValueError):
-        raise Unavailable("/proc/self/status is not readable") from None
-    if threads != 1:
-        raise Unavailable("the caller has several threads: a fork would not be safe")
-    try:
-        owner_fd = os.pidfd_open(os.getpid())
-    except OSError as exc:  # a kernel older than 5.3
-        raise Unavailable(f"pidfd_open: {exc.strerror}") from None
-    owner = os.getpid()
-    owner_start = _start_ticks()
-    pgid = os.getpgrp()
-    owner_ignores = {s for s in range(1, 65) if ign & (1 << (s - 1))}
-    ignored = owner_ignores - set(_RESTORED)
-    res.owner_start = owner_start
+    res.owner_start = owner.start
     res.scope = scope
     if caller is not None:
         res.caller = (caller[0], caller[1])
     if scope == CALLER:
         # One run per caller: it is over when the caller is.
-        res.run, res.job = f"{caller[0]}-{caller[1]}", f"s{owner}-{owner_start}"
+        res.run, res.job = f"{caller[0]}-{caller[1]}", f"s{owner.pid}-{owner.start}"
     else:
-        res.run, res.job = f"{owner}-{owner_start}", f"j{owner}-1"
+        res.run, res.job = f"{owner.pid}-{owner.start}", f"j{owner.pid}-1"
     # The job's cookie: random, so a stranger given a leftover's pid within the
     # same clock tick cannot carry it (os.urandom: `secrets` costs an import).
     res.cookie = f"{res.run}:{res.job}:{os.urandom(8).hex()}"
+    return res
+
+
+def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", caller,
+         scope) -> "Result":
     if scope == COMMAND:
         from . import native
 
         native.required("cgroup" if mechanism == "cgroup" else "subreaper")  # or JobRefused
+    owner = _Owner()
+    res = _named(owner, scope, caller)
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     early = sigs.first()
@@ -261,61 +296,92 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
         # Stopped (SIGTERM, SIGHUP) before the command existed: run nothing.
         # SIGINT and SIGQUIT are the command's, even before it exists, as
         # for the native program: not a stop.
-        for fd in (owner_fd, rep_r, rep_w, ctl_r, ctl_w):
+        for fd in (owner.fd, rep_r, rep_w, ctl_r, ctl_w):
             os.close(fd)
         res.stopped_by = early
         return res
     born = identity.now_ticks()  # nothing of the job is older
     # What the command leaves behind is never re-parented to PID 1 before the
-    # job ends it: the keeper is its subreaper (cgroup, subreaper) or init
-    # (pidns), and this wrapper is where the keeper is not (pgroup) or has
-    # died, as under the native wrapper and `tether run`. Every wait here
-    # names its pid.
+    # job ends it: the keeper is its subreaper (cgroup, subreaper), and this
+    # wrapper is where the keeper has died, as under the native wrapper and
+    # `tether run`. Every wait here names its pid.
     from .._prctl import set_subreaper
 
     try:
         set_subreaper()
     except OSError:
         pass  # (the job still ends them; only their parent for those ms differs)
+    launch = _Launch(argv=argv, executable=executable, mechanism=mechanism, grace=grace,
+                     owner=owner, res=res, caller=caller, rep_w=rep_w, ctl_r=ctl_r,
+                     inherited=(sigs.rfd, sigs.wfd, rep_r, ctl_w))
+    keeper = _fork_keeper(launch)
+    for fd in (owner.fd, rep_w, ctl_r):
+        os.close(fd)
+    res.keeper = keeper
+    got = _Reports()
+    try:
+        got.read(res, keeper, rep_r, ctl_w, sigs, on_start)
+    finally:
+        os.close(rep_r)
+        os.close(ctl_w)
+        _after(res, keeper, born, got)
+    if got.failure is not None:
+        kind, err, text = got.failure
+        if kind == b"exec":
+            raise OSError(err, os.strerror(err), executable)
+        raise JobRefused(text or os.strerror(err), mechanism=mechanism)
+    return res
+
+
+def _fork_keeper(launch: _Launch) -> int:
+    """Fork the job's keeper: scope command execs the native driver, scope
+    caller runs the Python keeper. Its pid; JobRefused if it cannot fork."""
     try:
         keeper = os.fork()
     except OSError as exc:
-        for fd in (owner_fd, rep_r, rep_w, ctl_r, ctl_w):
+        for fd in (launch.owner.fd, launch.rep_w, launch.ctl_r, *launch.inherited[2:]):
             os.close(fd)
         raise JobRefused(f"cannot start the job's keeper: {exc.strerror}",
-                         reason=exc.strerror, mechanism=mechanism) from None
-    if keeper == 0:
-        code = 1
-        try:
-            inherited = (sigs.rfd, sigs.wfd, rep_r, ctl_w)
-            if scope == COMMAND:  # the native keeper's one-command driver, exec'd: never returns
-                _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid,
-                             ignored, blocked, owner_fd, rep_w, ctl_r, inherited, res, caller)
-            code = _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid,
-                                ignored, owner_ignores, owner_fd, rep_w, ctl_r, inherited, res,
-                                caller)
-        except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
-            try:
-                import traceback
-
-                traceback.print_exc()
-            except BaseException:  # noqa: BLE001 - printing may fail too; exit anyway
-                pass
-        finally:
-            os._exit(code)  # a keeper never falls back into the owner's code
-    os.close(owner_fd)
-    os.close(rep_w)
-    os.close(ctl_r)
-    res.keeper = keeper
-    failure = None
-    reported = lingers = False
+                         reason=exc.strerror, mechanism=launch.mechanism) from None
+    if keeper:
+        return keeper
+    code = 1
     try:
+        if launch.res.scope == COMMAND:
+            _exec_native(launch)  # returns only when it could not exec
+            code = 0
+        else:
+            code = _keeper_main(launch)
+    except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - printing may fail too; exit anyway
+            pass
+    finally:
+        os._exit(code)  # a keeper never falls back into the owner's code
+
+
+class _Reports:
+    """The keeper's report lines, as read: ``P`` (the command runs), then
+    ``X`` (its status) or ``E`` (nothing ran: ``failure``)."""
+
+    __slots__ = ("failure", "reported", "lingers")
+
+    def __init__(self) -> None:
+        self.failure: tuple[bytes, int, str] | None = None
+        self.reported = self.lingers = False
+
+    def read(self, res: "Result", keeper: int, rep_r: int, ctl_w: int, sigs: "SignalWatch",
+             on_start) -> None:
+        """Until the last report, or the keeper's EOF (``res.error``
+        keeper-died); a stop signal meanwhile is passed on (``s``)."""
         poller = select.poll()
         poller.register(rep_r, select.POLLIN)
         poller.register(sigs.rfd, select.POLLIN)
         buf = b""
-        done = False
-        while not done:
+        while True:
             if res.stopped_by is None:
                 stop = sigs.first()
                 if stop is not None:
@@ -337,62 +403,65 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
                 # EOF without a report: the keeper died (its end of the pipe
                 # was its alone), at once noticed. The job is unguarded now.
                 res.error = "keeper-died"
-                break
+                return
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                word = line.split(b" ", 4)
-                if word[0] == b"P":
-                    res.child = int(word[1])
-                    res.mechanism = word[2].decode()
-                    res.child_start = int(word[3])
-                    path = word[4].decode("utf-8", "surrogateescape")
-                    res.cgroup = None if path == "-" else path
-                    res.keeper_start = _start_ticks(keeper)  # our child: readable until reaped
-                    if on_start is not None:
-                        on_start(res)
-                elif word[0] == b"X":
-                    st = int(word[1])
-                    res.status = st if st >= 0 else None
-                    if st < 0:
-                        res.error = "no-status"
-                    res.leftovers = int(word[2])
-                    if len(word) > 3 and word[3] == b"caller":
-                        res.ended_by = CALLER
-                    lingers = len(word) > 3 and word[3] == b"linger"
-                    done = reported = True
-                elif word[0] == b"E":
-                    failure = (word[1], int(word[2]), b" ".join(word[3:]).decode(
-                        "utf-8", "replace"))
-                    done = True
-    finally:
-        os.close(rep_r)
-        os.close(ctl_w)
-        if res.error == "keeper-died" and res.child is not None and not reported:
-            from ..runner import KEEPER_DIED  # the same words as `tether run`'s
+                if self._line(res, keeper, line, on_start):
+                    return
 
-            try:
-                os.write(2, (KEEPER_DIED + "\n").encode())
-            except OSError:
-                pass
-            _end_from_here(res, born)
-        # A keeper that stays (scope caller, subreaper: it keeps what the
-        # command left until the caller ends) is not waited for; once we exit
-        # it is re-parented and reaped by its new parent.
-        while not lingers:
-            try:
-                os.waitpid(keeper, 0)
-                break
-            except ChildProcessError:
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
-    if failure is not None:
-        kind, err, text = failure
-        if kind == b"exec":
-            raise OSError(err, os.strerror(err), executable)
-        raise JobRefused(text or os.strerror(err), mechanism=mechanism)
-    return res
+    def _line(self, res: "Result", keeper: int, line: bytes, on_start) -> bool:
+        """One report; whether it was the last."""
+        word = line.split(b" ", 4)
+        if word[0] == b"P":
+            res.child = int(word[1])
+            res.mechanism = word[2].decode()
+            res.child_start = int(word[3])
+            path = word[4].decode("utf-8", "surrogateescape")
+            res.cgroup = None if path == "-" else path
+            res.keeper_start = _start_ticks(keeper)  # our child: readable until reaped
+            if on_start is not None:
+                on_start(res)
+            return False
+        if word[0] == b"X":
+            st = int(word[1])
+            res.status = st if st >= 0 else None
+            if st < 0:
+                res.error = "no-status"
+            res.leftovers = int(word[2])
+            if len(word) > 3 and word[3] == b"caller":
+                res.ended_by = CALLER
+            self.lingers = len(word) > 3 and word[3] == b"linger"
+            self.reported = True
+            return True
+        if word[0] == b"E":
+            self.failure = (word[1], int(word[2]),
+                            b" ".join(word[3:]).decode("utf-8", "replace"))
+            return True
+        return False
+
+
+def _after(res: "Result", keeper: int, born: int, got: _Reports) -> None:
+    """The keeper died with the command running: say so and end the job from
+    here. Then wait for the keeper, unless it stays (scope caller, subreaper:
+    it keeps what the command left until the caller ends; once we exit it is
+    re-parented and reaped by its new parent)."""
+    if res.error == "keeper-died" and res.child is not None and not got.reported:
+        from ..runner import KEEPER_DIED  # the same words as `tether run`'s
+
+        try:
+            os.write(2, (KEEPER_DIED + "\n").encode())
+        except OSError:
+            pass
+        _end_from_here(res, born)
+    while not got.lingers:
+        try:
+            os.waitpid(keeper, 0)
+            break
+        except ChildProcessError:
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
 
 
 def _end_from_here(res: "Result", born: int) -> None:
@@ -413,8 +482,7 @@ def _end_from_here(res: "Result", born: int) -> None:
 
 # -- the keeper's side ---------------------------------------------------------------
 
-def _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
-                 blocked, owner_fd, rep_w, ctl_r, inherited, res, caller) -> None:
+def _exec_native(launch: _Launch) -> None:
     """In the forked keeper, scope ``command``: become the native keeper's
     one-command driver (``tether-keeper one``, ``_native/oneshot.c``), the
     one that the native tether-shell forks. Decided here, as the native front
@@ -424,14 +492,9 @@ def _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid, i
     from .. import cgroupfs
     from . import native
 
-    def say(line: str) -> None:
-        try:
-            os.write(rep_w, line.encode() + b"\n")
-        except OSError:
-            pass
-
+    o, res, caller, mechanism = launch.owner, launch.res, launch.caller, launch.mechanism
     _signal.set_wakeup_fd(-1)
-    for fd in inherited:  # the owner's ends
+    for fd in launch.inherited:  # the owner's ends
         os.close(fd)
     place: list[str] = []
     if mechanism in ("auto", "cgroup"):
@@ -440,42 +503,37 @@ def _exec_native(argv, executable, mechanism, grace, owner, owner_start, pgid, i
         if base is not None and loc is not None:
             place = [f"base={base}", f"mount={loc[0]}"]
         elif mechanism == "cgroup":
-            say(f"E job 0 cannot create the job (cgroup): {why}")
-            os._exit(0)
+            launch.say(f"E job 0 cannot create the job (cgroup): {why}")
+            return
     watch: list[str] = []
     if caller is not None:
         watch = [f"caller={caller[2]}:{caller[0]}:{caller[1]}"]
         os.set_inheritable(caller[2], True)
-    for fd in (rep_w, ctl_r, owner_fd):
+    for fd in (launch.rep_w, launch.ctl_r, o.fd):
         os.set_inheritable(fd, True)
-    ign = sum(1 << (s - 1) for s in ignored if 0 < s < 65)
-    args = [native.HELPER, "one", str(rep_w), str(ctl_r), str(owner_fd), str(owner),
-            str(owner_start), str(pgid), mechanism, repr(float(grace)), *place, *watch,
-            f"ign={ign:x}", f"mask={blocked:x}", "--", executable, *argv]
+    ign = sum(1 << (s - 1) for s in o.ignored if 0 < s < 65)
+    args = [native.HELPER, "one", str(launch.rep_w), str(launch.ctl_r), str(o.fd), str(o.pid),
+            str(o.start), str(o.pgid), mechanism, repr(float(launch.grace)), *place, *watch,
+            f"ign={ign:x}", f"mask={o.blocked:x}", "--", launch.executable, *launch.argv]
     env = {res.cookie_var.encode(): res.cookie.encode()}
     env.update((k, v) for k, v in os.environb.items() if k != res.cookie_var.encode())
     try:
         os.execve(native.HELPER, args, env)
     except OSError as exc:
-        say(f"E job {exc.errno or 0} cannot start the native keeper: {exc.strerror or exc}")
-        os._exit(0)
+        launch.say(f"E job {exc.errno or 0} cannot start the native keeper: "
+                   f"{exc.strerror or exc}")
 
 
-def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, ignored,
-                 owner_ignores, owner_fd, rep_w, ctl_r, inherited, res, caller) -> int:
+def _keeper_main(launch: _Launch) -> int:
     """In the forked keeper, scope ``caller``: open the job, then
     ``Keeper.run_one``."""
     from . import _keeper as kp
 
-    def say(line: str) -> None:
-        try:
-            os.write(rep_w, line.encode() + b"\n")
-        except OSError:
-            pass
-
+    o, res, caller, mechanism, say = (launch.owner, launch.res, launch.caller, launch.mechanism,
+                                      launch.say)
     _signal.set_wakeup_fd(-1)
     kp.detach_signals()
-    for fd in inherited:  # the owner's ends
+    for fd in launch.inherited:  # the owner's ends
         os.close(fd)
     try:
         os.setpgid(0, 0)
@@ -486,7 +544,7 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
     name_process(kp.KEEPER_COMM)
     caller_fd = caller[2] if caller is not None else None
     try:
-        keeper = _open_job(kp, mechanism, owner, owner_start, owner_fd, res, caller_fd)
+        keeper = _open_job(kp, mechanism, o.pid, o.start, o.fd, res, caller_fd)
     except OSError as exc:
         say(f"E job {exc.errno or 0} cannot create the job ({mechanism}): {exc.strerror or exc}")
         return 0
@@ -494,13 +552,14 @@ def _keeper_main(argv, executable, mechanism, grace, owner, owner_start, pgid, i
         say(f"E job 0 cannot create the job ({mechanism}): {exc}")
         return 0
     # What this keeper ignores now: what it inherited, and what it ignores itself.
-    keeper.ignoring = tuple(sorted((owner_ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
+    keeper.ignoring = tuple(sorted((o.ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
     from .base import with_cookie
 
     env = with_cookie(os.environ, keeper.mech.options)
     try:
-        return keeper.run_one(executable, argv, pgid=pgid, ignored=ignored, grace=grace,
-                              rep_w=rep_w, ctl_r=ctl_r, env=env, caller_fd=caller_fd)
+        return keeper.run_one(launch.executable, launch.argv, pgid=o.pgid, ignored=o.ignored,
+                              grace=launch.grace, rep_w=launch.rep_w, ctl_r=launch.ctl_r,
+                              env=env, caller_fd=caller_fd)
     except BaseException:
         # Never leave the job running on a keeper bug: end it, then say so.
         try:
