@@ -18,6 +18,10 @@ import sys
 import tempfile
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .identity import Identity
+
 # technique -> shell snippet; each writes "<name> <pid>" of the process to watch to $F
 TECHNIQUES: dict[str, tuple[str, str]] = {
     "child": ("plain child", 'echo "child $$" >> "$F"; exec sleep 300'),
@@ -106,59 +110,11 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
         # The pids were written by the processes themselves: inside a PID
         # namespace that is their inner pid. Map each to the outer pid through
         # NSpid, among the processes carrying this demo's marker (never others).
-        ours = _ours(born, f)
-        pids = _read_pids(f)
-        watched: dict[str, identity.Identity] = {}
-        for name in TECHNIQUES:
-            pid = _hop_pid(f) if name == "hopper" else pids.get(name)
-            outer = ours.get(pid) if pid else None
-            if name == "hopper" and outer is None:
-                for _ in range(20):  # it hopped while we looked: look again
-                    ours = _ours(born, f)
-                    pid = _hop_pid(f)
-                    outer = ours.get(pid) if pid else None
-                    if outer:
-                        break
-                    time.sleep(0.005)
-            ident = identity.read(outer) if outer else None
-            if ident is not None:
-                watched[name] = ident
+        watched = _watched(born, f)
         t0 = time.monotonic()
         owner.kill()
         owner.wait()
-        death: dict[str, float | None] = {n: None for n in watched}
-        hop_dead_at: float | None = None
-        hop_last = _hop_pid(f)
-        last_hop_check = 0.0
-        while time.monotonic() - t0 < timeout:
-            now = time.monotonic()
-            for name, ident in watched.items():
-                if death[name] is not None:
-                    continue
-                if name == "hopper":
-                    if now - last_hop_check < 0.02:
-                        continue
-                    last_hop_check = now
-                    # A hopper's pid changes every ~20 ms: it is dead when the last pid
-                    # it wrote is dead and no new one appeared for 400 ms (it hops every 200 ms).
-                    cur = _hop_pid(f)
-                    if cur != hop_last:
-                        hop_last, hop_dead_at = cur, None
-                    outer = _ours(born, f).get(cur) if cur else None
-                    alive = outer is not None and any(
-                        identity.is_alive(i) for i in [identity.read(outer)] if i is not None)
-                    if alive:
-                        hop_dead_at = None
-                    elif hop_dead_at is None:
-                        hop_dead_at = now
-                    elif now - hop_dead_at > 0.4:
-                        death[name] = (hop_dead_at - t0) * 1000
-                    continue
-                if not identity.is_alive(ident):
-                    death[name] = (now - t0) * 1000
-            if all(v is not None for v in death.values()):
-                break
-            time.sleep(0.001)
+        death = _deaths(watched, born, f, t0, timeout)
         results = []
         for name, (label, _) in TECHNIQUES.items():
             ms = death.get(name)
@@ -193,14 +149,86 @@ def run_tree(mechanism: str = "auto", control: bool = False, timeout: float = 3.
         except OSError:
             pass
         if sys.platform.startswith("linux") and not control:
-            # A cgroup job whose owner died is ended from inside by its keeper,
-            # which leaves the empty cgroup directories for the next job to
-            # remove: do it now, the demo's owner is gone.
-            from . import cgroupfs
+            _remove_stale_run_dirs()
 
-            base, _why = cgroupfs.base_dir()
-            if base is not None:
-                cgroupfs.remove_stale_run_dirs(base)
+
+def _watched(born: int, f: str) -> dict[str, Identity]:
+    """Each technique's process. The pids were written by the processes
+    themselves: inside a PID namespace that is their inner pid. Each is mapped
+    to the outer pid through NSpid, among the processes carrying this demo's
+    marker (never others)."""
+    from . import identity
+
+    ours = _ours(born, f)
+    pids = _read_pids(f)
+    watched: dict[str, Identity] = {}
+    for name in TECHNIQUES:
+        pid = _hop_pid(f) if name == "hopper" else pids.get(name)
+        outer = ours.get(pid) if pid else None
+        if name == "hopper" and outer is None:
+            for _ in range(20):  # it hopped while we looked: look again
+                ours = _ours(born, f)
+                pid = _hop_pid(f)
+                outer = ours.get(pid) if pid else None
+                if outer:
+                    break
+                time.sleep(0.005)
+        ident = identity.read(outer) if outer else None
+        if ident is not None:
+            watched[name] = ident
+    return watched
+
+
+def _deaths(watched: dict[str, Identity], born: int, f: str, t0: float,
+            timeout: float) -> dict[str, float | None]:
+    """Milliseconds from the owner's kill (at ``t0``) to each watched
+    process's death, None for one still alive after ``timeout``."""
+    from . import identity
+
+    death: dict[str, float | None] = {n: None for n in watched}
+    hop_dead_at: float | None = None
+    hop_last = _hop_pid(f)
+    last_hop_check = 0.0
+    while time.monotonic() - t0 < timeout:
+        now = time.monotonic()
+        for name, ident in watched.items():
+            if death[name] is not None:
+                continue
+            if name == "hopper":
+                if now - last_hop_check < 0.02:
+                    continue
+                last_hop_check = now
+                # A hopper's pid changes every ~20 ms: it is dead when the last pid
+                # it wrote is dead and no new one appeared for 400 ms (it hops every 200 ms).
+                cur = _hop_pid(f)
+                if cur != hop_last:
+                    hop_last, hop_dead_at = cur, None
+                outer = _ours(born, f).get(cur) if cur else None
+                alive = outer is not None and any(
+                    identity.is_alive(i) for i in [identity.read(outer)] if i is not None)
+                if alive:
+                    hop_dead_at = None
+                elif hop_dead_at is None:
+                    hop_dead_at = now
+                elif now - hop_dead_at > 0.4:
+                    death[name] = (hop_dead_at - t0) * 1000
+                continue
+            if not identity.is_alive(ident):
+                death[name] = (now - t0) * 1000
+        if all(v is not None for v in death.values()):
+            break
+        time.sleep(0.001)
+    return death
+
+
+def _remove_stale_run_dirs() -> None:
+    """Empty cgroup run directories a job's keeper could not remove (one that
+    died first) are removed now: the demo's owner is gone."""
+    from . import cgroupfs
+
+    base, _why = cgroupfs.base_dir()
+    if base is not None:
+        cgroupfs.remove_stale_run_dirs(base)
 
 
 def _ours(born: int, marker: str) -> dict[int, int]:
