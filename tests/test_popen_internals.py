@@ -3,7 +3,7 @@ pinned on the running Python, so that a Python that changes one fails here (CI
 runs this file on the lowest and the highest CPython it claims:
 scripts/pythons-tests.sh), not on a user's machine.
 
-POSIX (platform/posix.py, ``JobPopen``): ``Popen.__init__`` calls
+POSIX (platform/posix_popen.py, ``JobPopen``): ``Popen.__init__`` calls
 ``self._execute_child`` with its arguments by position, in the order our
 override names them; ``poll()`` and ``__del__`` go through
 ``self._internal_poll(_deadstate=...)``, ``wait()`` through

@@ -974,19 +974,20 @@ def test_audit_rotates_by_size_and_loses_nothing(procs, ts, env):
 
 
 def test_log_constants_have_one_source():
-    # The shell's append-only writers (shell.py, shell.c) take what tether.audit
+    # The shell's append-only writers (shell_log.py, shell.c) take what tether.audit
     # and tether.runs use from tether._constants (shell.c through the header
     # generated from it): no value of them is written out a second time.
     import re
 
     from tether import _constants as k
-    from tether import audit, records, shell
+    from tether import audit, records, shell_log
 
     assert (audit.PRUNE_EVERY, audit.DEFAULT_MAX_BYTES, audit.DEFAULT_FILENAME) == \
         (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.AUDIT_FILE)
-    assert (shell._PRUNE_EVERY, shell.DEFAULT_LOG_MAX_BYTES, shell.START_ROOM) == \
+    assert (shell_log._PRUNE_EVERY, shell_log.DEFAULT_LOG_MAX_BYTES, shell_log.START_ROOM) == \
         (k.AUDIT_PRUNE_EVERY, k.AUDIT_MAX_BYTES, k.SHELL_LOG_START_ROOM)
-    assert (shell.SHELL_JOB, shell.SHELL_SCOPE_JOB) == (records.SHELL_JOB, records.SHELL_SCOPE_JOB) == \
+    assert (shell_log.SHELL_JOB, shell_log.SHELL_SCOPE_JOB) == \
+        (records.SHELL_JOB, records.SHELL_SCOPE_JOB) == \
         (k.SHELL_JOB, k.SHELL_SCOPE_JOB)
     with open(os.path.join(ROOT, "src", "tether", "_native", "shell.c")) as f:
         c = f.read()

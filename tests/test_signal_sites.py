@@ -50,7 +50,7 @@ ALLOWED_PY = {
     ("identity.py", "group_has_members", "os.killpg"): "signal 0: has the group a member",
     # The caller's own child, through the pidfd the keeper handed over (it
     # pins the child until it is reaped).
-    ("platform/posix.py", "send_signal", "signal.pidfd_send_signal"): "own child's pidfd",
+    ("platform/posix_popen.py", "send_signal", "signal.pidfd_send_signal"): "own child's pidfd",
     # tether init: its own child CMD, which leads the group init made for it.
     ("init.py", "forward", "os.killpg"): "own child's group (CMD leads it: init made it so)",
     ("init.py", "forward", "os.kill"): "own unreaped child",

@@ -1,8 +1,10 @@
 """The spawn-audit log: JSON Lines, one record per event, rotated by size,
 kept by count and age, read back across every rotated copy.
 
-A leaf module: standard library only (plus ``tether.errors``). Nothing here
-is imported by tether unless the audit is turned on.
+A leaf module: standard library only (plus ``tether.errors``, and the two
+leaves split from it: :mod:`tether.statedir`, where the log lives and which
+directories and files are refused, and :mod:`tether.audit_fields`). Nothing
+here is imported by tether unless the audit is turned on.
 
 Files (in the state directory, default :func:`default_state_dir`)::
 
@@ -10,53 +12,11 @@ Files (in the state directory, default :func:`default_state_dir`)::
     audit.jsonl.1      the previous one ... audit.jsonl.N (oldest)
     audit.jsonl.lock   flock'ed only while rotating (writers) or opening (readers)
 
-Record schema (version ``SCHEMA_VERSION`` = 1). Every record is one JSON
-object on one line; ``v``, ``ts`` and ``event`` are always present, the rest
-only where known (absent rather than null). Readers must ignore fields they do
-not know and must accept records whose ``v`` is greater than theirs.
-
-=============  ==========  ====================================================
-field          type        meaning
-=============  ==========  ====================================================
-v              int         schema version of the writer
-ts             float       wall-clock time of the event, epoch seconds
-event          str         one of :data:`EVENTS`
-run            str         id of one owner's run (:func:`new_run_id`)
-owner          object      ``{"pid": int, "start": "ticks@bootid"}`` of the owner
-job            str         job id, unique within its run
-session        str         optional caller key (a host's session id)
-pid            int         the process the event is about
-start          str         its start-time token ``"ticks@bootid"``
-boot           str         boot id the start ticks belong to
-pgid, sid      int         process group and session at spawn
-uid            int         real uid of the process
-mechanism      str         ``cgroup``, ``subreaper``, ``pgroup``, ``pidns``, ...
-in_job         bool        the process was placed inside the job
-background     bool        meant to outlive its owner (never reaped)
-detached       bool        launched to survive on purpose (never reaped)
-cgroup         str         the job's cgroup path, when the mechanism has one
-status         int         exit status (``exit``); negative = killed by signal
-app            str         host application name, optional
-label          str         the app's own name for a spawned process, optional
-argv           [str]       ONLY when the caller opted in for that spawn
-argv_truncated int         argv was cut to fit a line; original arg count
-error          str         for ``error`` records: what went wrong
-lost           int         for ``error``/``audit-gap``/``audit-carry-loss``:
-                           records lost
-tasks          [object]    for ``tasks`` records: a session's live tasks now,
-                           ``{"id", "label", "kind", "started", "ticks",
-                           "said", "ambient", "pids": [[pid, ticks], ...]}``
-carried        bool        a copy a rotation carried forward from a deleted
-                           rotated copy (the original is gone); see Rotation
-late           bool        a kept ``run-start``/``job-open`` written after a
-                           failed write of it; see Trouble
-runs, kept     [str], int  for ``audit-gap``: runs of the lost records, and
-                           how many late records follow it
-=============  ==========  ====================================================
-
-Metadata only: the writer never adds command text, arguments or environment
-values by itself. A caller that wants the argv of one spawn passes
-``record_argv=`` to :func:`spawn_fields` for that spawn.
+Records. One JSON object per line; ``v`` (``SCHEMA_VERSION``), ``ts`` and
+``event`` always, the rest only where known. The schema, and the builders of
+a record's fields (:func:`new_run_id`, :func:`owner_fields`,
+:func:`spawn_fields`), are in :mod:`tether.audit_fields`. Metadata only: no
+argv unless the caller asks for it for one spawn (``record_argv=``).
 
 Writing. :meth:`AuditWriter.write` encodes one line and hands it to ONE
 ``os.write`` on an ``O_APPEND | O_CLOEXEC`` descriptor. On a local regular
@@ -130,10 +90,25 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tether.errors import TetherError
+from .audit_fields import EVENTS, SCHEMA_VERSION, new_run_id, owner_fields, spawn_fields
+from .statedir import (
+    _DIR_FD,
+    _O_BINARY,
+    _O_CLOEXEC,
+    _O_NOFOLLOW,
+    _O_NONBLOCK,
+    _WINDOWS,
+    AuditDirError,
+    _open_dir,
+    check_dir,
+    default_state_dir,
+    file_refusal,
+    resolve_state_dir,
+    state_dir_arg,
+)
 
 if TYPE_CHECKING:  # annotations only: typing and dataclasses cost start-up time
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping
     from typing import Any
 
     from .audit_read import ReadStats, iter_records, log_files, read_records
@@ -159,9 +134,6 @@ __all__ = [
     "spawn_fields",
 ]
 
-SCHEMA_VERSION = 1
-EVENTS = ("run-start", "job-open", "spawn", "exit", "job-close", "run-end", "reap", "error",
-          "tasks")
 #: Records a failed write keeps in memory and writes first on the next write
 #: that works (or at close): they hold what proves a job's processes later
 #: (the owner, the job's cookie and keeper), which nothing else records.
@@ -182,266 +154,8 @@ DEFAULT_KEEP_DAYS = 14
 # The longest line a reader accepts, and so the longest line a writer writes.
 MAX_LINE = 64 * 1024
 
-_WINDOWS = sys.platform == "win32"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOINHERIT", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_O_BINARY = getattr(os, "O_BINARY", 0)
-# Every open of a log file, a rotated copy or the lock file is non-blocking
-# (a FIFO planted there must never hang anything) and never follows a link;
-# what it opened is checked through the fd before a byte is read or written.
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-# Directory-relative syscalls close the window in which the checked directory
-# could be swapped for a symlink; Windows has none, it uses paths.
-_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and not _WINDOWS
 _READ_BLOCK = 256 * 1024
 _LOCK_TRIES = 10  # x 5 ms: a rotation never waits long on a stopped process
-#: Seconds after a prune (the lock file's mtime) when the native tether-shell,
-#: which never prunes, hands its start to the Python one, whose writer does.
-
-
-class AuditDirError(TetherError):
-    """The audit directory is unsafe to use (symlink, other owner, writable by others)."""
-
-
-# --------------------------------------------------------------------------
-# where the log lives
-
-
-def state_dir_arg(value: str | os.PathLike[str], what: str = "--state-dir") -> Path:
-    """A state directory given by the user, checked: not empty, absolute (a
-    relative one would follow whatever directory each process runs in).
-    ``~`` is expanded. Raises :class:`tether.errors.UsageError` otherwise."""
-    from .errors import UsageError
-
-    text = os.fspath(value)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    if not text.strip():
-        raise UsageError(f"{what} must not be empty")
-    p = Path(text).expanduser()
-    if not p.is_absolute():
-        raise UsageError(f"{what} must be an absolute path, not {text!r}")
-    return p
-
-
-def resolve_state_dir(value: str | os.PathLike[str]) -> Path:
-    """A state directory given through the API: a relative one resolved once,
-    against the current directory (a later ``chdir`` must not move the log
-    or a host's locks). An empty or blank one is a ``ValueError``: it would
-    be the current directory, silently (say, a setting left unset), or a
-    directory named by blanks in it."""
-    text = os.fspath(value)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    if not text.strip():
-        raise ValueError(f"state_dir must not be empty or blank, not {text!r} "
-                         "(None: the default)")
-    return Path(os.path.abspath(text))
-
-
-def default_state_dir() -> Path:
-    """``$TETHER_STATE_DIR``, else ``$XDG_STATE_HOME/tether``, else
-    ``~/.local/state/tether`` (Windows: ``%LOCALAPPDATA%\\tether``).
-    A relative ``$TETHER_STATE_DIR`` is a :class:`tether.errors.UsageError`
-    (an empty one means unset)."""
-    env = os.environ.get("TETHER_STATE_DIR")
-    if env:
-        return state_dir_arg(env, "TETHER_STATE_DIR")
-    if _WINDOWS:
-        base = os.environ.get("LOCALAPPDATA")
-        if base:
-            return Path(base) / "tether"
-        return Path.home() / "AppData" / "Local" / "tether"
-    xdg = os.environ.get("XDG_STATE_HOME")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "tether"
-    return Path.home() / ".local" / "state" / "tether"
-
-
-_ACL_XATTR = "system.posix_acl_access"
-_ACL_USER, _ACL_GROUP, _ACL_WRITE = 0x02, 0x08, 0x02
-
-
-def _acl_grants_write(target: int | str | Path) -> bool:
-    """Whether a POSIX ACL on ``target`` (an fd or a path) gives a named user
-    or group write access. Its binary form: a 4-byte version, then 8-byte
-    entries (tag u16, perm u16, id u32). The ACL mask is not applied: an
-    entry that would grant write once the mask is widened is refused too."""
-    getxattr = getattr(os, "getxattr", None)
-    if getxattr is None:
-        return False
-    try:
-        raw = getxattr(target, _ACL_XATTR) if isinstance(target, int) else \
-            getxattr(os.fspath(target), _ACL_XATTR, follow_symlinks=False)
-    except OSError:  # ENODATA: no ACL; ENOTSUP: a file system without them
-        return False
-    euid = os.geteuid()
-    for off in range(4, len(raw) - 7, 8):
-        tag = int.from_bytes(raw[off:off + 2], "little")
-        perm = int.from_bytes(raw[off + 2:off + 4], "little")
-        ident = int.from_bytes(raw[off + 4:off + 8], "little")
-        if perm & _ACL_WRITE and (tag == _ACL_GROUP or (tag == _ACL_USER and ident != euid)):
-            return True
-    return False
-
-
-def file_refusal(st: os.stat_result, fd: int | None = None) -> str | None:
-    """Why an opened log file, rotated copy or lock file (its fstat, and its
-    fd for the ACL) must not be read or written, or None: it is not a regular
-    file (a FIFO, a socket, a device), another user owns it, or another user
-    can write it (group/other mode bits, or an ACL)."""
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if _WINDOWS:
-        return None
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}"
-    if st.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    if fd is not None and _acl_grants_write(fd):
-        return "an ACL lets another user write it"
-    return None
-
-
-def _refusal(path: Path | str, st: os.stat_result) -> str | None:
-    """Why a directory with this (l)stat must not hold the audit log, or None."""
-    if stat.S_ISLNK(st.st_mode):
-        return f"audit directory {path} is a symbolic link; refusing to use it"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"audit directory {path} is not a directory"
-    if _WINDOWS:
-        return None  # owner and mode bits mean nothing there; ACLs are out of scope
-    euid = os.geteuid()
-    if st.st_uid != euid:
-        return (
-            f"audit directory {path} is owned by uid {st.st_uid}, not by this user "
-            f"(uid {euid}); refusing to use it"
-        )
-    if st.st_mode & 0o022:
-        return (
-            f"audit directory {path} is writable by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}); refusing to use it (chmod 700 it)"
-        )
-    if _acl_grants_write(path):
-        return (f"audit directory {path} has an ACL that lets another user write it; "
-                "refusing to use it (setfacl -b it)")
-    return None
-
-
-def check_dir(path: str | os.PathLike[str], *, create: bool = True) -> Path:
-    """Return *path* as a Path if it is safe to hold the audit log.
-
-    Creates it (mode 0700, parents with the default mode) when missing and
-    *create* is true. Raises :class:`AuditDirError` for a directory that is a
-    symlink, owned by another user, or group/other-writable, and
-    ``FileNotFoundError`` (an OSError) when missing and *create* is false.
-    Other OSErrors (a read-only parent, ...) propagate.
-    """
-    p = Path(path)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        if not create:
-            raise
-        os.makedirs(p, mode=0o700, exist_ok=True)
-        st = os.lstat(p)
-    why = _refusal(p, st)
-    if why:
-        raise AuditDirError(why)
-    return p
-
-
-def _open_dir(path: Path) -> int:
-    """An fd on the checked directory, verified through the fd itself."""
-    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
-    try:
-        why = _refusal(path, os.fstat(fd))
-    except BaseException:
-        os.close(fd)
-        raise
-    if why:
-        os.close(fd)
-        raise AuditDirError(why)
-    return fd
-
-
-# --------------------------------------------------------------------------
-# record helpers
-
-
-def new_run_id() -> str:
-    """A fresh run id: sortable by time, unique without coordination."""
-    import secrets
-
-    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def owner_fields(pid: int, start: str | None) -> dict[str, Any]:
-    """The ``owner`` value: ``{"pid": pid, "start": "ticks@bootid"}``."""
-    return {"pid": int(pid), "start": start}
-
-
-def spawn_fields(
-    *,
-    pid: int | None = None,
-    start: str | None = None,
-    boot: str | None = None,
-    pgid: int | None = None,
-    sid: int | None = None,
-    uid: int | None = None,
-    identity: Any = None,
-    job: str | None = None,
-    session: str | None = None,
-    mechanism: str | None = None,
-    in_job: bool | None = None,
-    background: bool | None = None,
-    detached: bool | None = None,
-    cgroup: str | None = None,
-    app: str | None = None,
-    record_argv: Sequence[str | bytes] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Fields of a ``spawn`` record, None values left out.
-
-    *identity* (a ``tether.identity.Identity``) fills pid/start/boot/pgid/
-    sid/uid; explicit arguments win. *record_argv* is the per-spawn opt-in to
-    keep the command line in the log: without it no argv is recorded, and the
-    writer never records one by itself. Bytes arguments are decoded with
-    ``os.fsdecode`` (undecodable bytes become ``\\udcXX`` escapes in JSON).
-    """
-    if identity is not None:
-        token = identity.token() if hasattr(identity, "token") else None
-        pid = identity.pid if pid is None else pid
-        start = token if start is None else start
-        boot = getattr(identity, "boot", None) if boot is None else boot
-        pgid = getattr(identity, "pgid", None) if pgid is None else pgid
-        sid = getattr(identity, "sid", None) if sid is None else sid
-        uid = getattr(identity, "uid", None) if uid is None else uid
-        if uid is not None and uid < 0:
-            uid = None  # Identity's "not read" marker
-    rec: dict[str, Any] = {
-        "job": job,
-        "session": session,
-        "pid": pid,
-        "start": start,
-        "boot": boot,
-        "pgid": pgid,
-        "sid": sid,
-        "uid": uid,
-        "mechanism": mechanism,
-        "in_job": in_job,
-        "background": background,
-        "detached": detached,
-        "cgroup": cgroup,
-        "app": app,
-    }
-    rec.update(extra)
-    out = {k: v for k, v in rec.items() if v is not None}
-    if record_argv is not None:
-        out["argv"] = [a if isinstance(a, str) else os.fsdecode(a) for a in record_argv]
-    return out
 
 
 # --------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 every rotated copy, in bounded memory, whatever the files hold.
 
 Split from :mod:`tether.audit`, which keeps what a writer needs (the writer,
-the state directory's rules, the record fields, the file names and the line
-splitting both sides use). A program that only writes the log (tether-shell,
+the file names and the line splitting both sides use; the state directory's
+rules are :mod:`tether.statedir`'s, the record fields
+:mod:`tether.audit_fields`'). A program that only writes the log (tether-shell,
 a job) never loads this module; ``tether.audit`` still offers these names
 (``audit.read_records``), importing this module on first use.
 

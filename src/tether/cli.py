@@ -130,7 +130,7 @@ def _main(argv: list[str]) -> int:
             except UsageError as e:
                 print(f"tether run: {e}", file=sys.stderr)
                 return EXIT_TETHER_FAILURE
-        from .runner import session_args
+        from .runner_session import session_args
 
         session = session_args(state_dir, args.app, args.session, args.label, args.take_over,
                                args.report, args.report_fd)

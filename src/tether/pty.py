@@ -13,6 +13,14 @@ For apps that relay a terminal (an agent's shell, a user's terminal tab) over
 a connection. See docs/pty.md for the close lifecycle, the concurrency rules
 and the measured numbers.
 
+This module holds the session: its terminal, output pump, input and close
+steps. Three parts live beside it, and their public names import from here
+too: :mod:`tether.pty_reader` (``Reader``, the readers of the output, and
+``OutputTimeout``/``OutputEnded``), :mod:`tether.pty_capture` (which
+processes are the session's: the close's bounded capture, the proof its
+signals carry, ``COOKIE_VAR``) and :mod:`tether.pty_close` (``CloseResult``,
+``CloseOperation``).
+
 How the program gets the terminal as its controlling terminal: the job's
 keeper starts it in a new session (``setsid``) with the slave as
 stdin/stdout/stderr, but a received fd does not become a controlling
@@ -45,15 +53,19 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import environ, gate, identity, proctree, sparse_capture
+from . import gate, identity, sparse_capture
 from .capture import Capture
 from .ending import DEFAULT_GRACE, check_grace, end
 from .errors import SignalRefused, TetherError
 from .identity import Identity
 from .job import Job
+from .pty_capture import CAPTURE_MEM_CAP as CAPTURE_MEM_CAP
+from .pty_capture import CAPTURE_TIME_CAP as CAPTURE_TIME_CAP
+from .pty_capture import COOKIE_VAR, _SessionCapture
+from .pty_close import CloseOperation, CloseResult
+from .pty_reader import OutputEnded, OutputTimeout, Reader
 
 __all__ = [
     "PtySession",
@@ -67,16 +79,6 @@ __all__ = [
     "COOKIE_VAR",
 ]
 
-#: Environment variable that tags every process of a session. A double-forked
-#: daemon that escaped parentage, group and session still carries it, so the
-#: close capture can find it even under the ``pgroup`` mechanism (the same
-#: idea as Jenkins' ProcessTreeKiller cookie). Only processes born after the
-#: session started, of our own uid, are ever looked at.
-COOKIE_VAR = "TETHER_PTY_SESSION"
-
-CAPTURE_TIME_CAP = 1.0
-CAPTURE_MEM_CAP = 32 * 2**20
-
 OPEN, CLOSING, CLOSED = "open", "closing", "closed"
 
 
@@ -87,185 +89,6 @@ class SessionClosing(TetherError):
 class SessionClosed(SessionClosing):
     """The session is closed. A subclass of :class:`SessionClosing`, so code
     that catches the latter also refuses attachments to a finished session."""
-
-
-# --------------------------------------------------------------------------
-# Readers
-
-
-class Reader:
-    """One attached consumer of the session's output.
-
-    Each reader has its own buffer of at most ``max_buffer`` bytes; when a
-    slow reader falls that far behind, its oldest bytes are dropped (counted
-    in ``dropped``) so that it never stalls the program or the other readers.
-    """
-
-    def __init__(self, session: PtySession | None, max_buffer: int) -> None:
-        self._session = session
-        self._max = max(1, int(max_buffer))
-        self._cond = threading.Condition()
-        self._buf = bytearray()
-        self._eof = False
-        self._detached = False
-        self.dropped = 0
-
-    # fed by the session's pump thread
-    def _feed(self, data: bytes) -> None:
-        with self._cond:
-            if self._detached:
-                return
-            self._buf += data
-            over = len(self._buf) - self._max
-            if over > 0:
-                del self._buf[:over]
-                self.dropped += over
-            self._cond.notify_all()
-
-    def _end(self) -> None:
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    @property
-    def eof(self) -> bool:
-        """True once the output has ended (or the reader was detached) and
-        everything buffered has been read."""
-        with self._cond:
-            return (self._eof or self._detached) and not self._buf
-
-    @property
-    def attached(self) -> bool:
-        return not self._detached
-
-    def read(self, timeout: float | None = None) -> bytes:
-        """Whatever output is buffered (at least one byte), waiting for some.
-
-        Returns ``b""`` at the end of the output (the session closed, the
-        program and everything holding the terminal exited, or this reader
-        was detached). Raises ``TimeoutError`` when ``timeout`` seconds pass
-        with nothing to read.
-        """
-        with self._cond:
-            ok = self._cond.wait_for(lambda: self._buf or self._eof or self._detached, timeout)
-            if not ok:
-                raise TimeoutError(f"no output within {timeout} s")
-            data = bytes(self._buf)
-            self._buf.clear()
-            return data
-
-    def read_until(self, needle: bytes, timeout: float) -> bytes:
-        """Read until ``needle`` has appeared; return everything read (the
-        bytes after the needle stay buffered). :class:`OutputTimeout` (a
-        ``TimeoutError``) if it does not appear in time, :class:`OutputEnded`
-        (an ``EOFError``) if the output ends first; either carries what was
-        read so far (``.data``, also ``.args[1]``)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                i = self._buf.find(needle)
-                if i >= 0:
-                    end = i + len(needle)
-                    data = bytes(self._buf[:end])
-                    del self._buf[:end]
-                    return data
-                if self._eof or self._detached:
-                    data = bytes(self._buf)
-                    self._buf.clear()
-                    raise OutputEnded(f"output ended before {needle!r}", data)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OutputTimeout(f"{needle!r} not seen within {timeout} s", bytes(self._buf))
-                self._cond.wait(left)
-
-    def detach(self) -> None:
-        """Stop receiving output. Idempotent. A blocked ``read`` returns what
-        is buffered, then ``b""``."""
-        with self._cond:
-            self._detached = True
-            self._cond.notify_all()
-        s = self._session
-        if s is not None:
-            s._remove_reader(self)
-
-    close = detach
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.detach()
-
-
-# --------------------------------------------------------------------------
-# The result of a close
-
-
-@dataclass
-class CloseResult:
-    """What a close did. Every list holds identities (pid + start + boot), so
-    a PID that the kernel reuses later is never confused with these.
-
-    ``captured``: the session's processes found by the close's bounded
-    capture (the root excluded). ``terminated``: captured processes (and the
-    root) that were gone before the grace ended. ``killed``: those SIGKILLed
-    after the grace and the identity recheck. ``refused``: (identity, reason)
-    pairs the identity layer would not signal. ``failed``: (identity, signal,
-    error) for signals that failed after their retries (identity None: the
-    job's close failed and the root was never read). ``survivors``:
-    captured processes still running when the close gave up waiting (empty
-    when all went well; the session then keeps its owner record).
-    ``left_running`` (graceful only): processes the hang-up left alive, which
-    stay in the session's job.
-    """
-
-    mode: str
-    root: Identity | None = None
-    captured: list[Identity] = field(default_factory=list)
-    terminated: list[Identity] = field(default_factory=list)
-    killed: list[Identity] = field(default_factory=list)
-    refused: list[tuple[Identity, str]] = field(default_factory=list)
-    failed: list[tuple[Identity | None, int, str]] = field(default_factory=list)
-    survivors: list[Identity] = field(default_factory=list)
-    left_running: list[Identity] = field(default_factory=list)
-    capture_complete: bool = True
-    capture_reason: str = ""
-    capture_ms: float = 0.0
-    job_ended: bool = False
-    returncode: int | None = None
-    elapsed: float = 0.0
-    error: BaseException | None = None
-
-    @property
-    def ok(self) -> bool:
-        """No error, and nothing captured is left running."""
-        return self.error is None and not self.survivors
-
-
-class CloseOperation:
-    """A pending or finished close; every ``close()`` call during it joins it."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self._done = threading.Event()
-        self._result: CloseResult | None = None
-        # A graceful close that an immediate one joined: it turns immediate.
-        self._escalate = threading.Event()
-        self._sealed = False  # past the last point where it could still turn
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self, timeout: float | None = None) -> CloseResult:
-        """The close's result, waiting for it; ``TimeoutError`` if not in time."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"close not finished within {timeout} s")
-        assert self._result is not None
-        return self._result
-
-    def _finish(self, result: CloseResult) -> None:
-        self._result = result
-        self._done.set()
 
 
 # --------------------------------------------------------------------------
@@ -322,29 +145,7 @@ def _check_runnable(exe: str, cwd: str | os.PathLike[str] | None, env: dict[str,
     raise OSError(err, os.strerror(err), exe)
 
 
-class _CarriesData(Exception):
-    """Reads as its message, and carries what was read (``.data``, also
-    ``.args[1]``): given both as arguments, an OSError such as TimeoutError
-    printed ``[Errno <message>] <data>``, an EOFError a tuple."""
-
-    def __init__(self, message: str, data: bytes) -> None:
-        super().__init__(message)
-        self.args = (message, data)
-        self.data = data
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class OutputTimeout(_CarriesData, TimeoutError):
-    """``Reader.read_until``: the needle did not appear in time."""
-
-
-class OutputEnded(_CarriesData, EOFError):
-    """``Reader.read_until``: the output ended before the needle."""
-
-
-class PtySession:
+class PtySession(_SessionCapture):
     """A program on a real pseudo-terminal, inside its own tether ``Job``.
 
     ``argv``: the program (searched in ``PATH`` of ``env``). ``env``: its
@@ -721,204 +522,7 @@ class PtySession:
                         pass
             op._finish(res)
 
-    # steps ----------------------------------------------------------------------
-    def capture(self) -> tuple[list[Identity], Capture]:
-        """One bounded capture of the session's processes (the root
-        excluded): see :meth:`close`. Read-only; safe to call any time.
-
-        Where the session's job holds every process it started (a cgroup;
-        a subreaper or PID-namespace keeper that is alive, to which every
-        orphan of the job is re-parented), the job is read, not the machine:
-        its cost follows the session, not the number of processes running.
-        Elsewhere (``pgroup``, a dead keeper) the whole table is captured
-        and walked by descent, session, group and cookie."""
-        if self._job_holds_all():
-            found_job, cap = self._from_job(self._capture_job())
-            self._proven: tuple[frozenset[int], frozenset[int]] = (
-                frozenset(), frozenset(i.pid for i in found_job) | {self.pid} | self._keeper_pids())
-            return found_job, cap
-        self._capture_last = proctree.last_pid()[0]  # before it: see _seed_job_close
-        cap = self._capture(time_cap=CAPTURE_TIME_CAP, mem_cap=CAPTURE_MEM_CAP,
-                            born_after=self.born_after)
-        born = self.born_after
-        root_pid = self.pid
-        found: dict[int, Identity] = {}
-        excluded = {root_pid}
-        keepers = self._keeper_pids()
-        excluded |= keepers
-        needle = f"{COOKIE_VAR}={self.token}".encode()
-        env_known: dict[tuple[int, int], bool] = {}
-
-        def carries(i: Identity) -> bool:
-            # each process's environment is read at most once per capture
-            k = (i.pid, i.start)
-            if k not in env_known:
-                env_known[k] = bool(environ.environ_has(i.pid, needle))
-            return env_known[k]
-
-        def add(idents: Iterable[Identity]) -> list[Identity]:
-            new = [i for i in idents if i.pid not in found and i.pid not in excluded]
-            for i in new:
-                found[i.pid] = i
-            return new
-
-        # Seeds. Still-parented descendants of the root, in any group or
-        # session, and the root's own session and group (even if the root
-        # has exited by itself: its session outlives it) - but only while the
-        # root's pid is still the session's: once the root is reaped and its
-        # session empty, a stranger may be handed that pid (even within the
-        # same clock tick, when pid + start + boot match). So they are used
-        # only if the root itself, or a member of its session or group,
-        # carries the session's cookie.
-        seeds = (cap.descendants([root_pid], born_after=born) + cap.by_session(root_pid, born)
-                 + cap.by_pgid(root_pid, born))
-        cur = cap.get(root_pid)
-        live_root = (cur is not None and self.root is not None and cur.start == self.root.start
-                     and cur.state not in ("Z", "X", "x"))
-        proven_groups: set[int] = set()
-        if (cur is not None and live_root and carries(cur)) or any(
-                carries(i) for i in seeds if i.pid != root_pid and i.state not in ("Z", "X", "x")
-                and (i.sid == root_pid or i.pgid == root_pid)):
-            add(seeds)
-            proven_groups.add(root_pid)
-        # Escapees that left parentage, group and session (double fork +
-        # setsid) but kept the environment: the cookie. An orphan is
-        # re-parented to the nearest living subreaper among its ancestors, or
-        # to init: the keeper, this process or one of its ancestors - so only
-        # those orphans need their environment read (their own children are
-        # found by the descendant walk below). Same uid only, born after the
-        # session started, within the capture's own time budget.
-        me_uid = os.geteuid()
-        adopters = identity.own_ancestors() | keepers
-        deadline = time.monotonic() + max(0.0, CAPTURE_TIME_CAP - cap.elapsed)
-        for ident in cap.adopted(adopters):
-            if ident.pid in found or ident.pid in excluded:
-                continue
-            if me_uid != 0 and ident.uid != me_uid:
-                continue
-            if time.monotonic() > deadline:
-                cap.complete = False
-                cap.reason = cap.reason or "time cap reached while reading environments"
-                break
-            if carries(ident):
-                add([ident])
-        # What the mechanism itself knows to be in the job (cgroup members,
-        # subreaper orphans), read fresh. Not for pgroup: its member list is a
-        # second full capture that finds nothing the walks above miss.
-        if self.job is not None and not self.job.closed and self.mechanism != "pgroup":
-            add(m for m in self._job_members(cap) if m.start >= born)
-        # Closure: the descendants of everything found, and every session and
-        # process group a found process is in. Those are the session's own: a
-        # process enters a session only by inheritance and a group only within
-        # its session, and a group's or session's id (its first leader's
-        # pid) is not reused while it has members. Still bounded to processes
-        # born after the session started.
-        seen_ids: set[tuple[int, int]] = set()
-        frontier = list(found.values())
-        for _ in range(256):
-            if not frontier:
-                break
-            new = add(cap.descendants([i.pid for i in frontier], born_after=born))
-            for i in frontier:
-                for kind, value in ((5, i.sid), (4, i.pgid)):
-                    if value <= 1 or (kind, value) in seen_ids:
-                        continue
-                    seen_ids.add((kind, value))
-                    walk = cap.by_session if kind == 5 else cap.by_pgid
-                    new += add(walk(value, born))
-            frontier = new
-        safe = identity.own_ancestors() | {os.getpid()}
-        out = [i for i in found.values() if i.pid not in safe]
-        # Another user's process only under a root owner, and then only with
-        # the cookie (a root session's `su` child is the session's).
-        out = [i for i in out if i.uid == me_uid or (me_uid == 0 and carries(i))]
-        proven_groups |= {v for i in out for v in (i.sid, i.pgid) if v > 1}
-        self._proven = (frozenset(proven_groups),
-                        frozenset(i.pid for i in out) | {root_pid} | keepers)
-        return out, cap
-
-    def _seed_job_close(self, cap: Capture) -> None:
-        """pgroup: the job's own look at its members, made from this close's
-        capture and handed to its keeper's close (which would otherwise
-        capture the whole table again): one table scan per close."""
-        job = self.job
-        mech = getattr(getattr(job, "_backend", None), "mech", None)
-        look_from = getattr(mech, "look_from", None)
-        keeper = getattr(job._backend, "keeper_pid", None) if job is not None else None
-        if job is None or job.closed or mech is None or look_from is None or not keeper:
-            return
-        seen = look_from(keeper, cap, getattr(self, "_capture_last", 0))
-        if seen is not None:
-            mech.close_seen = seen
-
-    def _keeper_pids(self) -> set[int]:
-        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
-        return {keeper} if keeper else set()
-
-    def _proof(self) -> gate.Proof:
-        """What proves, at the signal, that a process is the session's: its
-        cookie, its job's cgroup, or (from the last capture) a group or
-        session it is a member of, or its parent (see
-        :class:`tether.gate.Proof`)."""
-        groups, parents = getattr(self, "_proven", (frozenset(), frozenset()))
-        cg = None
-        if self.job is not None and self.mechanism == "cgroup":
-            try:
-                cg = self.job.trace().get("cgroup_path")
-            except (TetherError, OSError):
-                cg = None
-        return gate.Proof(f"{COOKIE_VAR}={self.token}".encode(), cg, groups=groups,
-                          parents=parents | {self.pid} | self._keeper_pids())
-
-    def _job_holds_all(self) -> bool:
-        job = self.job
-        if job is None or job.closed or self.mechanism not in ("cgroup", "subreaper", "pidns"):
-            return False
-        if self.mechanism == "cgroup":
-            return True  # the kernel keeps every member listed, keeper or not
-        alive = getattr(job._backend, "keeper_alive", None)
-        return bool(alive is not None and alive())
-
-    def _read_job(self) -> Capture:
-        """The job's live members born since the session began, as a capture."""
-        t0 = time.monotonic()
-        born = self.born_after
-        procs: dict[int, Identity] = {}
-        try:
-            pids = self.job.member_pids() if self.job is not None else []
-        except (TetherError, OSError):
-            pids = []
-        for pid in pids:
-            ident = identity.read(pid)
-            if ident is not None and ident.start >= born and ident.state not in ("Z", "X"):
-                procs[pid] = ident
-        return Capture(procs, elapsed=time.monotonic() - t0, born_after=born)
-
-    def _from_job(self, cap: Capture) -> tuple[list[Identity], Capture]:
-        excluded = {self.pid} | identity.own_ancestors() | {os.getpid()}
-        keeper = self.job.trace().get("keeper_pid") if self.job is not None else None
-        if keeper:
-            excluded.add(keeper)
-        return [i for i in cap.procs.values() if i.pid > 2 and i.pid not in excluded], cap
-
-    def _job_members(self, cap: Capture) -> list[Identity]:
-        """The job's members as its mechanism lists them, identified from the
-        capture where it has them (``Job.members()`` re-reads every one)."""
-        job = self.job
-        if job is None:
-            return []
-        try:
-            lister = getattr(job, "member_pids", None) or job._backend.member_pids
-            pids = lister()
-        except (TetherError, OSError):
-            return []
-        out = []
-        for pid in pids:
-            ident = cap.procs.get(pid) or identity.read(pid)
-            if ident is not None and ident.state not in ("Z", "X"):
-                out.append(ident)
-        return out
-
+    # steps (capture and _proof: tether.pty_capture) ---------------------------
     def _sender(self, res: CloseResult) -> Callable[..., bool]:
         """The close's signal function for ``tether.ending``: one identity-checked
         signal (``self._send``), retried on a transient failure; a refusal by

@@ -13,6 +13,9 @@ The audit log's writer (:mod:`tether.audit`) and its reader
 
 Imports only the process reader (``identity``, ``proctree``) and the shared
 constants: the writer's prune path loads it, nothing on a spawn's path does.
+So what a record holds when it is written (the schema, and the builders of a
+run id, an owner and a spawn's fields, which a spawn's path calls) is not
+here but in :mod:`tether.audit_fields`, standard library only.
 """
 
 from __future__ import annotations

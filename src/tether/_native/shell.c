@@ -401,7 +401,7 @@ static double env_grace(void)
     return !v || !*v ? TETHER_SHELL_GRACE : parse_grace(v);
 }
 
-/* -- the audit log (tether.shell.ShellLog: ordinary records in audit.jsonl) ----------- */
+/* -- the audit log (tether.shell_log.ShellLog: ordinary records in audit.jsonl) ------- */
 
 /* This front end only appends: one write() of whole lines on an O_APPEND fd,
  * under the checks tether.audit applies. Rotation, carry and pruning are the
@@ -568,7 +568,7 @@ static void jf(const char *fmt, ...)
         J.n += (size_t)n;
 }
 
-/* A string as tether.shell._json_str writes the str Python decoded
+/* A string as tether.shell_log._json_str writes the str Python decoded
  * (surrogateescape: an undecodable byte is the lone surrogate U+DC80+b). */
 static void jstr(const char *s)
 {
@@ -1146,7 +1146,7 @@ static void jjob(pid_t child, unsigned long long start)
         jf(",\"start\":\"%llu@%s\"", start, K.boot);
 }
 
-/* A command's start: job-open and spawn, as tether.shell.ShellLog writes them. */
+/* A command's start: job-open and spawn, as tether.shell_log.ShellLog writes them. */
 static void shell_started(struct outcome *o)
 {
     if (!L.on)

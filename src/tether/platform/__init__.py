@@ -137,8 +137,8 @@ def own_helpers() -> frozenset[int]:
     """Pids of tether's helpers for this process that end with it (a POSIX
     owner's warden, which forks Python keepers for a multi-threaded owner):
     a leak check does not count them. Empty where none was started."""
-    posix = sys.modules.get(__name__ + ".posix")
-    return posix.helper_pids() if posix is not None else frozenset()
+    warden = sys.modules.get(__name__ + "._warden")
+    return warden.helper_pids() if warden is not None else frozenset()
 
 
 def open_job(mechanism: str, options: "JobOptions") -> "JobBackend":
