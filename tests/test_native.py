@@ -383,7 +383,8 @@ def test_one_usage_errors_exit_2_with_a_line_and_run_nothing(tmp_path):
         for args in bad:
             r = subprocess.run([native.HELPER, *args], capture_output=True, text=True, timeout=5,
                                pass_fds=(rep_w, ctl_r, me))
-            assert r.returncode == 2 and r.stderr.startswith("usage: tether-keeper one"), (args, r)
+            assert r.returncode == 2 and r.stderr.startswith("usage: tether-keeper "), (args, r)
+            assert "tether-keeper one REP_FD CTL_FD" in r.stderr, (args, r)
             assert not marker.exists(), args
         r = subprocess.run([native.HELPER, *good, *cmd], capture_output=True, text=True,
                            timeout=10, pass_fds=(rep_w, ctl_r, me))

@@ -11,7 +11,7 @@ override names them; ``poll()`` and ``__del__`` go through
 calls ``self._close_pipe_fds(...)`` and sets ``self._child_created``; the
 spawn copies ``os.environb._data`` (a dict of bytes) when it is there.
 
-Windows (platform/windows.py): ``_job_popen_class`` rebuilds CPython's
+Windows (platform/windows_popen.py): ``_job_popen_class`` rebuilds CPython's
 Windows ``_execute_child`` from its code object with ``_winapi`` swapped for a
 proxy whose ``CreateProcess`` takes the same nine arguments and returns the
 same four values; ``_place`` reads ``Popen._handle``. The Windows method is not

@@ -20,12 +20,6 @@ import os
 from . import identity
 from .identity import _missing, _psutil, _read_fd, _stat_linux, own_ancestors, read
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
-    from collections.abc import Iterable
-
-    from .identity import Identity
-
 __all__ = [
     "children",
     "newest_pids",
@@ -40,6 +34,12 @@ __all__ = [
     "descendant_pids",
     "descendants",
 ]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~20 ms of import time on a bare interpreter
+    from collections.abc import Iterable
+
+    from .identity import Identity
 
 
 def children(pid: int, *, every_thread: bool = True) -> list[int]:

@@ -718,16 +718,7 @@ static int one_option(const char *a, struct run *R)
     return -1;
 }
 
-static int one_usage(void)
-{
-    static const char text[] =
-        "usage: tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID "
-        "auto|cgroup|subreaper GRACE [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
-        "[mask=HEX] -- EXE ARGV0 [ARG...]\n";
-    ssize_t n = write(2, text, sizeof text - 1);
-    (void)n;
-    return 2;
-}
+static int usage(void); /* keeper.c's: every form, this one's included */
 
 static int one_main(int argc, char **argv)
 {
@@ -737,36 +728,36 @@ static int one_main(int argc, char **argv)
     char *end;
     if (argc < 14 || one_fd(argv[2], &rep) < 0 || one_fd(argv[3], &ctl) < 0 ||
         one_fd(argv[4], &R.ownerfd) < 0)
-        return one_usage();
+        return usage();
     unsigned long long owner = strtoull(argv[5], &end, 10);
     if (*end || !owner || owner > INT_MAX)
-        return one_usage();
+        return usage();
     R.owner_start = strtoull(argv[6], &end, 10);
     if (*end)
-        return one_usage();
+        return usage();
     long pgid = strtol(argv[7], &end, 10);
     if (*end || pgid <= 0)
-        return one_usage();
+        return usage();
     R.owner = (pid_t)owner;
     R.pgid = (pid_t)pgid;
     R.mech_auto = !strcmp(argv[8], "auto");
     if (!R.mech_auto && strcmp(argv[8], "cgroup") && strcmp(argv[8], "subreaper"))
-        return one_usage();
+        return usage();
     R.grace = strtod(argv[9], &end);
     if (*end || !(R.grace >= 0 && R.grace <= TETHER_MAX_GRACE))
-        return one_usage();
+        return usage();
     R.callerfd = R.lifefd = -1;
     sigemptyset(&R.orig_mask);
     int k = 10;
     for (; k < argc && strcmp(argv[k], "--"); k++)
         if (one_option(argv[k], &R) < 0)
-            return one_usage();
+            return usage();
     if (k + 2 >= argc || argv[k + 1][0] != '/' ||
         (size_t)snprintf(R.shell, sizeof R.shell, "%s", argv[k + 1]) >= sizeof R.shell)
-        return one_usage();
+        return usage();
     R.want_cgroup = R.base[0] != '\0';
     if (!R.want_cgroup && !strcmp(argv[8], "cgroup"))
-        return one_usage(); /* the front end refuses that itself, with its reason */
+        return usage(); /* the front end refuses that itself, with its reason */
     R.argv = argv + k + 2;
     R.path = nopath;
     snprintf(R.job_id, sizeof R.job_id, "j%d-1", (int)R.owner);
