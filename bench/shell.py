@@ -55,10 +55,34 @@ TARGET_MS = 3.0  # the native tether-shell (issue 18)
 PY_TARGET_MS = 15.0  # the Python one (issue 4)
 
 
+def _source_stamp(repo: str) -> str:
+    """Which tree a venv was made from, and what its native programs were
+    built from: the repo's path and a hash of its C sources (an editable
+    install rebuilds them only when installed again)."""
+    import hashlib
+
+    h = hashlib.sha256(os.path.abspath(repo).encode())
+    native = os.path.join(repo, "src", "tether", "_native")
+    for name in sorted(os.listdir(native)) if os.path.isdir(native) else []:
+        if name.endswith((".c", ".h")):
+            with open(os.path.join(native, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()
+
+
 def ensure_venv(venv: str, repo: str = REPO) -> str:
-    """A venv with ``repo`` installed (editable); returns its tether-shell path."""
+    """A venv with ``repo`` installed (editable), made again when it holds
+    another tree or native programs built from other sources; returns its
+    tether-shell path."""
     ts = os.path.join(venv, "bin", "tether-shell")
-    if os.access(ts, os.X_OK) and (os.access(ts + "-py", os.X_OK) or repo != REPO):
+    stamp_file = os.path.join(venv, "tether-bench-source")
+    stamp = _source_stamp(repo)
+    try:
+        with open(stamp_file) as f:
+            same = f.read() == stamp
+    except OSError:
+        same = False
+    if same and os.access(ts, os.X_OK):
         return ts
     print(f"creating {venv} and installing {repo} into it ...", flush=True)
     if not os.path.exists(os.path.join(venv, "bin", "python")):
@@ -67,6 +91,8 @@ def ensure_venv(venv: str, repo: str = REPO) -> str:
     if subprocess.run(pip).returncode != 0:
         # an offline machine: build with the venv's own setuptools
         subprocess.run(pip + ["--no-build-isolation"], check=True)
+    with open(stamp_file, "w") as f:
+        f.write(stamp)
     return ts
 
 
@@ -213,6 +239,8 @@ def main() -> int:
         if auto != "subreaper" and probe("subreaper").available:
             cases["baseline: tether-shell (subreaper)"] = (
                 [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper"})
+        if os.access(base_ts + "-py", os.X_OK):
+            cases["baseline: tether-shell-py"] = ([base_ts + "-py", "-c", "true"], env)
     real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip()
 
@@ -276,7 +304,8 @@ def main() -> int:
     if a.baseline:
         # Before/after in the same rounds: this tree's wrapper against the baseline's.
         for mine, theirs in (("tether-shell -c true", "baseline: tether-shell -c true"),
-                             ("tether-shell (subreaper)", "baseline: tether-shell (subreaper)")):
+                             ("tether-shell (subreaper)", "baseline: tether-shell (subreaper)"),
+                             ("tether-shell-py (the Python one)", "baseline: tether-shell-py")):
             if mine in rows and theirs in rows:
                 m, t = rows[mine], rows[theirs]
                 print(f"  {mine}: {m['median_ms']:.2f} ms vs baseline {t['median_ms']:.2f} ms "

@@ -14,7 +14,7 @@ within 2x of ``unshare -pf --kill-child true`` (the kernel's own kill-on-exit
 job: a PID namespace), at the median; ``tether run --die-with-parent -- true``
 (the job also tied to the caller by pidfd, issue 33) at most 5 ms above ``true``.
 
-usage: python3 bench/tether_run.py [--n 200] [--quick] [--venv DIR]
+usage: python3 bench/tether_run.py [--n 200] [--quick] [--venv DIR] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--venv", default=os.path.join(tempfile.gettempdir(), "tether-bench-shell-venv"))
+    ap.add_argument("--baseline", default=None, metavar="CHECKOUT",
+                    help="another tether checkout whose tether runs in the same rounds")
     a = ap.parse_args()
     n = 40 if a.quick else a.n
     bindir = os.path.dirname(ensure_venv(a.venv))
@@ -65,6 +67,11 @@ def main() -> int:
     }
     if native:
         cases["tether-py run -- true (the Python CLI)"] = [tether_py, "run", "--", "true"]
+    if a.baseline:  # before/after in the same rounds (bench/shell.py's venv of that tree)
+        base_bin = os.path.dirname(ensure_venv(a.venv + "-baseline", os.path.abspath(a.baseline)))
+        cases["baseline: tether run -- true"] = [os.path.join(base_bin, "tether"), "run", "--", "true"]
+        cases["baseline: tether-py run -- true"] = [os.path.join(base_bin, "tether-py"), "run", "--",
+                                                    "true"]
     load_start = os.getloadavg()
     times, cpu = interleaved({k: (argv, env) for k, argv in cases.items()}, n)
     base = statistics.median(times["true"])

@@ -369,12 +369,13 @@ def test_one_usage_errors_exit_2_with_a_line_and_run_nothing(tmp_path):
     me = os.pidfd_open(os.getpid())
     fds = [str(rep_w), str(ctl_r), str(me)]
     who = [str(os.getpid()), str(identity.start_ticks(os.getpid())), str(os.getpgrp())]
-    good = ["one", *fds, *who, "subreaper", "0.5"]
+    good = ["one", *fds, *who, "subreaper", "500"]
     bad = [
         ["one"], good[:-1] + cmd, ["one", "x", *fds[1:], *who, "auto", "1"] + cmd,
         ["one", *fds[:2], "999", *who, "auto", "1"] + cmd,  # not an open fd
         ["one", *fds, "0", *who[1:], "auto", "1"] + cmd, ["one", *fds, *who, "pidns", "1"] + cmd,
-        ["one", *fds, *who, "auto", "nan"] + cmd, ["one", *fds, *who, "auto", "1e9"] + cmd,
+        ["one", *fds, *who, "auto", "nan"] + cmd, ["one", *fds, *who, "auto", "0.5"] + cmd,
+        ["one", *fds, *who, "auto", "1000000000"] + cmd, ["one", *fds, *who, "auto", "-1"] + cmd,
         ["one", *fds, *who, "cgroup", "1"] + cmd,  # cgroup without base=: the front end's
         good + ["what=1"] + cmd, good + ["caller=1:2"] + cmd, good + ["ign=zz"] + cmd,
         good + ["--", "sh", "sh"], good + ["--", "/bin/sh"], good,

@@ -2928,7 +2928,7 @@ static int usage(void)
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
         "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET] [keep=FD,...]\n"
         "       tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID "
-        "auto|cgroup|subreaper GRACE [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
+        "auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
         "[mask=HEX] -- EXE ARGV0 [ARG...]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";

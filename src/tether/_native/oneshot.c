@@ -12,7 +12,7 @@
  *    native front end hands over, execs it:
  *
  *   tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID
- *                 auto|cgroup|subreaper GRACE [base=DIR mount=DIR]
+ *                 auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR]
  *                 [caller=FD:PID:START] [ign=HEX] [mask=HEX] -- EXE ARGV0 [ARG...]
  *
  *   base: the cgroup this job's run directory goes under (the Python front
@@ -680,14 +680,31 @@ static int one_mask(const char *s, unsigned long long *bits)
     return *end || end == s || errno ? -1 : 0;
 }
 
+/* A decimal number up to `stop`; *s moves past it. (No scanf and no
+ * strtod in this program: their code would be every keeper's memory.) */
+static int one_number(const char **s, char stop, unsigned long long *out)
+{
+    char *end;
+    if (**s < '0' || **s > '9')
+        return -1;
+    errno = 0;
+    *out = strtoull(*s, &end, 10);
+    if (errno || *end != stop)
+        return -1;
+    *s = end + (stop != '\0');
+    return 0;
+}
+
 /* caller=FD:PID:START */
 static int one_caller(const char *s, struct run *R)
 {
-    char fd[16];
-    unsigned long long pid, start;
-    int n = 0;
-    if (sscanf(s, "%15[0-9]:%llu:%llu%n", fd, &pid, &start, &n) != 3 || s[n] || !pid ||
-        pid > INT_MAX || one_fd(fd, &R->callerfd) < 0)
+    unsigned long long fd, pid, start;
+    char fds[24];
+    if (one_number(&s, ':', &fd) < 0 || one_number(&s, ':', &pid) < 0 ||
+        one_number(&s, '\0', &start) < 0 || !pid || pid > INT_MAX || fd > INT_MAX)
+        return -1;
+    snprintf(fds, sizeof fds, "%llu", fd);
+    if (one_fd(fds, &R->callerfd) < 0)
         return -1;
     R->caller = (pid_t)pid;
     R->caller_start = start;
@@ -743,9 +760,11 @@ static int one_main(int argc, char **argv)
     R.mech_auto = !strcmp(argv[8], "auto");
     if (!R.mech_auto && strcmp(argv[8], "cgroup") && strcmp(argv[8], "subreaper"))
         return usage();
-    R.grace = strtod(argv[9], &end);
-    if (*end || !(R.grace >= 0 && R.grace <= TETHER_MAX_GRACE))
+    unsigned long long grace_ms;
+    const char *g = argv[9];
+    if (one_number(&g, '\0', &grace_ms) < 0 || grace_ms > (unsigned long long)TETHER_MAX_GRACE * 1000)
         return usage();
+    R.grace = (double)grace_ms / 1000;
     R.callerfd = R.lifefd = -1;
     sigemptyset(&R.orig_mask);
     int k = 10;

@@ -513,7 +513,7 @@ def _exec_native(launch: _Launch) -> None:
         os.set_inheritable(fd, True)
     ign = sum(1 << (s - 1) for s in o.ignored if 0 < s < 65)
     args = [native.HELPER, "one", str(launch.rep_w), str(launch.ctl_r), str(o.fd), str(o.pid),
-            str(o.start), str(o.pgid), mechanism, repr(float(launch.grace)), *place, *watch,
+            str(o.start), str(o.pgid), mechanism, str(round(launch.grace * 1000)), *place, *watch,
             f"ign={ign:x}", f"mask={o.blocked:x}", "--", launch.executable, *launch.argv]
     env = {res.cookie_var.encode(): res.cookie.encode()}
     env.update((k, v) for k, v in os.environb.items() if k != res.cookie_var.encode())
