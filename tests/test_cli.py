@@ -114,6 +114,41 @@ def test_an_early_sigint_to_the_python_cli_is_a_stop_not_a_traceback(procs, dela
     assert not procs.wait_all_dead(3)
 
 
+LOST_SIGINT = r"""
+import gc, os, signal, sys, weakref
+from tether import _sigwatch
+from tether.cli import main
+_sigwatch.catch_interrupts()
+if sys.argv[1] == "lost":
+    # Python prints an exception raised in a weakref callback and goes on
+    # ("Exception ignored in"): the KeyboardInterrupt of a SIGINT taken there
+    # is lost, as one taken in an import lock's callback once was in CI.
+    class Box:
+        pass
+    box = Box()
+    ref = weakref.ref(box, lambda _r: os.kill(os.getpid(), signal.SIGINT))
+    del box
+    gc.collect()
+sys.exit(main(["run", "--grace", "1", "--", "sh", "-c", "sleep 300 & sleep 1; exit 3"]))
+"""
+
+
+@pytest.mark.parametrize("how", ["lost", "control-none"])
+def test_a_sigint_python_lost_still_stops_run(procs, how):
+    """A SIGINT whose KeyboardInterrupt Python could not raise (taken inside a
+    callback whose exceptions it only prints) stops `tether run` all the same:
+    exit 130, nothing left. Control: no SIGINT, the command's own status."""
+    p = procs.popen([sys.executable, "-c", LOST_SIGINT, how], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=30)
+    if how == "lost":
+        assert b"KeyboardInterrupt" in err  # Python said it lost one
+        assert p.returncode == 128 + signal.SIGINT, err
+    else:
+        assert (p.returncode, err) == (3, b"")
+    assert not procs.wait_all_dead(3)
+
+
 def test_a_stop_signal_tether_was_started_with_ignored_stays_ignored(tether, procs):
     """`nohup tether run ...`: SIGHUP does not stop the job (the control is the
     test above, where SIGHUP to tether stops it with 128+1)."""

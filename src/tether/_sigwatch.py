@@ -91,3 +91,25 @@ class SignalWatch:
             except (ValueError, OSError):
                 pass
             self._close_pipe()
+
+
+#: SIGINTs taken by :func:`interrupt`. Python raises the KeyboardInterrupt
+#: where the interpreter is; inside a callback whose exceptions it only
+#: prints ("Exception ignored in: ...", e.g. an import lock's weakref
+#: callback, or a ``__del__``) the interrupt is lost, and the program goes
+#: on. ``tether run`` reads this list where it starts waiting, so a Ctrl+C
+#: lost that way still stops its command.
+INTERRUPTS: "list[int]" = []
+
+
+def interrupt(sig: int, _frame: object) -> None:
+    """Python's default SIGINT handler, which also remembers the signal."""
+    INTERRUPTS.append(sig)
+    raise KeyboardInterrupt
+
+
+def catch_interrupts() -> None:
+    """Take SIGINT with :func:`interrupt` where Python's default handler has it
+    (not where the caller ignores it, or a program set its own)."""
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, interrupt)

@@ -78,6 +78,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._sigwatch import catch_interrupts
+
+    catch_interrupts()  # a Ctrl+C Python loses (raised in a callback) still stops `run`
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         from ._prctl import hold_std_fds

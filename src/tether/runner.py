@@ -268,7 +268,10 @@ def _keep_early_stops() -> list[int]:
     """Note SIGTERM/SIGHUP in the returned list until _supervise blocks them
     (a handler, not a blocked mask: a child forked meanwhile must not start
     with them blocked; exec resets a handler). Ignored ones stay ignored."""
-    early: list[int] = []
+    from ._sigwatch import INTERRUPTS
+
+    # a SIGINT whose KeyboardInterrupt Python lost (cli.main: catch_interrupts)
+    early: list[int] = [signal.SIGINT] if INTERRUPTS else []
     for s in _EARLY:
         if signal.getsignal(s) != signal.SIG_IGN:
             signal.signal(s, lambda sig, _frame: early.append(sig))
