@@ -33,7 +33,7 @@ owner's beacon, whose usage line names no ``beacon=``, runs without one).
 
 A fourth, ``--beacon-baseline``, runs each native kind a second time without
 the owner's beacon (``cgroup/nobeacon``: _TETHER_BEACON=0, the keeper told by
-the owner's pidfd alone; see tether/platform/_beacon.py), interleaved.
+the owner's pidfd alone; see tether/keeper/_beacon.py), interleaved.
 
 ``--owner-mb N``: every Python owner (tether's, and unshare+python's) first
 fills N MB of memory, as a real host holds hundreds: the kernel unmaps it
@@ -65,7 +65,8 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 sys.path.insert(0, SRC)
 
 from tether import identity  # noqa: E402
-from tether.platform import native, probe  # noqa: E402
+from tether.keeper import native  # noqa: E402
+from tether.platform import probe  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kill_latency.json")
 

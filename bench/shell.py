@@ -20,7 +20,7 @@ Also measured, to show where the time goes:
     both scopes (``TETHER_SHELL_SCOPE=caller``: the bench is the caller);
   * ``-X importtime`` of ``tether.shell`` + ``tether.job`` (what a command loads);
   * the generic ``Job`` path, which the wrapper takes for ``pgroup``: the cost
-    the one-command path (``tether.platform.oneshot``) removes;
+    the one-command path (``tether.keeper.oneshot``) removes;
   * an in-process phase breakdown of the one-command path (import tether.shell,
     import oneshot, run).
 
@@ -136,7 +136,7 @@ import time, os, sys
 t0 = time.perf_counter()
 import tether.shell
 t1 = time.perf_counter()
-from tether.platform import oneshot
+from tether.keeper import oneshot
 t2 = time.perf_counter()
 r = oneshot.run([sys.argv[2], "-c", "true"], executable=sys.argv[2], mechanism=sys.argv[1])
 t3 = time.perf_counter()
@@ -150,7 +150,7 @@ def importtime(py: str, env: dict[str, str], runs: int = 7) -> list[dict]:
     per: dict[str, list[tuple[int, int]]] = {}
     for _ in range(runs):
         r = subprocess.run([py, "-X", "importtime", "-c",
-                            "import tether.shell; from tether.platform import oneshot"],
+                            "import tether.shell; from tether.keeper import oneshot"],
                            env=env, capture_output=True, text=True, check=True)
         for line in r.stderr.splitlines():
             if not line.startswith("import time:") or "self [us]" in line:
@@ -196,7 +196,7 @@ def main() -> int:
         "tether-shell -c true": ([ts, "-c", "true"], env),
         "tether-shell (log off)": ([ts, "-c", "true"], {**env, "TETHER_SHELL_LOG": "off"}),
     }
-    from tether.platform.native import is_program
+    from tether.keeper.native import is_program
 
     native = is_program(ts)
     if native:
@@ -296,7 +296,7 @@ def main() -> int:
     print("  in-process phases (median ms): "
           + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
     tops = [r for r in imports if r["module"] in ("tether.shell", "tether._shellargs",
-                                                   "tether.platform.oneshot",
+                                                   "tether.keeper.oneshot",
                                                    "tether.identity", "select",
                                                    "tether.errors")]
     print("  imports (cumulative ms): "

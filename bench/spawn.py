@@ -35,7 +35,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from tether import Job  # noqa: E402
-from tether.platform import choose, native, probe  # noqa: E402
+from tether.keeper import native  # noqa: E402
+from tether.platform import choose, probe
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn.json")
 

@@ -43,7 +43,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from tether import Job  # noqa: E402
-from tether.platform import _proto, native, posix  # noqa: E402
+from tether.keeper import _proto, native, posix  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spawn_parts.json")
 PARTS = ("python before the request", "request sent (sendmsg)", "request to reply",

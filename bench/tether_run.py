@@ -49,7 +49,7 @@ def main() -> int:
     bindir = os.path.dirname(ensure_venv(a.venv))
     tether, tether_py = os.path.join(bindir, "tether"), os.path.join(bindir, "tether-py")
     sys.path.insert(0, os.path.join(REPO, "src"))
-    from tether.platform.native import is_program
+    from tether.keeper.native import is_program
 
     native = is_program(tether)
     env = {k: v for k, v in os.environ.items()

@@ -48,7 +48,7 @@ for py in "${PYTHONS[@]}"; do
   # the tests import the installed copy and run its programs (the owner scripts
   # they start take src/ through PYTHONPATH: the same code)
   (cd "$ROOT" && "$DIR/$v/bin/python" -c 'import sys, tether
-from tether.platform import native
+from tether.keeper import native
 ok, why = native.status()
 print("tether", tether.__file__, "| keeper:", why)
 sys.exit(0 if ok else 1)')

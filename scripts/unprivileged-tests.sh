@@ -24,7 +24,7 @@ rm -f "$WORK/src/tether/_native/tether-keeper"  # built again by the install bel
 /usr/bin/python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" install -q "$WORK[test]"
 # The tests import the copied source tree: give it the keeper the install built.
-built=$(cd / && "$WORK/venv/bin/python" -c 'import tether.platform.native as n; print(n.HELPER)')
+built=$(cd / && "$WORK/venv/bin/python" -c 'import tether.keeper.native as n; print(n.HELPER)')
 if [ ! -x "$built" ]; then
   echo "the install built no native keeper ($built)" >&2
   exit 1

@@ -370,7 +370,7 @@ SHELL_KINDS = ("native", "python")
 
 def is_native_program(path: str) -> bool:
     """Whether ``path`` is a compiled program (the native front end), not a script."""
-    from tether.platform.native import is_program
+    from tether.keeper.native import is_program
 
     return is_program(path)
 

@@ -1,4 +1,4 @@
-"""The owner's beacon (tether/platform/_beacon.py, keeper.c's beacon_wait):
+"""The owner's beacon (tether/keeper/_beacon.py, keeper.c's beacon_wait):
 the native keeper told of its owner's death at the start of the owner's
 exit, before the kernel unmaps the owner's memory and fires its pidfd - and
 never told wrongly (a thread that ends while the process lives on)."""
@@ -18,7 +18,7 @@ import time
 import pytest
 from procutil import available, poll_until
 
-from tether.platform import native
+from tether.keeper import native
 
 pytestmark = [
     pytest.mark.mechanism,
@@ -103,7 +103,7 @@ SYS_EXIT = {"x86_64": 60, "aarch64": 93, "riscv64": 93, "i686": 1, "armv7l": 1,
 LEADER_EXITS = textwrap.dedent("""
     import ctypes, json, os, sys, threading, time
     from tether import Job
-    from tether.platform import _beacon
+    from tether.keeper import _beacon
     job = Job(mechanism=sys.argv[1])
     kid = job.popen(["sleep", "300"])
     libc = ctypes.CDLL(None)
@@ -155,7 +155,7 @@ def test_the_beacon_is_the_main_threads_and_each_processs_own(procs):
     it the same); a forked child makes its own, held by its own thread."""
     code = textwrap.dedent("""
         import json, os, sys, threading
-        from tether.platform import _beacon
+        from tether.keeper import _beacon
         got = {}
         t = threading.Thread(target=lambda: got.update(before=_beacon.for_keeper()))
         t.start(); t.join()
@@ -192,7 +192,7 @@ def test_the_beacon_is_the_main_threads_and_each_processs_own(procs):
 
 
 def test_turned_off_there_is_none(procs):
-    r = subprocess.run([sys.executable, "-c", "from tether.platform import _beacon; "
+    r = subprocess.run([sys.executable, "-c", "from tether.keeper import _beacon; "
                         "print(_beacon.for_keeper())"], env=procs.env(_TETHER_BEACON="0"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "None", r

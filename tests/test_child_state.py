@@ -19,7 +19,7 @@ import sys
 import pytest
 from procutil import POSIX_MECHS, available
 
-from tether.platform import native
+from tether.keeper import native
 
 pytestmark = [pytest.mark.mechanism,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]

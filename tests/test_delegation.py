@@ -186,7 +186,7 @@ def test_doctor_and_job_in_a_delegated_scope(sim):
 PIN = r'''
 import json, os, subprocess, time
 from tether import Job, cgroupfs
-from tether.platform import native
+from tether.keeper import native
 with Job(mechanism="cgroup") as job:
     path = job.trace()["cgroup_path"]
     job.run(["true"])

@@ -24,7 +24,7 @@ def test_every_tether_error_is_a_tether_error():
         assert issubclass(cls, errors.TetherError), name
         assert getattr(tether, name) is cls  # and public
     from tether import _shellargs, audit, pty
-    from tether.platform import oneshot
+    from tether.keeper import oneshot
 
     for cls in (_shellargs.UsageError, _shellargs.ShellNotFound, oneshot.Unavailable,
                 audit.AuditDirError, pty.SessionClosing, pty.SessionClosed):

@@ -14,7 +14,7 @@ import pytest
 from procutil import POSIX_MECHS, available
 
 from tether import Job, JobClosed, JobRefused, StatusLost, gate, identity
-from tether.platform import native
+from tether.keeper import native
 
 pytestmark = pytest.mark.mechanism
 
@@ -709,7 +709,7 @@ def test_a_keeper_survives_what_a_caller_may_send_its_owners_group(procs, mech):
     keeper takes, ends it."""
     from procutil import wait_until
 
-    from tether.platform._keeper import KEEPER_IGNORES
+    from tether.keeper._keeper import KEEPER_IGNORES
 
     if mech != "pgroup" and not native.built():
         pytest.skip("the native keeper is not built")

@@ -33,7 +33,7 @@ NOBODY = 65534
 # One JSON line: the replies.
 TRUST_OWNER = r"""
 import json, os, resource, sys, tether  # (resource: before the worker may not read it)
-from tether.platform import _proto
+from tether.keeper import _proto
 
 mech, out, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
 job = tether.Job(mechanism=mech)

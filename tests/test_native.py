@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether import identity
-from tether.platform import _proto, native
+from tether.keeper import _proto, native
 
 pytestmark = [
     pytest.mark.mechanism,

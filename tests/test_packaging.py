@@ -150,7 +150,7 @@ def test_the_wheel_installs_with_nothing_built_and_runs_natively(wheel, tmp_path
                     f"{path} differs from the wheel's {member}"
 
     # The venv's Python runs the native keeper; its tether and tether-shell are native.
-    probe = ("from tether.platform import native; ok, why = native.status(); print(why); "
+    probe = ("from tether.keeper import native; ok, why = native.status(); print(why); "
              "[print(c['name'], c['native']) for c in native.front_ends()]")
     r = subprocess.run([py, "-c", probe], capture_output=True, text=True, timeout=60, env=env,
                        cwd=tmp_path)

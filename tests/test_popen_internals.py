@@ -3,7 +3,7 @@ pinned on the running Python, so that a Python that changes one fails here (CI
 runs this file on the lowest and the highest CPython it claims:
 scripts/pythons-tests.sh), not on a user's machine.
 
-POSIX (platform/posix_popen.py, ``JobPopen``): ``Popen.__init__`` calls
+POSIX (keeper/posix_popen.py, ``JobPopen``): ``Popen.__init__`` calls
 ``self._execute_child`` with its arguments by position, in the order our
 override names them; ``poll()`` and ``__del__`` go through
 ``self._internal_poll(_deadstate=...)``, ``wait()`` through
@@ -42,7 +42,7 @@ def _params(func) -> list[str]:
 
 @needs_posix
 def test_execute_child_takes_the_arguments_our_override_names_in_order():
-    from tether.platform.posix import JobPopen
+    from tether.keeper.posix import JobPopen
 
     theirs = _params(subprocess.Popen._execute_child)
     ours = _params(JobPopen._execute_child)

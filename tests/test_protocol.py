@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from procutil import poll_until
 
 from tether import _constants, cgroupfs, ending, identity
-from tether.platform import _proto, native
+from tether.keeper import _proto, native
 
 pytestmark = [
     pytest.mark.mechanism,  # (run again with the sanitizer build of the keeper in CI)

@@ -50,7 +50,7 @@ if os.environ.get("NAME_KEEPER") == "0":
     # (as a keeper of an older tether would be) to show the name is the trace.
     # The native keeper is named by its program: only the Python one,
     # pgroup's, can be un-named.
-    from tether.platform import _keeper_socket
+    from tether.keeper import _keeper_socket
     _serve = _keeper_socket.SocketKeeper.serve
     def serve(self, ctl):
         with open("/proc/self/comm", "w") as f:

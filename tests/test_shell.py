@@ -1012,7 +1012,7 @@ def test_mechanism_env_refuses_pidns(procs, ts, env):
     assert rc == 2 and b"transparent" in err
 
 
-# -- 9. the one-command path (tether.platform.oneshot) and the generic path -----------
+# -- 9. the one-command path (tether.keeper.oneshot) and the generic path -----------
 
 def _keeper_of(sh: identity.Identity) -> identity.Identity:
     keeper = identity.read(sh.ppid)
@@ -1058,8 +1058,8 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
     # generic job machinery (site may have loaded some already: count what cli adds).
     # The process reader (tether.identity) is import-light on purpose and may load.
     heavy = {"subprocess", "socket", "threading", "dataclasses", "inspect", "json", "signal",
-             "enum", "tether.job", "tether.platform.base", "tether.platform.posix",
-             "tether.platform._keeper", "tether.platform._keeper_socket", "tether.platform._proto",
+             "enum", "tether.job", "tether.platform.base", "tether.keeper.posix",
+             "tether.keeper._keeper", "tether.keeper._keeper_socket", "tether.keeper._proto",
              "__future__", "importlib", "warnings"}
     code = ("import sys; before = set(sys.modules); from tether.shell import cli; "
             "rc = cli(['-c', 'true']); "
@@ -1068,9 +1068,9 @@ def test_oneshot_loads_only_what_it_needs(procs, env):
     assert rc == 0 and out.split() == [b"0"], out
     # and a later import of the package finds the same modules
     code = ("import sys; from tether.shell import cli; cli(['-c', 'true']); "
-            "import tether.platform as tp; from tether.platform import oneshot; "
+            "import tether.platform as tp; from tether.keeper import oneshot; "
             "print(tp.choose('auto') in ('cgroup', 'subreaper', 'pgroup'), "
-            "oneshot is sys.modules['tether.platform.oneshot'])")
+            "oneshot is sys.modules['tether.keeper.oneshot'])")
     rc, out = run_py(procs, env, code)
     assert (rc, out) == (0, b"True True\n")
 
@@ -1101,7 +1101,7 @@ def test_generic_path_still_ends_the_tree(procs, ts, env, kill):
 
 def test_oneshot_api_status_and_exec_failure(procs, env, tmp_path):
     # In-process API: a failed exec raises the OSError; nothing is left behind.
-    code = ("import sys; from tether.platform import oneshot as o; "
+    code = ("import sys; from tether.keeper import oneshot as o; "
             "r = o.run(['x', '-c', 'exit 7'], executable='/bin/sh'); "
             "import os; print(os.waitstatus_to_exitcode(r.status), r.mechanism, r.leftovers)\n"
             "try:\n    o.run(['x'], executable='/nonexistent/tether-sh')\n"
@@ -1807,7 +1807,7 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, tmp_path, nativ
     keeper_exe, wrapper_exe, wrapper = out.decode().split()
     assert p.returncode == 0 and int(wrapper) == p.pid
     if native_off:
-        from tether.platform.native import HELPER
+        from tether.keeper.native import HELPER
 
         assert wrapper_exe == os.path.realpath(sys.executable)
         assert keeper_exe == os.path.realpath(HELPER)

@@ -46,11 +46,11 @@ ALLOWED_PY = {
     ("gate.py", "signal_child", "os.kill"): "own unreaped child, or no pidfd after the parent check",
     ("gate.py", "signal_child", "signal.pidfd_send_signal"): "pinned, parent checked while pinned",
     # Probes: signal 0 sends nothing.
-    ("platform/_keeper.py", "owner_alive", "os.kill"): "signal 0: is the owner there",
+    ("keeper/_keeper.py", "owner_alive", "os.kill"): "signal 0: is the owner there",
     ("identity.py", "group_has_members", "os.killpg"): "signal 0: has the group a member",
     # The caller's own child, through the pidfd the keeper handed over (it
     # pins the child until it is reaped).
-    ("platform/posix_popen.py", "send_signal", "signal.pidfd_send_signal"): "own child's pidfd",
+    ("keeper/posix_popen.py", "send_signal", "signal.pidfd_send_signal"): "own child's pidfd",
     # tether init: its own child CMD, which leads the group init made for it.
     ("init.py", "forward", "os.killpg"): "own child's group (CMD leads it: init made it so)",
     ("init.py", "forward", "os.kill"): "own unreaped child",
@@ -208,7 +208,7 @@ def test_every_gate_call_carries_a_proof():
     found = {g[:3] for g in gate}
     # The scan sees the PTY close's and pgroup's (it can find what it checks).
     assert {g[0] for g in gate} >= {"pty.py", "platform/posix_pgroup.py", "job.py",
-                                    "platform/posix.py", "init.py"}, found
+                                    "keeper/posix.py", "init.py"}, found
     unproved = [g for g in gate if not g[3] and g[:3] not in ALLOWED_UNPROVED]
     assert unproved == [], (
         "gate calls (gate.send_signal, ending.end) without a Proof: give each the proof "

@@ -26,7 +26,7 @@ _LAUNCHER_MARK = "made by `tether shell --install`"
 
 def _native_program() -> "str | None":
     """The native tether-shell pip put beside this interpreter, if it was built."""
-    from .platform import native
+    from .keeper import native
 
     cand = os.path.join(os.path.dirname(sys.executable), "tether-shell")
     return cand if native.is_program(cand) else None
@@ -36,7 +36,7 @@ def _ours(target: str) -> bool:
     """Whether ``target`` is what an earlier install made (so it may be
     replaced): a link to a native tether-shell, or a marked launcher."""
     if os.path.islink(target):
-        from .platform import native
+        from .keeper import native
 
         dest = os.path.realpath(target)
         return os.path.basename(dest) == "tether-shell" and native.is_program(dest)

@@ -62,7 +62,7 @@ def report() -> dict[str, Any]:
             d["guarantee"] = {"error": str(exc)}
         out["mechanisms"].append(d)
     if os.name == "posix":
-        from .platform import native
+        from .keeper import native
 
         on, why = native.status()
         out["keeper"] = {"native": on, "what": why, "mechanisms": list(native.MECHANISMS),

@@ -108,7 +108,7 @@ def _watch_parent(lines: _Lifelines) -> str | None:
             return gone
         lines.win_parent = handle
         return None
-    from .platform import oneshot
+    from .keeper import oneshot
 
     if hasattr(os, "pidfd_open"):
         caller = oneshot.watch_caller()

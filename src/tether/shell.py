@@ -44,7 +44,7 @@ command's status was lost with it; 125 tether could not create the job; 126
 the shell could not be executed; 127 no shell found.
 
 Start-up is measured by ``bench/shell.py``. On Linux each command takes the
-one-command path, ``tether.platform.oneshot`` (a keeper forked from here;
+one-command path, ``tether.keeper.oneshot`` (a keeper forked from here;
 imports only ``os``, ``sys``, ``select``, ``_signal``). The generic
 ``tether.job.Job`` is used for ``TETHER_SHELL_MECHANISM=pgroup``, where the
 one-command path is unavailable (no pidfd, a multi-threaded caller of
@@ -235,9 +235,9 @@ def _run(args, shell: str, parsed, argc: int, mech: str, grace: float,
 
     t0 = time.monotonic()
     # The one-command path (POSIX/Linux): a keeper forked from here, no socket,
-    # no subprocess/threading/dataclasses - see tether.platform.oneshot.
+    # no subprocess/threading/dataclasses - see tether.keeper.oneshot.
     if sys.platform.startswith("linux") and mech in ("auto", "cgroup", "subreaper"):
-        from .platform import oneshot
+        from .keeper import oneshot
 
         if oneshot.available():
             try:
@@ -434,7 +434,7 @@ def _caller_pidfd() -> "int | None":
     """The generic path's caller watch: a pidfd of the caller (Linux), else None."""
     if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
         return None
-    from .platform.oneshot import watch_caller
+    from .keeper.oneshot import watch_caller
 
     found = watch_caller()
     return found[2] if found is not None else None

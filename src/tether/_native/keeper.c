@@ -1,7 +1,7 @@
 /*
  * tether-keeper: the native keeper of one tether job (Linux), the one
  * keeper of the cgroup, subreaper and pidns mechanisms there (the Python
- * keeper, tether/platform/_keeper.py, keeps pgroup, the mechanism of macOS
+ * keeper, tether/keeper/_keeper.py, keeps pgroup, the mechanism of macOS
  * and the BSDs). A small C process instead of an interpreter: it creates nothing the owner did not ask for, starts each
  * child inside the job before the child's first instruction, watches the
  * owner by pidfd (and, told earlier, by the owner's beacon: beacon_wait) and
@@ -2931,7 +2931,7 @@ static int usage(void)
         "auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
         "[mask=HEX] -- EXE ARGV0 [ARG...]\n"
         "       tether-keeper --version\n"
-        "the native keeper of a tether job; tether starts it (see tether/platform/native.py)\n";
+        "the native keeper of a tether job; tether starts it (see tether/keeper/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);
     (void)n;
     return 2;
@@ -2947,7 +2947,7 @@ static int usage(void)
  * (exit_mm -> mm_release) the kernel walks the dying thread's robust-futex
  * list: each mutex on it gets FUTEX_OWNER_DIED in its lock word, and one
  * waiter is woken. The owner's main thread holds such a mutex, in a memfd
- * page, for its whole life (tether/platform/_beacon.py); a thread of this
+ * page, for its whole life (tether/keeper/_beacon.py); a thread of this
  * keeper waits on its lock word, and serve() ends the job when told.
  *
  * The trap: the same walk runs when that thread calls execve, or exits while

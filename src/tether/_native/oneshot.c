@@ -8,7 +8,7 @@
  * Who runs it:
  *  - the native tether-shell and tether (shell.c) fork it in-process
  *    (keeper_begin): no exec on the hot path;
- *  - the Python tether-shell (tether/platform/oneshot.py), for the cases the
+ *  - the Python tether-shell (tether/keeper/oneshot.py), for the cases the
  *    native front end hands over, execs it:
  *
  *   tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID

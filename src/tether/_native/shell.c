@@ -5,7 +5,7 @@
  * An agent CLI runs every tool call as `$SHELL -c CMD`; with SHELL pointing
  * here each command runs in the real shell inside a job of its own, exactly
  * as tether/shell.py does it on its one-command path
- * (tether/platform/oneshot.py): this process (the owner) forks the job's
+ * (tether/keeper/oneshot.py): this process (the owner) forks the job's
  * keeper, the keeper opens the job (a cgroup, or a child subreaper) and
  * starts the shell in it before its first instruction, ends what the command
  * leaves behind, and reports; the owner writes the same audit records and

@@ -137,7 +137,7 @@ def own_helpers() -> frozenset[int]:
     """Pids of tether's helpers for this process that end with it (a POSIX
     owner's warden, which forks Python keepers for a multi-threaded owner):
     a leak check does not count them. Empty where none was started."""
-    warden = sys.modules.get(__name__ + "._warden")
+    warden = sys.modules.get(__name__.rpartition(".")[0] + ".keeper._warden")
     return warden.helper_pids() if warden is not None else frozenset()
 
 
@@ -145,7 +145,7 @@ def open_job(mechanism: str, options: "JobOptions") -> "JobBackend":
     """Open one job of ``mechanism`` (a name ``choose`` returned)."""
     _check(mechanism)
     if TABLE[mechanism][1] == "keeper":
-        from .posix import KeeperJob
+        from ..keeper.posix import KeeperJob
 
         return KeeperJob(mechanism, options)
     return module(mechanism).Backend(options)

@@ -24,8 +24,8 @@ import time
 
 from .. import gate, identity
 from ..errors import JobClosed, JobRefused, StatusLost
+from ..platform.base import PIDNS, JobOptions, with_cookie
 from ._keeper import child_ignores
-from .base import PIDNS, JobOptions, with_cookie
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only

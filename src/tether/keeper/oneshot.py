@@ -553,7 +553,7 @@ def _keeper_main(launch: _Launch) -> int:
         return 0
     # What this keeper ignores now: what it inherited, and what it ignores itself.
     keeper.ignoring = tuple(sorted((o.ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
-    from .base import with_cookie
+    from ..platform.base import with_cookie
 
     env = with_cookie(os.environ, keeper.mech.options)
     try:
@@ -575,8 +575,8 @@ def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, r
     cgroup (shared by its commands, named for the caller, watched by a scope
     keeper) where asked (or, for auto, where this process may join one), else
     a subreaper of this command's."""
-    from . import keeper_mechanism
-    from .base import JobOptions
+    from ..platform import keeper_mechanism
+    from ..platform.base import JobOptions
 
     def options(job_id: str) -> "JobOptions":
         return JobOptions(name="tether-shell", job_id=job_id, cookie=res.cookie,

@@ -21,10 +21,11 @@ import time
 from .. import gate, identity
 from ..ending import KILL_BOUND
 from ..errors import JobClosed, JobRefused, SignalRefused
-from . import _proto, keeper_mechanism, native
+from ..platform import keeper_mechanism
+from ..platform.base import PIDNS, Guarantee, JobBackend, JobOptions
+from . import _proto, native
 from ._keeper_socket import fork_keeper
 from ._warden import warden
-from .base import PIDNS, Guarantee, JobBackend, JobOptions
 from .posix_popen import JobPopen
 
 TYPE_CHECKING = False

@@ -24,7 +24,7 @@ from . import _proto
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time: hints only
-    from .base import KeeperMechanism
+    from ..platform.base import KeeperMechanism
 
 
 # -- the owner's side ------------------------------------------------------------------
@@ -42,7 +42,7 @@ class _Warden:
         mine, theirs = _proto.socketpair()
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = (f"import sys; sys.path.insert(0, {src!r}); "
-                "from tether.platform._warden import main; main()")
+                "from tether.keeper._warden import main; main()")
         env = dict(os.environ)
         env["TETHER_WARDEN_FD"] = str(theirs.fileno())
         env["TETHER_OWNER_PID"] = str(os.getpid())
@@ -90,10 +90,10 @@ def warden() -> _Warden:
 def main() -> None:
     from .. import identity
     from .._prctl import name_process
-    from . import keeper_mechanism
+    from ..platform import keeper_mechanism
+    from ..platform.base import JobOptions
     from ._keeper import close_other_fds, detach_signals
     from ._keeper_socket import fork_keeper
-    from .base import JobOptions
 
     fd = int(os.environ.pop("TETHER_WARDEN_FD"))
     owner = int(os.environ.pop("TETHER_OWNER_PID"))
