@@ -316,7 +316,10 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
     q.umask_ = -1;
     for (int s = 1; s < 65; s++)
         q.ign[s] = R->orig_ign[s];
-    q.ign[SIGPIPE] = q.ign[SIGXFSZ] = 0; /* as the Python path: its own ignores, never the caller's */
+    /* default in the command whatever came in: an interpreter in front (the
+     * Python tether-shell, which execs this driver) ignores both itself, so
+     * whether its caller did is not known; subprocess gives them back too */
+    q.ign[SIGPIPE] = q.ign[SIGXFSZ] = 0;
     q.only_stdio = R->only_stdio;
     int pidfd;
     unsigned char b[6];
