@@ -306,43 +306,6 @@ def test_the_kill_loop_ends_what_a_wide_fan_outs_members_forked(procs, how):
         job.close()
 
 
-@pytest.mark.skipif(not available("cgroup"), reason="needs a writable cgroup v2")
-def test_kill_all_but_ends_every_other_member_of_a_cgroup_and_nothing_outside(procs):
-    """cgroupfs.kill_all_but, the Python cgroup keeper's kill from inside its
-    job: every process in the cgroup but the one kept - a tree with a setsid
-    escapee that keeps forking - ends; the kept one and a process outside
-    (the control) live on."""
-
-    from tether import cgroupfs, identity
-
-    base, why = cgroupfs.base_dir()
-    if base is None:
-        pytest.skip(why)
-    path = os.path.join(base, f"tether-test-killbut-{os.getpid()}")
-    os.mkdir(path)
-    try:
-        keep = procs.popen(["sleep", "60"])
-        outside = procs.popen(["sleep", "60"])
-        tree = procs.popen(["sh", "-c", "read go; for i in 1 2 3 4 5 6 7 8; do sleep 60 & done; "
-                            "(setsid sh -c 'while :; do sleep 60 & sleep 0.005; done' &); "
-                            "exec sleep 60"], stdin=subprocess.PIPE)
-        for p in (keep, tree):
-            cgroupfs.write(os.path.join(path, "cgroup.procs"), str(p.pid))
-        tree.stdin.write(b"go\n")
-        tree.stdin.close()
-        wait_until(lambda: len(cgroupfs.procs(path)) >= 14, 10.0)
-        members = [i for i in map(identity.read, cgroupfs.procs(path))
-                   if i is not None and i.pid != keep.pid]
-        assert cgroupfs.kill_all_but(path, keep.pid, 5.0)
-        assert cgroupfs.procs(path) == [keep.pid]
-        assert not [i for i in members if identity.is_alive(i)]
-        assert keep.poll() is None and outside.poll() is None  # the control
-    finally:
-        procs.cleanup()
-        wait_until(lambda: not cgroupfs.populated(path), 5.0)
-        cgroupfs.remove_tree(path)
-
-
 OUTLIVED_OWNER = r"""
 import json, os, subprocess, sys, time
 from tether import Job

@@ -197,14 +197,22 @@ def test_an_older_tether_shells_day_file_is_still_read(state, two_live):
 
 
 @pytest.mark.parametrize("days_old", [15, 13])
-def test_an_older_tether_shells_day_file_ages_out_by_the_audit_rule(state, two_live, days_old):
+def test_an_older_tether_shells_day_file_ages_out_by_the_audit_rule(state, two_live, days_old,
+                                                                    monkeypatch):
     # The first write of an audit writer prunes: a day file older than
     # keep_days goes - after what still proves a live process (its job and
     # its command) was carried into audit.jsonl. Control: a younger one stays.
+    # The carry reads the day file without the reader: a writer never loads
+    # tether.audit_read (unloaded here, restored after the test).
+    import tether
+
     owner, child = two_live
     path = _legacy_day_file(state, owner, child, days_old)
+    monkeypatch.delitem(sys.modules, "tether.audit_read", raising=False)
+    monkeypatch.delattr(tether, "audit_read", raising=False)
     with audit.AuditWriter(state, keep_days=14) as w:
         assert w.write("reap", how="test")
+    assert "tether.audit_read" not in sys.modules
     assert path.exists() == (days_old < 14)
     carried = [r for r in audit.read_records(state) if r.get("carried")]
     if days_old < 14:

@@ -1548,6 +1548,47 @@ def test_scope_caller_keeps_status_and_ends_a_stopped_command(procs, ts, env, me
     assert out == b"5\n"
 
 
+# A caller that runs two commands at once (as an agent's parallel tool calls):
+# prints both wrappers' pids, then waits to be killed.
+TWO_AT_ONCE = r"""
+import subprocess, sys, time
+a = subprocess.Popen([sys.argv[1], "-c", sys.argv[2]])
+time.sleep(0.1)
+b = subprocess.Popen([sys.argv[1], "-c", sys.argv[3]])
+print(a.pid, b.pid, flush=True)
+b.wait()
+print(b.returncode, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_scope_caller_stop_ends_that_command_only(procs, ts, env, mech):
+    # Two commands of one caller run at once (as root: in the caller's one
+    # cgroup). Command 2, stopped, ignores SIGTERM, so it is ended by the
+    # kill; what is its own is told by its cookie - command 1 starts a
+    # process after command 2 began, in the same cgroup. Control: that one
+    # lives on, until the caller dies.
+    use(env, mech, TETHER_SHELL_SCOPE="caller")
+    p1, p2 = env["P"] + "1", env["P"] + "2"
+    one = f'sleep 0.5; sleep 60 & echo $! >> {p1}; wait'
+    two = f'trap "" TERM; sleep 60 & echo $! >> {p2}; echo $$ >> {p2}; wait'
+    caller = procs.popen([sys.executable, "-c", TWO_AT_ONCE, ts, one, two], env=env,
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    _, wrapper2 = (int(x) for x in caller.stdout.readline().split())
+    (late,) = read_pids(p1, 1)
+    mine = read_pids(p2, 2)
+    os.kill(wrapper2, signal.SIGTERM)
+    assert caller.stdout.readline() != b""  # command 2 returned
+    assert wait_dead(mine, 3.0) == []
+    assert identity.is_alive(late)  # the control: command 1's
+    caller.kill()
+    caller.wait(timeout=5)
+    assert wait_dead([late], 3.0) == []
+    assert procs.wait_all_dead(3.0) == []
+
+
 # -- 13. named after the real shell: tether shell --install DIR ----------------------
 
 # `tether shell --install` as where no native tether-shell was built.

@@ -47,6 +47,9 @@ SHELL_LOG_START_ROOM = 2048
 #: The job names tether-shell's records carry (a command's job; a caller's).
 SHELL_JOB = "tether-shell"
 SHELL_SCOPE_JOB = "tether-shell scope=caller"
+#: The cgroup of a caller's scope, shared by its commands:
+#: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
+SHELL_SCOPE_DIR = "shell-scope"
 
 #: The keeper protocol (docs/protocol.md): its version, said in the hello.
 PROTOCOL_VERSION = 1

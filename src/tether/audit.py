@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import sys
 import threading
 import time
@@ -583,31 +582,16 @@ class AuditWriter:
         from tether.records import legacy_shell_records, still_needed  # lazy: only a prune needs it
 
         def legacy(name: str) -> Iterator[bytes]:  # an old day file: as the audit records it meant
-            from .audit_read import read_records  # lazy: only an old day file needs the reader
-
-            for rec in read_records(self.state_dir, filename=name, max_line=self.max_line):
-                recs = legacy_shell_records(rec)
-                if recs:
-                    yield b"".join(_encode(r) for r in recs)
+            for whole in self._line_blocks_of(name):
+                for line in whole.split(b"\n"):
+                    rec = _json_record(line) if len(line) <= self.max_line else None
+                    if rec is not None and (recs := legacy_shell_records(rec)):
+                        yield b"".join(_encode(r) for r in recs)
 
         def blocks() -> Iterator[bytes]:  # whole lines; a line over max_line is dropped
             for name in doomed:
-                if _legacy_shell_file(name):
-                    yield from legacy(name)
-                    continue
-                try:
-                    fd = os.open(self._p(name), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
-                                 | _O_BINARY, **self._kw())
-                except OSError:
-                    continue
-                try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        continue
-                    yield from _line_blocks(functools.partial(os.read, fd), self.max_line)
-                except OSError:
-                    continue
-                finally:
-                    os.close(fd)
+                yield from (legacy(name) if _legacy_shell_file(name)
+                            else self._line_blocks_of(name))
 
         needed = still_needed(blocks())
         if not needed:
@@ -643,6 +627,23 @@ class AuditWriter:
             return os.write(fd, data) == len(data)
         except OSError:
             return False
+        finally:
+            os.close(fd)
+
+    def _line_blocks_of(self, name: str) -> Iterator[bytes]:
+        """The whole lines of log file *name* (see :func:`_line_blocks`); none
+        when it cannot be opened or read, or must not be (:func:`file_refusal`:
+        a FIFO, another user's file, one another user can write)."""
+        try:
+            fd = os.open(self._p(name), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | _O_BINARY
+                         | _O_NONBLOCK, **self._kw())
+        except OSError:
+            return
+        try:
+            if file_refusal(os.fstat(fd), fd) is None:
+                yield from _line_blocks(functools.partial(os.read, fd), self.max_line)
+        except OSError:
+            pass
         finally:
             os.close(fd)
 
@@ -724,6 +725,23 @@ def _legacy_shell_file(name: str) -> bool:
     """``shell-YYYY-MM-DD.jsonl``: a day file of an older tether-shell."""
     return (len(name) == 22 and name.startswith("shell-") and name.endswith(".jsonl")
             and name[6:16].replace("-", "").isdigit())
+
+
+def _json_record(line: bytes) -> dict[str, Any] | None:
+    """The JSON object *line* holds, or None (not JSON, not an object). As the
+    reader does: a fragment torn by a full disk and glued before a record
+    (writers put ``"v"`` first) is cut off and the record kept."""
+    import json  # lazy: only the carry of an old day file parses a line here
+
+    cut = line.rfind(b'{"v":')
+    for part in (line, line[cut:]) if cut > 0 else (line,):
+        try:
+            obj = json.loads(part)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
 
 
 def _why(e: OSError, state_dir: Path) -> str:

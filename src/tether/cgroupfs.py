@@ -43,9 +43,6 @@ RUN_PREFIX = "tether-"
 #: A job directory whose name ends so belongs to a background job: it
 #: outlives its owner on purpose and no reaper ends it.
 BACKGROUND_SUFFIX = ".bg"
-#: The cgroup of tether-shell's caller scope:
-#: ``<base>/tether-<caller pid>-<caller start>/shell-scope``.
-SHELL_SCOPE_DIR = "shell-scope"
 #: The child cgroup of a native keeper's job that holds the job's pin: one
 #: sleeping process, the keeper's child, that keeps an idle job's cgroup
 #: populated (a spawn into an empty cgroup pays the kernel's cgroup.events
@@ -53,7 +50,7 @@ SHELL_SCOPE_DIR = "shell-scope"
 #: every reader skips it. Its cgroup.procs is read-only, so only root (who can
 #: leave any cgroup anyway) could hide a member there; cgroup.kill of the job
 #: ends it too.
-from ._constants import PIN_DIR  # noqa: E402 - shared with the C side
+from ._constants import PIN_DIR, SHELL_SCOPE_DIR  # noqa: E402 - shared with the C side
 
 _PROBE = RUN_PREFIX + "probe-"
 _SIGKILL = 9
@@ -266,27 +263,6 @@ def kill(path: str, timeout: float, reap=None) -> bool:
             return True
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.0005)
-
-
-def kill_all_but(path: str, keep: int, timeout: float, reap=None) -> bool:
-    """End every process in ``path`` and below but ``keep`` - a keeper that
-    lives in its job's cgroup, which ``cgroup.kill`` would end with the rest
-    (and stepping out first is a cgroup move: milliseconds, see
-    ``tether.platform.linux_cgroup``). Rounds of SIGKILL by pidfd, each
-    process checked to be a member still once pinned, until ``keep`` is the
-    only one left: True, or False at ``timeout`` or where there are no
-    pidfds. A round finds all: a process SIGKILLed forks no more, so what is
-    new was forked by one not yet killed. ``reap()`` between rounds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [p for p in procs(path) if p != keep]
-        if not left:
-            return True
-        if not _kill_each(left, path) or time.monotonic() > deadline:
-            return False
-        if reap is not None:
-            reap()
         time.sleep(0.0005)
 
 

@@ -384,22 +384,8 @@ class Job:
         return await create(popen, limit)
 
     # -- members and ending ----------------------------------------------------
-    def _nested(self) -> list[Job]:
-        out = []
-        for child in self._children:
-            if not child._closed:
-                out.append(child)
-                out.extend(child._nested())
-        return out
-
     def _pids(self) -> list[int]:
-        # A nested job's keeper may live inside this job's cgroup: tether's own,
-        # not a member.
-        pids = self._backend.member_pids()
-        if self._children:
-            helpers = {h for c in self._nested() for h in c._backend.helper_pids()}
-            pids = [p for p in pids if p not in helpers]
-        return pids
+        return self._backend.member_pids()
 
     def member_pids(self) -> list[int]:
         """PIDs of the job's members (cheaper than ``members()``; may include zombies)."""
@@ -427,16 +413,7 @@ class Job:
         grace = self.grace if grace is None else check_grace(grace)
         if self._closed:
             return []
-        nested = self._nested()
         backend = self._backend
-
-        def kill() -> None:
-            for child in nested:  # they stay open: their keepers must not die with the rest
-                try:
-                    child._backend.step_aside()
-                except JobClosed:  # a gone keeper: that job ends with ours
-                    pass
-            backend.kill_all()
 
         # Proven by the job's cookie, its cgroup, or as the tree below its
         # keeper (or, with no keeper, below this process) as last looked at.
@@ -444,7 +421,8 @@ class Job:
         proof = gate.Proof(f"{self.cookie_var}={self.cookie}".encode(), tr.get("cgroup_path"))
         find = proof.tracking(self.members,
                               roots=[getattr(backend, "keeper_pid", 0) or os.getpid()])
-        ending = end(find, born_after=self.born, grace=grace, kill=kill,
+        # (a nested job stays open: its keeper lives outside this job)
+        ending = end(find, born_after=self.born, grace=grace, kill=backend.kill_all,
                      kill_name=self.mechanism, polite=getattr(backend, "polite", None),
                      proof=lambda _i: proof)
         return ending.identities()

@@ -2928,8 +2928,8 @@ static int usage(void)
         "usage: tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH] "
         "[background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET] [keep=FD,...]\n"
         "       tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID "
-        "auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR] [caller=FD:PID:START] [ign=HEX] "
-        "[mask=HEX] -- EXE ARGV0 [ARG...]\n"
+        "auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR] [caller=FD:PID:START [scope=caller]] "
+        "[ign=HEX] [mask=HEX] -- EXE ARGV0 [ARG...]\n"
         "       tether-keeper --version\n"
         "the native keeper of a tether job; tether starts it (see tether/keeper/native.py)\n";
     ssize_t n = write(2, text, sizeof text - 1);

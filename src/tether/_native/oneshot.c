@@ -13,7 +13,8 @@
  *
  *   tether-keeper one REP_FD CTL_FD OWNER_PIDFD OWNER_PID OWNER_START PGID
  *                 auto|cgroup|subreaper GRACE_MS [base=DIR mount=DIR]
- *                 [caller=FD:PID:START] [ign=HEX] [mask=HEX] -- EXE ARGV0 [ARG...]
+ *                 [caller=FD:PID:START [scope=caller]] [ign=HEX] [mask=HEX]
+ *                 -- EXE ARGV0 [ARG...]
  *
  *   base: the cgroup this job's run directory goes under (the Python front
  *   end decided it may: cgroupfs.base_dir); none: a subreaper job. ign/mask:
@@ -23,14 +24,27 @@
  *
  * The reports, one line each on REP_FD: "P <pid> <mechanism> <start ticks>
  * <cgroup or ->" once the command runs; then "X <wait status> <leftovers>
- * [caller]", or "E job|exec|spawn <errno> <words>" when nothing ran. A byte
- * on CTL_FD (the owner got SIGTERM/SIGHUP) ends the job now; its EOF, or the
- * owner's pidfd, means the owner is gone: everything ends, no grace, no
- * report. The caller's pidfd readable: its commands end at once ("caller").
+ * [caller|linger]", or "E job|exec|spawn <errno> <words>" when nothing ran.
+ * A byte on CTL_FD (the owner got SIGTERM/SIGHUP) ends the job now; its EOF,
+ * or the owner's pidfd, means the owner is gone: everything ends, no grace,
+ * no report. The caller's pidfd readable: its commands end at once
+ * ("caller").
+ *
+ * scope=caller (tether-shell's TETHER_SHELL_SCOPE=caller): what the command
+ * leaves is not ended when it returns; it is the caller's until the caller
+ * ends. A cgroup job is then the caller's one cgroup,
+ * <base>/tether-<caller pid>-<caller start>/shell-scope, shared by all its
+ * commands: this command's processes in it are those that carry its cookie,
+ * and only they end when it is stopped or its owner dies; a watcher of its
+ * own (scope_keeper, "tether-scope") ends the whole cgroup when the caller
+ * dies. A subreaper job stays: once the command returns, its keeper reports
+ * "linger" (the owner does not wait for it) and keeps what the command left
+ * until that is gone or the caller dies.
  */
 
 #include <limits.h>
 #include <stdarg.h>
+#include <sys/file.h>
 
 /* Start ticks of pid (field 22 of /proc/PID/stat), 0 when unreadable; the
  * state letter into *state when asked, the parent into *ppid. */
@@ -77,6 +91,7 @@ struct run {
     unsigned long long owner_start;
     int ownerfd;
     int callerfd; /* -1: the caller is not watched */
+    int scope_caller; /* scope=caller: what the command leaves is the caller's */
     int lifefd;   /* tether run --lifeline FD, else -1: the job ends at its EOF/hangup */
     pid_t caller;
     unsigned long long caller_start;
@@ -105,6 +120,16 @@ static void tell(const char *fmt, ...)
     line[n++] = '\n';
     ssize_t w = write(rep_w, line, (size_t)n);
     (void)w;
+}
+
+/* poll with no timeout, again after a signal's EINTR (every wake-up these
+ * loops want comes through an fd: SIGCHLD too, by signalfd) */
+static int poll_fds(struct pollfd *p, nfds_t n)
+{
+    int r;
+    while ((r = poll(p, n, -1)) < 0 && errno == EINTR) {
+    }
+    return r;
 }
 
 static int readable(int fd)
@@ -177,6 +202,29 @@ static void add_members_of(const char *dir, int depth)
         each_subdir(dir, depth, add_members_of);
 }
 
+/* scope=caller in the caller's shared cgroup: this command's members are the
+ * command itself and what carries its cookie (share_entry, "\0VAR=VALUE\0",
+ * share_elen bytes; 0: every member of the cgroup is this job's). */
+static char share_entry[240];
+static int share_elen;
+static pid_t share_child;
+
+/* Whether pid's environment holds entry ("\0VAR=VALUE\0", elen bytes). */
+static int carries(pid_t pid, const char *entry, int elen)
+{
+    static char env[1 << 20];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    env[0] = '\0';
+    ssize_t len = read_file(path, env + 1, sizeof env - 2);
+    return len > 0 && memmem(env, (size_t)len + 2, entry, (size_t)elen) != NULL;
+}
+
+static int is_this_jobs(pid_t pid)
+{
+    return !share_elen || pid == share_child || carries(pid, share_entry, share_elen);
+}
+
 /* The live members now, each with the start ticks and parent read for it. */
 static size_t members(void)
 {
@@ -190,7 +238,8 @@ static size_t members(void)
         char st = 0;
         pid_t ppid = 0;
         unsigned long long start = proc_stat(members_buf[k], &st, &ppid);
-        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x') {
+        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x' &&
+            is_this_jobs(members_buf[k])) {
             members_buf[live] = members_buf[k];
             members_start[live] = start;
             members_ppid[live++] = ppid;
@@ -216,6 +265,26 @@ static int signal_if_still(pid_t pid, unsigned long long start, int sig, int mem
 static int signal_member(size_t k, int sig)
 {
     return signal_if_still(members_buf[k], members_start[k], sig, K.mech == M_CGROUP);
+}
+
+/* The job's kill: the mechanism's (cgroup.kill, the subreaper's kill loop),
+ * or, for this command's part of a caller's shared cgroup, whose cgroup.kill
+ * would end the caller's other commands too, SIGKILL to each member in
+ * rounds until none is left or bound seconds pass. */
+static void kill_job(double bound)
+{
+    if (!share_elen) {
+        kill_all(bound);
+        return;
+    }
+    double deadline = now_s() + bound;
+    while (members() && now_s() < deadline) {
+        for (size_t k = 0; k < nmembers; k++)
+            signal_member(k, SIGKILL);
+        reap_all(0);
+        nap_us(1000);
+    }
+    reap_all(0);
 }
 
 struct pid_at {
@@ -295,7 +364,7 @@ static void end_job(double grace)
         if (!members())
             return;
     }
-    kill_all(KILL_BOUND);
+    kill_job(KILL_BOUND);
 }
 
 /* Start the shell in the job, as op_spawn does (the born-killed retry
@@ -345,19 +414,44 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
     return pid;
 }
 
+/* Give back a cgroup in which nothing of ours ran: removed, with its run
+ * directory when that is empty. The caller's shared one only if nothing is
+ * in it, and with one try: another of its commands may be starting there. */
+static void release_cgroup(const struct run *R)
+{
+    if (!R->scope_caller) {
+        cleanup();
+    } else if (K.cgroup[0] && rmdir(K.cgroup) == 0) {
+        char run_dir[4096];
+        snprintf(run_dir, sizeof run_dir, "%s", K.cgroup);
+        char *slash = strrchr(run_dir, '/');
+        if (slash) {
+            *slash = '\0';
+            rmdir(run_dir);
+        }
+    }
+    K.cgroup[0] = '\0';
+}
+
+/* The job's cgroup: <base>/tether-<owner pid>-<owner start>/<job id>, or
+ * for scope=caller the caller's shared one (made by whichever of its
+ * commands comes first). */
 static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
 {
     char run_dir[4200];
-    snprintf(run_dir, sizeof run_dir, "%s/tether-%d-%llu", R->base, (int)R->owner, R->owner_start);
+    int shared = R->scope_caller;
+    snprintf(run_dir, sizeof run_dir, "%s/tether-%d-%llu", R->base,
+             (int)(shared ? R->caller : R->owner), shared ? R->caller_start : R->owner_start);
     int made_run = mkdir(run_dir, 0777) == 0;
     if (!made_run && errno != EEXIST) {
         *err = errno;
         snprintf(why, whysize, "%s", strerror(errno));
         return -1;
     }
-    if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", run_dir, R->job_id) >= sizeof K.cgroup)
+    if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", run_dir,
+                         shared ? TETHER_SHELL_SCOPE_DIR : R->job_id) >= sizeof K.cgroup)
         errno = ENAMETOOLONG;
-    else if (mkdir(K.cgroup, 0777) == 0)
+    else if (mkdir(K.cgroup, 0777) == 0 || (shared && errno == EEXIST))
         errno = 0;
     if (errno) {
         *err = errno;
@@ -372,8 +466,7 @@ static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
     if (K.cgfd < 0) {
         *err = errno;
         snprintf(why, whysize, "%s", strerror(errno));
-        cleanup();
-        K.cgroup[0] = '\0';
+        release_cgroup(R);
         return -1;
     }
     K.mech = M_CGROUP;
@@ -439,10 +532,48 @@ static void let_go(int *keep, int n)
     }
 }
 
-static void keeper_run(struct run *R, char **envp) __attribute__((noreturn));
-static void keeper_run(struct run *R, char **envp)
+/* The watcher of a caller's shared cgroup (scope=caller): one per caller,
+ * outside the cgroup, named tether-scope, in a session of its own, holding
+ * only the caller's pidfd and an exclusive flock on the cgroup's directory
+ * for its whole life - so "is the caller watched" is one lock try that the
+ * kernel answers, and the lock goes with its holder however it dies (the
+ * caller's next command then starts another). When the caller dies, it
+ * ends everything in the cgroup and removes it. */
+static void scope_keeper(int callerfd, int lock) __attribute__((noreturn));
+static void scope_keeper(int callerfd, int lock)
 {
-    const char *asked = R->mech_auto ? "auto" : R->want_cgroup ? "cgroup" : "subreaper";
+    setsid();
+    prctl(PR_SET_NAME, "tether-scope", 0, 0, 0);
+    int keep[] = {callerfd, lock};
+    let_go(keep, 2);
+    struct pollfd p = {callerfd, POLLIN, 0};
+    poll_fds(&p, 1);
+    kill_cgroup(KILL_BOUND);
+    cleanup();
+    _exit(0);
+}
+
+static void ensure_scope_keeper(int callerfd)
+{
+    int lock = openat(AT_FDCWD, K.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock < 0)
+        return;
+    if (flock(lock, LOCK_EX | LOCK_NB) < 0) { /* held: the caller is watched already */
+        close(lock);
+        return;
+    }
+    if (fork() == 0)
+        scope_keeper(callerfd, lock);
+    /* the watcher's copy holds the lock now (none forked: the commands' own
+     * keepers still watch the caller while they run) */
+    close(lock);
+}
+
+/* Open the job as asked: a cgroup under base (for auto, a subreaper where
+ * none can be made), else a subreaper; SIGCHLD comes through a signalfd.
+ * On failure: the "E" report, and this keeper is gone. */
+static void open_job(struct run *R, const char *asked)
+{
     char why[600] = "";
     int err = 0;
     int ok;
@@ -464,23 +595,25 @@ static void keeper_run(struct run *R, char **envp)
     sigprocmask(SIG_BLOCK, &chld, NULL);
     K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
     if (K.sigfd < 0) {
-        cleanup();
-        tell("E job %d cannot create the job (%s): signalfd: %s", errno, asked, strerror(errno));
+        err = errno;
+        release_cgroup(R);
+        tell("E job %d cannot create the job (%s): signalfd: %s", err, asked, strerror(err));
         _exit(0);
     }
-    if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
-        cleanup(); /* stopped (or the owner or its caller died) while we set up */
-        tell("X -1 0");
-        _exit(0);
-    }
-    members_born = now_ticks(); /* nothing of the command is older */
-    char stage = 0;
+}
+
+/* Start the command in the job (for auto, in a subreaper job where the
+ * cgroup will not take it): its pid. On failure: the report, and gone. */
+static pid_t start_command(struct run *R, char **envp)
+{
+    char stage = 0, why[600] = "";
+    int err = 0;
     pid_t child = spawn_command(R, envp, &stage, &err);
     if (child < 0 && K.mech == M_CGROUP && (stage == 'c' || stage == 'g') &&
         (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
         /* not allowed into the job's cgroup (a delegated subtree needs write
          * access to the common ancestor's cgroup.procs) */
-        cleanup();
+        release_cgroup(R);
         if (R->cli) {
             tell("E spawn %d spawn refused by the job's keeper: cannot place the child in the job: %s",
                  err, strerror(err));
@@ -497,28 +630,33 @@ static void keeper_run(struct run *R, char **envp)
         child = spawn_command(R, envp, &stage, &err);
     }
     if (child < 0) {
-        cleanup();
+        release_cgroup(R);
         if (stage == 'c' || stage == 'g')
             tell("E job %d cannot place the child in the job: %s", err, strerror(err));
         else
             tell("E exec %d", err);
         _exit(0);
     }
-    tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
-         proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
-    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
-    let_go(keep, (int)(sizeof keep / sizeof *keep));
+    return child;
+}
+
+/* How the wait for the command ended; its status when it exited (have). */
+struct waited {
+    int owner_gone, stop, caller_gone, have, st;
+};
+
+/* Wait until the command exits, the owner goes, a stop comes, or the caller
+ * (or the app, at the lifeline's end) goes. */
+static void watch_command(const struct run *R, pid_t child, struct waited *e)
+{
     /* a watch not asked for is fd -1, which poll skips */
     struct pollfd p[5] = {{K.ownerfd, POLLIN, 0}, {ctl_r, POLLIN, 0}, {K.sigfd, POLLIN, 0},
                           {R->callerfd, POLLIN, 0}, {R->lifefd, POLLIN | POLLRDHUP, 0}};
-    nfds_t np = 5;
-    int owner_gone = 0, stop = 0, caller_gone = 0, st = 0, have = 0;
     reap_all(0);
-    while (!(have = take_status(child, &st)) && !owner_gone && !stop && !caller_gone) {
-        if (poll(p, np, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            owner_gone = 1;
+    while (!(e->have = take_status(child, &e->st)) && !e->owner_gone && !e->stop &&
+           !e->caller_gone) {
+        if (poll_fds(p, 5) < 0) {
+            e->owner_gone = 1;
             break;
         }
         if (p[2].revents & POLLIN) {
@@ -526,36 +664,70 @@ static void keeper_run(struct run *R, char **envp)
             reap_all(0);
         }
         if (R->callerfd >= 0 && (p[3].revents & (POLLIN | POLLHUP | POLLERR)))
-            caller_gone = 1;
+            e->caller_gone = 1;
         if (R->lifefd >= 0 && lifeline_gone(R->lifefd, p[4].revents))
-            caller_gone = 1; /* the app's end of its lifeline closed: it died */
+            e->caller_gone = 1; /* the app's end of its lifeline closed: it died */
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
-            owner_gone = 1;
+            e->owner_gone = 1;
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
             char c;
             ssize_t n = read(ctl_r, &c, 1);
             if (n > 0)
-                stop = 1;
+                e->stop = 1;
             else if (n == 0 || errno != EINTR)
-                owner_gone = 1; /* the owner's end closed: it died */
+                e->owner_gone = 1; /* the owner's end closed: it died */
         }
     }
-    if (caller_gone) {
-        /* The caller (an agent CLI) is gone: its commands go with it, at once. */
+}
+
+/* scope=caller, subreaper: the command returned and left processes, which
+ * are this keeper's (it is their subreaper) until the caller ends. The
+ * owner no longer waits ("linger"); stay, watching only the caller, until
+ * the last of them is reaped or the caller dies (then they all end). */
+static void linger(const struct run *R) __attribute__((noreturn));
+static void linger(const struct run *R)
+{
+    close(rep_w);
+    close(ctl_r);
+    close(K.ownerfd);
+    rep_w = ctl_r = K.ownerfd = -1;
+    struct pollfd p[2] = {{R->callerfd, POLLIN, 0}, {K.sigfd, POLLIN, 0}};
+    while (reap_all(0)) {
+        if (poll_fds(p, 2) < 0)
+            break;
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            kill_all(KILL_BOUND);
+            break;
+        }
+        if (p[1].revents & POLLIN)
+            drain_sigfd();
+    }
+    _exit(0);
+}
+
+/* The command's status is reported once what it left is dealt with: ended
+ * (scope=caller: only when it was stopped), or kept for the caller. */
+static void finish(const struct run *R, pid_t child, struct waited *e) __attribute__((noreturn));
+static void finish(const struct run *R, pid_t child, struct waited *e)
+{
+    if (e->caller_gone) {
+        /* The caller (an agent CLI) is gone: its commands go with it, at
+         * once (scope=caller: all it kept, the whole shared cgroup). */
         kill_all(KILL_BOUND);
         reap_all(0);
-        if (!have)
-            have = take_status(child, &st);
+        if (!e->have)
+            e->have = take_status(child, &e->st);
         /* killed: out of the cgroup before it is a zombie to wait for */
-        if (!have && !wait_killed(child, &st))
-            st = -1;
-        tell("X %d 0 caller", st);
+        if (!e->have && !wait_killed(child, &e->st))
+            e->st = -1;
+        tell("X %d 0 caller", e->st);
         cleanup();
         _exit(0);
     }
-    if (owner_gone) {
-        kill_all(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
-        cleanup();
+    if (e->owner_gone) {
+        kill_job(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
+        if (!share_elen)
+            cleanup();
         _exit(0);
     }
     size_t left = members();
@@ -563,16 +735,46 @@ static void keeper_run(struct run *R, char **envp)
     for (size_t k = 0; k < left; k++)
         if (members_buf[k] != child)
             leftovers++;
-    if (left)
+    if (left && (e->stop || !R->scope_caller))
         end_job(R->grace);
     reap_all(0);
-    if (!have)
-        have = take_status(child, &st);
-    if (!have)
-        have = wait_killed(child, &st); /* dead, or dying: it was killed above */
-    tell("X %d %zu", have ? st : -1, leftovers);
-    cleanup();
+    if (!e->have)
+        e->have = take_status(child, &e->st);
+    if (!e->have)
+        e->have = wait_killed(child, &e->st); /* dead, or dying: it was killed above */
+    int stays = R->scope_caller && !e->stop && leftovers && K.mech == M_SUBREAPER;
+    tell("X %d %zu%s", e->have ? e->st : -1, leftovers, stays ? " linger" : "");
+    if (stays)
+        linger(R);
+    if (!share_elen)
+        cleanup(); /* (the caller's shared cgroup is its watcher's to remove) */
     _exit(0);
+}
+
+static void keeper_run(struct run *R, char **envp) __attribute__((noreturn));
+static void keeper_run(struct run *R, char **envp)
+{
+    open_job(R, R->mech_auto ? "auto" : R->want_cgroup ? "cgroup" : "subreaper");
+    if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
+        release_cgroup(R); /* stopped (or the owner or its caller died) while we set up */
+        tell("X -1 0");
+        _exit(0);
+    }
+    members_born = now_ticks(); /* nothing of the command is older */
+    pid_t child = start_command(R, envp);
+    if (R->scope_caller && K.mech == M_CGROUP) {
+        share_child = child;
+        share_elen = snprintf(share_entry, sizeof share_entry, "%c%s=%s%c", 0, TETHER_COOKIE_VAR,
+                              R->cookie, 0);
+        ensure_scope_keeper(R->callerfd);
+    }
+    tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
+         proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
+    int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
+    let_go(keep, (int)(sizeof keep / sizeof *keep));
+    struct waited e = {0, 0, 0, 0, 0};
+    watch_command(R, child, &e);
+    finish(R, child, &e);
 }
 
 /* A job whose keeper vanished, ended from its owner (the front end): the
@@ -591,7 +793,6 @@ static void end_without_keeper(const char *cgroup, const char *mount, const char
     }
     char entry[240];
     int elen = snprintf(entry, sizeof entry, "%c%s=%s%c", 0, TETHER_COOKIE_VAR, cookie, 0);
-    static char env[1 << 20];
     uid_t me = geteuid();
     double deadline = now_s() + KILL_BOUND;
     while (now_s() < deadline) {
@@ -613,10 +814,7 @@ static void end_without_keeper(const char *cgroup, const char *mount, const char
             struct stat sb;
             if (stat(path, &sb) < 0 || (me != 0 && sb.st_uid != me))
                 continue;
-            snprintf(path, sizeof path, "/proc/%ld/environ", pid);
-            env[0] = '\0';
-            ssize_t len = read_file(path, env + 1, sizeof env - 2);
-            if (len <= 0 || !memmem(env, (size_t)len + 2, entry, (size_t)elen))
+            if (!carries((pid_t)pid, entry, elen))
                 continue;
             /* what it started too (identity.carriers: a child may have
              * cleared its environment), read before it dies */
@@ -723,6 +921,10 @@ static int one_option(const char *a, struct run *R)
         return (size_t)snprintf(R->mount, sizeof R->mount, "%s", a + 6) >= sizeof R->mount ? -1 : 0;
     if (!strncmp(a, "caller=", 7))
         return one_caller(a + 7, R);
+    if (!strcmp(a, "scope=caller") || !strcmp(a, "scope=command")) {
+        R->scope_caller = a[6] == 'c' && a[7] == 'a';
+        return 0;
+    }
     if (!strncmp(a, "ign=", 4) && one_mask(a + 4, &bits) == 0) {
         for (int s = 1; s < 65; s++)
             R->orig_ign[s] = (unsigned char)((bits >> (s - 1)) & 1);
@@ -780,6 +982,12 @@ static int one_main(int argc, char **argv)
     R.want_cgroup = R.base[0] != '\0';
     if (!R.want_cgroup && !strcmp(argv[8], "cgroup"))
         return usage(); /* the front end refuses that itself, with its reason */
+    /* scope=caller: the caller watched, and the job's cookie (the first entry
+     * of the environment) known, by which its part of the shared cgroup is told */
+    const char *cookie = getenv(TETHER_COOKIE_VAR);
+    if (R.scope_caller && (R.callerfd < 0 || !cookie || !*cookie ||
+                           (size_t)snprintf(R.cookie, sizeof R.cookie, "%s", cookie) >= sizeof R.cookie))
+        return usage();
     R.argv = argv + k + 2;
     R.path = nopath;
     snprintf(R.job_id, sizeof R.job_id, "j%d-1", (int)R.owner);

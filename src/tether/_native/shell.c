@@ -1048,9 +1048,7 @@ static void wait_reports(struct outcome *o, int rep_r, int ctl_w, int sigfd,
     size_t have = 0;
     int done = 0;
     while (!done) {
-        if (poll(p, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
+        if (poll_fds(p, 2) < 0) {
             o->keeper_died = 1;
             break;
         }

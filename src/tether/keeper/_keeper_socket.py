@@ -16,9 +16,10 @@ import socket
 import sys
 
 from .. import gate, identity
+from .._constants import KILL_BOUND
 from .._prctl import name_process
 from ..errors import SignalRefused
-from ._keeper import KEEPER_COMM, KILL_BOUND, Keeper, Unplaced, close_other_fds, detach_signals
+from ._keeper import KEEPER_COMM, Keeper, Unplaced, close_other_fds, detach_signals
 
 
 def fork_keeper(mech, ctl_child: socket.socket, owner_pid: int, owner_pidfd: int | None,
@@ -237,8 +238,7 @@ class SocketKeeper(Keeper):
                 except OSError:  # a dropped job's owner asked and closed its end: close anyway
                     pass
                 return True
-            elif op == "step_aside":
-                self.mech.step_aside()
+            elif op == "step_aside":  # a no-op (docs/protocol.md): no keeper lives in its job
                 _proto.send(self.ctl, {"ok": True})
             elif op == "ping":
                 _proto.send(self.ctl, {"ok": True, "keeper": os.getpid()})

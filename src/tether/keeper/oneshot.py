@@ -5,9 +5,9 @@ The generic path (``tether.job.Job``) pays for generality on every command:
 socket. A wrapper that runs exactly one command needs none of it. The native
 ``tether-shell`` serves most commands itself (``_native/shell.c``); this is
 the Python one's path for what it hands over (a log only the audit writer may
-judge, a systemd unit not yet asked about, scope ``caller``). Scope
-``command`` runs the very keeper the native one forks: the native program's
-one-command driver (``tether-keeper one``, ``_native/oneshot.c``), exec'd.
+judge, a systemd unit not yet asked about, scope ``caller``). It runs the
+very keeper the native one forks: the native program's one-command driver
+(``tether-keeper one``, ``_native/oneshot.c``), exec'd.
 This module imports only ``os``, ``sys``, ``select`` and ``_signal`` before
 the fork.
 
@@ -37,9 +37,9 @@ How (Linux only; the caller must be single-threaded, as the wrapper is):
   before the keeper reports - so the owner exits only once nothing of the
   command is left.
 * Scope ``caller`` (what a command leaves runs on until its caller ends) is
-  kept by the Python keeper (``_keeper.Keeper.run_one``), with the
-  ``linux_cgroup``/``linux_subreaper`` mechanism classes: one cgroup per
-  caller, or a subreaper that stays.
+  the same driver's ``scope=caller``: one cgroup per caller, shared by its
+  commands and watched by a ``tether-scope`` process, or a subreaper keeper
+  that stays until what the command left is gone.
 
 Guarantee, as for the generic ``cgroup``/``subreaper`` mechanisms: guardian-
 enforced and transparent; if the keeper itself is SIGKILLed first, a cgroup
@@ -54,19 +54,13 @@ import sys
 
 from .. import gate, identity
 from .._sigwatch import SignalWatch
-from ..cgroupfs import SHELL_SCOPE_DIR
 from ..errors import JobRefused, Unavailable
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # a hint only: typing costs start-up time
-    from typing import Any
 
 __all__ = ["Result", "Unavailable", "available", "run", "watch_caller", "MECHANISMS", "SCOPES"]
 
 MECHANISMS = ("auto", "cgroup", "subreaper")
 COMMAND, CALLER = "command", "caller"
 SCOPES = (COMMAND, CALLER)
-SCOPE_JOB = SHELL_SCOPE_DIR  # the cgroup of a caller's scope
 COOKIE_VAR = identity.COOKIE_VAR
 STOP_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP)  # end the job now
 DEFER_SIGNALS = (_signal.SIGINT, _signal.SIGQUIT)  # the command gets them from the terminal
@@ -283,10 +277,9 @@ def _named(owner: _Owner, scope: str, caller) -> "Result":
 
 def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", caller,
          scope) -> "Result":
-    if scope == COMMAND:
-        from . import native
+    from . import native
 
-        native.required("cgroup" if mechanism == "cgroup" else "subreaper")  # or JobRefused
+    native.required("cgroup" if mechanism == "cgroup" else "subreaper")  # or JobRefused
     owner = _Owner()
     res = _named(owner, scope, caller)
     rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
@@ -334,8 +327,8 @@ def _run(argv, executable, mechanism, grace, on_start, sigs: "SignalWatch", call
 
 
 def _fork_keeper(launch: _Launch) -> int:
-    """Fork the job's keeper: scope command execs the native driver, scope
-    caller runs the Python keeper. Its pid; JobRefused if it cannot fork."""
+    """Fork the job's keeper, which execs the native driver. Its pid;
+    JobRefused if it cannot fork."""
     try:
         keeper = os.fork()
     except OSError as exc:
@@ -347,11 +340,8 @@ def _fork_keeper(launch: _Launch) -> int:
         return keeper
     code = 1
     try:
-        if launch.res.scope == COMMAND:
-            _exec_native(launch)  # returns only when it could not exec
-            code = 0
-        else:
-            code = _keeper_main(launch)
+        _exec_native(launch)  # returns only when it could not exec
+        code = 0
     except BaseException:  # noqa: BLE001 - a keeper bug: said on stderr, then gone
         try:
             import traceback
@@ -483,12 +473,12 @@ def _end_from_here(res: "Result", born: int) -> None:
 # -- the keeper's side ---------------------------------------------------------------
 
 def _exec_native(launch: _Launch) -> None:
-    """In the forked keeper, scope ``command``: become the native keeper's
-    one-command driver (``tether-keeper one``, ``_native/oneshot.c``), the
-    one that the native tether-shell forks. Decided here, as the native front
-    end decides it: where the job's cgroup may go (``cgroupfs.base_dir``,
-    systemd's delegation rules included); none, for ``auto``, is a subreaper
-    job. Returns only when it cannot exec (the error is reported)."""
+    """In the forked keeper: become the native keeper's one-command driver
+    (``tether-keeper one``, ``_native/oneshot.c``), the one that the native
+    tether-shell forks. Decided here, as the native front end decides it:
+    where the job's cgroup may go (``cgroupfs.base_dir``, systemd's
+    delegation rules included); none, for ``auto``, is a subreaper job.
+    Returns only when it cannot exec (the error is reported)."""
     from .. import cgroupfs
     from . import native
 
@@ -507,7 +497,7 @@ def _exec_native(launch: _Launch) -> None:
             return
     watch: list[str] = []
     if caller is not None:
-        watch = [f"caller={caller[2]}:{caller[0]}:{caller[1]}"]
+        watch = [f"caller={caller[2]}:{caller[0]}:{caller[1]}", f"scope={res.scope}"]
         os.set_inheritable(caller[2], True)
     for fd in (launch.rep_w, launch.ctl_r, o.fd):
         os.set_inheritable(fd, True)
@@ -522,90 +512,3 @@ def _exec_native(launch: _Launch) -> None:
     except OSError as exc:
         launch.say(f"E job {exc.errno or 0} cannot start the native keeper: "
                    f"{exc.strerror or exc}")
-
-
-def _keeper_main(launch: _Launch) -> int:
-    """In the forked keeper, scope ``caller``: open the job, then
-    ``Keeper.run_one``."""
-    from . import _keeper as kp
-
-    o, res, caller, mechanism, say = (launch.owner, launch.res, launch.caller, launch.mechanism,
-                                      launch.say)
-    _signal.set_wakeup_fd(-1)
-    kp.detach_signals()
-    for fd in launch.inherited:  # the owner's ends
-        os.close(fd)
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
-    from .._prctl import name_process
-
-    name_process(kp.KEEPER_COMM)
-    caller_fd = caller[2] if caller is not None else None
-    try:
-        keeper = _open_job(kp, mechanism, o.pid, o.start, o.fd, res, caller_fd)
-    except OSError as exc:
-        say(f"E job {exc.errno or 0} cannot create the job ({mechanism}): {exc.strerror or exc}")
-        return 0
-    except Exception as exc:  # noqa: BLE001 - reported; the owner raises JobRefused
-        say(f"E job 0 cannot create the job ({mechanism}): {exc}")
-        return 0
-    # What this keeper ignores now: what it inherited, and what it ignores itself.
-    keeper.ignoring = tuple(sorted((o.ignores | set(kp.KEEPER_IGNORES)) & set(kp.ALL_SIGNALS)))
-    from ..platform.base import with_cookie
-
-    env = with_cookie(os.environ, keeper.mech.options)
-    try:
-        return keeper.run_one(launch.executable, launch.argv, pgid=o.pgid, ignored=o.ignored,
-                              grace=launch.grace, rep_w=launch.rep_w, ctl_r=launch.ctl_r,
-                              env=env, caller_fd=caller_fd)
-    except BaseException:
-        # Never leave the job running on a keeper bug: end it, then say so.
-        try:
-            keeper.mech.kill_all(keeper, timeout=kp.KILL_BOUND)
-        finally:
-            say("X -1 0")
-        raise
-
-
-def _open_job(kp, mechanism: str, owner: int, owner_start: int, owner_fd: int, res: "Result",
-              caller_fd: "int | None"):
-    """Scope ``caller``: a set-up Keeper with its job open: the caller's
-    cgroup (shared by its commands, named for the caller, watched by a scope
-    keeper) where asked (or, for auto, where this process may join one), else
-    a subreaper of this command's."""
-    from ..platform import keeper_mechanism
-    from ..platform.base import JobOptions
-
-    def options(job_id: str) -> "JobOptions":
-        return JobOptions(name="tether-shell", job_id=job_id, cookie=res.cookie,
-                          cookie_var=res.cookie_var)
-
-    born = identity.now_ticks()
-    if mechanism in ("auto", "cgroup"):
-        assert res.caller is not None  # scope caller: run() set it
-        mech: Any = keeper_mechanism("cgroup")(options(SCOPE_JOB), res.caller[0], res.caller[1],
-                                               born_after=born, sweep=False, shared=True)
-        try:
-            mech.prepare()
-        except OSError:
-            if mechanism == "cgroup":
-                raise
-            mech = None  # auto: no writable cgroup v2 here (EACCES, EROFS, none mounted)
-        if mech is not None:
-            keeper = kp.Keeper(mech, owner, owner_fd)
-            if caller_fd is not None:
-                kp.ensure_scope_keeper(mech.path, caller_fd)
-            mech.keeper_setup(keeper)
-            # Joining is the real permission test (a delegated subtree needs
-            # write access to the common ancestor's cgroup.procs).
-            if mech.inside:
-                keeper.setup_wakeup()
-                return keeper
-            if mechanism == "cgroup":
-                raise PermissionError(13, "cannot join the job's cgroup")
-    mech = keeper_mechanism("subreaper")(options(res.job), owner, owner_start, born_after=born)
-    keeper = kp.Keeper(mech, owner, owner_fd)
-    keeper.setup()
-    return keeper

@@ -82,8 +82,6 @@ class KeeperJob(JobBackend):
         self._sock_pid = os.getpid()  # the process this socket's conversation is with
         if os.environ.get(native.NO_OWNER_STATE) == "1":  # tests: see native.NO_OWNER_STATE
             self.mech.params["no_owner_state"] = True
-        if self.native:
-            self.mech.keeper_inside = False  # it clones each child into the job instead
         try:
             if self.native:
                 owner_fd = identity.open_pidfd(os.getpid())
@@ -343,13 +341,6 @@ class KeeperJob(JobBackend):
             lambda: [i for i in map(identity.read, self.member_pids()) if i is not None],
             roots=[self.keeper_pid])
         end(find, born_after=self.born_after, grace=0, bound=timeout, proof=lambda _i: proof)
-
-    def helper_pids(self) -> list[int]:
-        return [self.keeper_pid] if self.mech.keeper_inside and not self._closed else []
-
-    def step_aside(self) -> None:
-        if self.mech.keeper_inside and not self._closed:
-            self.request({"op": "step_aside"})
 
     def _end_from_here(self, timeout: float) -> None:
         """The keeper is gone: end the job from the owner - ``cgroup.kill`` of

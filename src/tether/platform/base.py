@@ -267,17 +267,6 @@ class JobBackend(abc.ABC):
         (its end of the keeper's socket), ending nothing - the job is its
         owner's, which may still use it."""
 
-    def helper_pids(self) -> list[int]:
-        """Processes of tether's own that live inside this job's kernel object
-        (a cgroup job's keeper): not members, and a job this one is nested in
-        must not count them or end them."""
-        return []
-
-    def step_aside(self) -> None:  # noqa: B027 - an optional hook: nothing to move by default
-        """Move ``helper_pids`` out of the job's kernel object, because a job
-        this one is nested in is about to end everything in it; they step back
-        in when this job next starts a process."""
-
     def trace(self) -> "dict[str, Any]":
         """Mechanism traces for the audit log and `tether ps` (cgroup path, keeper pid...)."""
         return {}
@@ -285,11 +274,14 @@ class JobBackend(abc.ABC):
 
 # -- the POSIX keeper's side of the contract ------------------------------------------
 #
-# cgroup, subreaper, pgroup and pidns are run by one keeper (``_keeper``): a
-# ``KeeperMechanism`` is built in the owner (where ``prepare`` may create
-# kernel objects such as a cgroup and so fail early, before anything runs)
-# and reaches the keeper by fork, or is rebuilt in the warden from
-# ``params``; the one-command path (``oneshot``) builds it in its keeper.
+# A ``KeeperMechanism`` is built in the owner, where ``prepare`` may create
+# kernel objects such as a cgroup and so fail early, before anything runs.
+# On Linux the keeper of cgroup, subreaper and pidns jobs is the native
+# program, which gets what it needs on its command line (``keeper.native``);
+# the owner side is all these classes do there. The Python keeper
+# (``keeper._keeper``) keeps pgroup, the mechanism of macOS and the BSDs: its
+# class reaches the keeper by fork, or is rebuilt in the warden from
+# ``params``, and runs the keeper side below.
 
 
 class _NoContext:
@@ -306,7 +298,6 @@ class KeeperMechanism:
     """One job's mechanism, as seen by its keeper and by the owner."""
 
     name = "?"
-    keeper_inside = False  # the keeper lives in the job's kernel object (a cgroup)
     kernel_keeps_members = False  # members stay listed by the kernel when the keeper dies
     kernel_enforced = False
     transparent = True
@@ -360,9 +351,6 @@ class KeeperMechanism:
 
     def kill_all(self, keeper, timeout: float) -> None:
         raise NotImplementedError
-
-    def step_aside(self) -> None:
-        """Keeper side of ``JobBackend.step_aside``."""
 
     def end_for_dead_owner(self, keeper) -> None:
         """The owner is gone: end every member at once, no grace."""
