@@ -241,6 +241,12 @@ def main() -> int:
                 [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper"})
         if os.access(base_ts + "-py", os.X_OK):
             cases["baseline: tether-shell-py"] = ([base_ts + "-py", "-c", "true"], env)
+        cases["baseline: tether-shell (scope caller)"] = (
+            [base_ts, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
+        if auto != "subreaper" and probe("subreaper").available:
+            cases["baseline: tether-shell (subreaper, scope caller)"] = (
+                [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
+                                          "TETHER_SHELL_SCOPE": "caller"})
     real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip()
 
@@ -305,7 +311,11 @@ def main() -> int:
         # Before/after in the same rounds: this tree's wrapper against the baseline's.
         for mine, theirs in (("tether-shell -c true", "baseline: tether-shell -c true"),
                              ("tether-shell (subreaper)", "baseline: tether-shell (subreaper)"),
-                             ("tether-shell-py (the Python one)", "baseline: tether-shell-py")):
+                             ("tether-shell-py (the Python one)", "baseline: tether-shell-py"),
+                             (f"tether-shell (scope caller{over_to})",
+                              "baseline: tether-shell (scope caller)"),
+                             (f"tether-shell (subreaper, scope caller{over_to})",
+                              "baseline: tether-shell (subreaper, scope caller)")):
             if mine in rows and theirs in rows:
                 m, t = rows[mine], rows[theirs]
                 print(f"  {mine}: {m['median_ms']:.2f} ms vs baseline {t['median_ms']:.2f} ms "

@@ -52,7 +52,9 @@ import os
 import select
 import sys
 
-from .. import gate, identity
+# (cgroupfs: loaded here, before the fork, so the keeper's side does not
+# fault the owner's pages in copying them for its import)
+from .. import cgroupfs, gate, identity
 from .._sigwatch import SignalWatch
 from ..errors import JobRefused, Unavailable
 
@@ -459,7 +461,7 @@ def _end_from_here(res: "Result", born: int) -> None:
     the job's cgroup (``cgroup.kill``; in scope ``caller`` only this command's
     processes, the scope is shared), and every process that carries the job's
     cookie (what a subreaper job's members were re-parented away with)."""
-    from .. import cgroupfs, environ
+    from .. import environ
     from ..ending import KILL_BOUND, end
 
     if res.cgroup and res.scope == COMMAND:
@@ -479,7 +481,6 @@ def _exec_native(launch: _Launch) -> None:
     where the job's cgroup may go (``cgroupfs.base_dir``, systemd's
     delegation rules included); none, for ``auto``, is a subreaper job.
     Returns only when it cannot exec (the error is reported)."""
-    from .. import cgroupfs
     from . import native
 
     o, res, caller, mechanism = launch.owner, launch.res, launch.caller, launch.mechanism
