@@ -579,12 +579,12 @@ class AuditWriter:
         be alive (:func:`tether.records.still_needed`), at most ``max_bytes // 2``
         of them; past that, an ``audit-carry-loss`` error record says what was
         dropped. False when the carry could not be written."""
-        from tether.records import legacy_shell_records, still_needed  # lazy: only a prune needs it
+        from tether.records import legacy_shell_records, record_of, still_needed  # lazy: a prune's
 
         def legacy(name: str) -> Iterator[bytes]:  # an old day file: as the audit records it meant
             for whole in self._line_blocks_of(name):
                 for line in whole.split(b"\n"):
-                    rec = _json_record(line) if len(line) <= self.max_line else None
+                    rec = record_of(line) if len(line) <= self.max_line else None
                     if rec is not None and (recs := legacy_shell_records(rec)):
                         yield b"".join(_encode(r) for r in recs)
 
@@ -725,23 +725,6 @@ def _legacy_shell_file(name: str) -> bool:
     """``shell-YYYY-MM-DD.jsonl``: a day file of an older tether-shell."""
     return (len(name) == 22 and name.startswith("shell-") and name.endswith(".jsonl")
             and name[6:16].replace("-", "").isdigit())
-
-
-def _json_record(line: bytes) -> dict[str, Any] | None:
-    """The JSON object *line* holds, or None (not JSON, not an object). As the
-    reader does: a fragment torn by a full disk and glued before a record
-    (writers put ``"v"`` first) is cut off and the record kept."""
-    import json  # lazy: only the carry of an old day file parses a line here
-
-    cut = line.rfind(b'{"v":')
-    for part in (line, line[cut:]) if cut > 0 else (line,):
-        try:
-            obj = json.loads(part)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
 
 
 def _why(e: OSError, state_dir: Path) -> str:

@@ -125,14 +125,17 @@ def legacy_shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
+def record_of(line: bytes) -> dict[str, Any] | None:
+    """The record one log line holds, or None (not JSON, not an object). A
+    fragment torn by a full disk and glued before a record (writers put
+    ``"v"`` first) is cut off and the record kept."""
     try:
         rec = json.loads(line)
     except (ValueError, RecursionError):
         cut = line.rfind(b'{"v":')  # a torn fragment glued to a good record (tether.audit)
         if cut <= 0:
             return None
-        return _record(line[cut:])
+        return record_of(line[cut:])
     return rec if isinstance(rec, dict) else None
 
 
@@ -198,7 +201,7 @@ def still_needed(blocks: Any) -> list[dict[str, Any]]:
     """
     boot = identity.boot_id()
     alive = proctree.pids()
-    records = (rec for rec in map(_record, _candidates(blocks, alive)) if rec is not None)
+    records = (rec for rec in map(record_of, _candidates(blocks, alive)) if rec is not None)
     cache: dict = {}
     owners: dict[Identity, bool] = {}
     first: list[dict[str, Any]] = []
