@@ -208,12 +208,10 @@ def main() -> int:
             cases[label] = ([ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": m})
     # Both scopes (issue 14): scope caller joins this bench's one scope (its
     # cgroup and scope keeper are made by the first command, kept until we exit).
-    # (the native tether-shell hands scope caller and pgroup to the Python one)
-    over_to = ", handed over" if native else ""
-    cases[f"tether-shell (scope caller{over_to})"] = (
+    cases["tether-shell (scope caller)"] = (
         [ts, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
     if auto != "subreaper" and probe("subreaper").available:
-        cases[f"tether-shell (subreaper, scope caller{over_to})"] = (
+        cases["tether-shell (subreaper, scope caller)"] = (
             [ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
                                  "TETHER_SHELL_SCOPE": "caller"})
     # pip's console-script launcher starts with `import re` (re -> enum, functools...:
@@ -312,9 +310,9 @@ def main() -> int:
         for mine, theirs in (("tether-shell -c true", "baseline: tether-shell -c true"),
                              ("tether-shell (subreaper)", "baseline: tether-shell (subreaper)"),
                              ("tether-shell-py (the Python one)", "baseline: tether-shell-py"),
-                             (f"tether-shell (scope caller{over_to})",
+                             ("tether-shell (scope caller)",
                               "baseline: tether-shell (scope caller)"),
-                             (f"tether-shell (subreaper, scope caller{over_to})",
+                             ("tether-shell (subreaper, scope caller)",
                               "baseline: tether-shell (subreaper, scope caller)")):
             if mine in rows and theirs in rows:
                 m, t = rows[mine], rows[theirs]

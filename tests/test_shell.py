@@ -1856,6 +1856,32 @@ def test_the_native_tether_shell_runs_no_interpreter(procs, env, tmp_path, nativ
         assert keeper_exe == wrapper_exe == os.path.realpath(native)
 
 
+@pytest.mark.mechanism
+@pytest.mark.parametrize("native_off", [False, True], ids=["native", "control-python"])
+def test_the_native_tether_shell_serves_scope_caller(procs, env, tmp_path, native_off):
+    """TETHER_SHELL_SCOPE=caller is served by the native program too, with no
+    interpreter (control: the Python one's wrapper is the interpreter), and
+    its records name the caller's job, owned by the caller. The caller, a
+    shell that exits after the command, ends what the scope kept."""
+    native = native_shell()
+    if native is None:
+        pytest.skip("the native tether-shell is not built here (no C compiler at install time)")
+    wrapper = tether_shell("python", tmp_path) if native_off else native
+    env["TETHER_SHELL_SCOPE"] = "caller"
+    script = 'k=$PPID; w=$(cut -d" " -f4 /proc/$k/stat); readlink /proc/$w/exe'
+    p = procs.popen(["sh", "-c", '"$0" -c "$1"; exit $?', wrapper, script], env=env,
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == 0
+    want = sys.executable if native_off else native
+    assert out.decode().strip() == os.path.realpath(want)
+    start = [r for r in log_records(env["XDG_STATE_HOME"]) if r["event"] == "job-open"][-1]
+    assert (start["scope"], start["name"]) == ("caller", "tether-shell scope=caller")
+    assert start["owner"]["pid"] == start["caller"]["pid"] == p.pid
+    assert start["run"] == f"{p.pid}-{start['caller']['start'].split('@')[0]}"
+    assert procs.wait_all_dead(3.0) == []
+
+
 @pytest.mark.parametrize("delay_ms", [0.1, 0.3, 0.6, 1, 2, 4, 10])
 def test_an_early_sigint_to_the_python_wrapper_is_no_traceback(procs, env, delay_ms):
     # SIGINT (kill(), not the terminal) while tether-shell-py still sets up:

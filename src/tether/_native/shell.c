@@ -13,9 +13,9 @@
  *
  * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
  * (-c, -lc, -l -c, --login -c, -c -l, -ic, -i -l -c, with - or --), TETHER_SHELL_MECHANISM
- * auto, cgroup or subreaper, scope command, the caller watch, the log. Every
- * other invocation - an interactive shell, TETHER_SHELL_SCOPE=caller, a
- * usage error, no shell found, a log file only the audit module's rules can
+ * auto, cgroup or subreaper, TETHER_SHELL_SCOPE command or caller, the caller
+ * watch, the log. Every other invocation - an interactive shell, a usage
+ * error, no shell found, a log file only the audit module's rules can
  * judge - is handed over, before anything is done, to the
  * Python tether-shell installed beside this program (`tether-shell-py`), by
  * exec (same pid, same caller): its answer is the Python path's because it
@@ -682,6 +682,7 @@ struct outcome {
     long long leftovers;
     int stopped_by;
     int ended_by_caller;
+    int lingers; /* scope caller: the keeper stays with what the command left */
     int keeper_died;
     int reported;
     char fail_kind[8];
@@ -729,17 +730,18 @@ static void die_by(int sig)
     _exit(128 + sig);
 }
 
-/* The keeper vanished while the command ran: end the job from here. */
+/* The keeper vanished while the command ran: end the job from here (in
+ * scope caller by its cookie only: the cgroup is the caller's, shared). */
 static void end_from_here(struct run *R, struct outcome *o)
 {
-    end_without_keeper(o->cgroup, R->mount, R->cookie, R->born);
+    end_without_keeper(R->scope_caller ? "" : o->cgroup, R->mount, R->cookie, R->born);
 }
 
 /* The keeper died before it reported the command: it may have started it.
  * What it would have made is known: the job's cgroup, and its cookie. */
 static void end_unreported(struct run *R, struct outcome *o)
 {
-    if (R->want_cgroup &&
+    if (R->want_cgroup && !R->scope_caller &&
         (size_t)snprintf(o->cgroup, sizeof o->cgroup, "%s/tether-%d-%llu/%s", R->base,
                          (int)R->owner, R->owner_start, R->job_id) >= sizeof o->cgroup)
         o->cgroup[0] = '\0';
@@ -962,8 +964,13 @@ static char **name_the_job(struct run *R)
     R->ownerfd = pidfd_open_(R->owner);
     if (R->ownerfd < 0)
         hand_over(); /* a kernel older than 5.3: the Python path's generic job */
-    snprintf(R->run_id, sizeof R->run_id, "%d-%llu", (int)R->owner, R->owner_start);
-    snprintf(R->job_id, sizeof R->job_id, "j%d-1", (int)R->owner);
+    if (R->scope_caller) { /* one run per caller: it is over when the caller is */
+        snprintf(R->run_id, sizeof R->run_id, "%d-%llu", (int)R->caller, R->caller_start);
+        snprintf(R->job_id, sizeof R->job_id, "s%d-%llu", (int)R->owner, R->owner_start);
+    } else {
+        snprintf(R->run_id, sizeof R->run_id, "%d-%llu", (int)R->owner, R->owner_start);
+        snprintf(R->job_id, sizeof R->job_id, "j%d-1", (int)R->owner);
+    }
     unsigned char rnd[8];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         hand_over();
@@ -1096,6 +1103,7 @@ static void wait_reports(struct outcome *o, int rep_r, int ctl_w, int sigfd,
                 o->status = st;
                 o->leftovers = left;
                 o->ended_by_caller = strcmp(tail, "caller") == 0;
+                o->lingers = strcmp(tail, "linger") == 0;
                 o->reported = 1;
                 done = 1;
             } else if (line[0] == 'E') {
@@ -1134,10 +1142,14 @@ static int shell_stop(const struct signalfd_siginfo *si)
     return si->ssi_signo == SIGTERM || si->ssi_signo == SIGHUP;
 }
 
+/* In scope caller with a cgroup, the job of the records is the caller's one
+ * cgroup, shared by its commands (tether.shell_log.ShellLog's rule). */
+static int log_shared;
+
 /* run, job, and the command's identity (pid, "ticks@bootid") */
 static void jjob(pid_t child, unsigned long long start)
 {
-    jf(",\"run\":\"%s\",\"job\":\"%s\"", R.run_id, R.job_id);
+    jf(",\"run\":\"%s\",\"job\":\"%s\"", R.run_id, log_shared ? TETHER_SHELL_SCOPE_DIR : R.job_id);
     if (child > 0)
         jf(",\"pid\":%d", (int)child);
     if (child > 0 && start && K.boot[0])
@@ -1149,10 +1161,16 @@ static void shell_started(struct outcome *o)
 {
     if (!L.on)
         return;
+    log_shared = R.scope_caller && o->cgroup[0];
     jhead("job-open", o->mechanism);
     jjob(0, 0);
-    jraw(",\"name\":\"tether-shell\",\"scope\":\"command\"");
-    jident("owner", R.owner, R.owner_start);
+    jraw(",\"name\":");
+    jstr(R.scope_caller ? TETHER_SHELL_SCOPE_JOB : TETHER_SHELL_JOB);
+    jraw(R.scope_caller ? ",\"scope\":\"caller\"" : ",\"scope\":\"command\"");
+    if (R.scope_caller) /* the job is the caller's: it owns it */
+        jident("owner", R.caller, R.caller_start);
+    else
+        jident("owner", R.owner, R.owner_start);
     jident("keeper", o->keeper, o->keeper_start);
     if (R.caller)
         jident("caller", R.caller, R.caller_start);
@@ -1212,10 +1230,14 @@ static void log_exit(const struct outcome *o, double ms)
     if (o->ended_by_caller)
         jraw(",\"ended_by\":\"caller\"");
     jend();
-    jhead("job-close", mech);
-    jjob(0, 0);
-    jf(",\"leftovers\":%lld", o->leftovers);
-    jend();
+    /* A command's job is over when it returned; in scope caller only once it
+     * left nothing (the caller's shared cgroup never: it ends with the caller). */
+    if (!R.scope_caller || (!log_shared && o->leftovers == 0)) {
+        jhead("job-close", mech);
+        jjob(0, 0);
+        jf(",\"leftovers\":%lld", o->leftovers);
+        jend();
+    }
     log_write();
 }
 
@@ -1280,10 +1302,13 @@ static int shell_main(int argc, char **argv)
         hand_over();
     const char *mech_word = !mech || !*mech ? "auto" : mech;
     R.grace = env_grace();
-    const char *scope = getenv("TETHER_SHELL_SCOPE");
-    if (scope && *scope && strcmp(scope, "command"))
-        hand_over();
     int with_caller = env_bool("TETHER_SHELL_WITH_CALLER", 1);
+    const char *scope = getenv("TETHER_SHELL_SCOPE");
+    int scope_caller = scope && !strcmp(scope, "caller");
+    /* (scope caller with the caller not watched is a usage error: the Python
+     * one says it) */
+    if (scope && *scope && strcmp(scope, "command") && !(scope_caller && with_caller))
+        hand_over();
     L.on = env_bool("TETHER_SHELL_LOG", 1);
     L.days = env_count("TETHER_SHELL_LOG_DAYS", 14);
     L.max = env_count("TETHER_SHELL_LOG_MAX_BYTES", TETHER_AUDIT_MAX_BYTES);
@@ -1312,6 +1337,7 @@ static int shell_main(int argc, char **argv)
     R.lifefd = -1;
     if (with_caller)
         watch_caller(&R);
+    R.scope_caller = scope_caller && R.callerfd >= 0; /* no caller watched: scope command */
     /* what the command leaves behind (`sleep 60 & exit`) is re-parented to
      * us, not to PID 1, until the job ends it, whatever the mechanism (only
      * open_subreaper sets it otherwise; as `tether run` does; our waits name
@@ -1370,7 +1396,8 @@ static int shell_main(int argc, char **argv)
     } else if (o.keeper_died && !o.child) {
         end_unreported(&R, &o); /* it may have started the command unreported */
     }
-    reap_keeper(keeper);
+    if (!o.lingers) /* (one that stays is re-parented once we exit) */
+        reap_keeper(keeper);
     if (o.fail_kind[0]) {
         if (!strcmp(o.fail_kind, "exec")) {
             say("%s: %s", R.shell, strerror(o.fail_err));

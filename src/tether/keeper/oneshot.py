@@ -5,7 +5,8 @@ The generic path (``tether.job.Job``) pays for generality on every command:
 socket. A wrapper that runs exactly one command needs none of it. The native
 ``tether-shell`` serves most commands itself (``_native/shell.c``); this is
 the Python one's path for what it hands over (a log only the audit writer may
-judge, a systemd unit not yet asked about, scope ``caller``). It runs the
+judge, a systemd unit not yet asked about) and where no native front end is
+installed. It runs the
 very keeper the native one forks: the native program's one-command driver
 (``tether-keeper one``, ``_native/oneshot.c``), exec'd.
 This module imports only ``os``, ``sys``, ``select`` and ``_signal`` before
