@@ -1779,6 +1779,35 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
 
 @pytest.mark.mechanism
 @pytest.mark.parametrize("mech", MECHS)
+def test_scope_caller_keeper_killed_ends_that_command_only(procs, ts, env, mech):
+    # Scope caller, two commands of one caller at once; command 2's keeper
+    # is SIGKILLed: its wrapper ends command 2's processes from the outside,
+    # by its cookie - never with the caller's shared cgroup's cgroup.kill,
+    # which would end command 1's too. Control: command 1's process, born
+    # after command 2 began, in the same cgroup, lives on until the caller dies.
+    use(env, mech, TETHER_SHELL_SCOPE="caller")
+    p1, p2 = env["P"] + "1", env["P"] + "2"
+    one = f'sleep 0.5; sleep 60 & echo $! >> {p1}; wait'
+    two = f'sleep 60 & echo $! >> {p2}; echo $$ >> {p2}; wait'
+    with procs.adopting_orphans():
+        caller = procs.popen([sys.executable, "-c", TWO_AT_ONCE, ts, one, two], env=env,
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        caller.stdout.readline()
+        (late,) = read_pids(p1, 1)
+        mine = read_pids(p2, 2)
+        assert gate.send_signal(_keeper_of(mine[1]), signal.SIGKILL, member=True)
+        assert caller.stdout.readline().split() == [b"123"]  # command 2: the guard lost
+        assert wait_dead(mine, 3.0) == []
+        assert identity.is_alive(late)  # the control: command 1's
+        caller.kill()
+        caller.wait(timeout=5)
+        assert wait_dead([late], 3.0) == []
+        assert procs.wait_all_dead(3.0) == []
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
 def test_keeper_and_wrapper_sigkilled_tether_reap_ends_the_rest(procs, ts, env, mech):
     # Control: with both gone nothing guards the tree; then `tether reap`, from
     # the shell's own records (the cookie finds even the double-forked daemon).
