@@ -208,12 +208,17 @@ def main() -> int:
             cases[label] = ([ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": m})
     # Both scopes (issue 14): scope caller joins this bench's one scope (its
     # cgroup and scope keeper are made by the first command, kept until we exit).
-    cases["tether-shell (scope caller)"] = (
-        [ts, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
-    if auto != "subreaper" and probe("subreaper").available:
-        cases["tether-shell (subreaper, scope caller)"] = (
-            [ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
-                                 "TETHER_SHELL_SCOPE": "caller"})
+    with_subreaper = auto != "subreaper" and probe("subreaper").available
+
+    def scope_caller(prefix: str, exe: str) -> None:
+        cases[f"{prefix}tether-shell (scope caller)"] = (
+            [exe, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
+        if with_subreaper:
+            cases[f"{prefix}tether-shell (subreaper, scope caller)"] = (
+                [exe, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
+                                      "TETHER_SHELL_SCOPE": "caller"})
+
+    scope_caller("", ts)
     # pip's console-script launcher starts with `import re` (re -> enum, functools...:
     # most of the wrapper's own overhead); the same entry point from a launcher
     # without it (a plain script, e.g. a setuptools script-files entry):
@@ -234,17 +239,12 @@ def main() -> int:
         subprocess.run([base_py, "-m", "compileall", "-q", os.path.join(base_repo, "src", "tether")],
                        env=env, check=True)
         cases["baseline: tether-shell -c true"] = ([base_ts, "-c", "true"], env)
-        if auto != "subreaper" and probe("subreaper").available:
+        if with_subreaper:
             cases["baseline: tether-shell (subreaper)"] = (
                 [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper"})
         if os.access(base_ts + "-py", os.X_OK):
             cases["baseline: tether-shell-py"] = ([base_ts + "-py", "-c", "true"], env)
-        cases["baseline: tether-shell (scope caller)"] = (
-            [base_ts, "-c", "true"], {**env, "TETHER_SHELL_SCOPE": "caller"})
-        if auto != "subreaper" and probe("subreaper").available:
-            cases["baseline: tether-shell (subreaper, scope caller)"] = (
-                [base_ts, "-c", "true"], {**env, "TETHER_SHELL_MECHANISM": "subreaper",
-                                          "TETHER_SHELL_SCOPE": "caller"})
+        scope_caller("baseline: ", base_ts)
     real_shell = subprocess.run([ts, "-c", "echo $0"], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip()
 

@@ -1562,31 +1562,45 @@ time.sleep(600)
 """
 
 
-@pytest.mark.mechanism
-@pytest.mark.parametrize("mech", MECHS)
-def test_scope_caller_stop_ends_that_command_only(procs, ts, env, mech):
-    # Two commands of one caller run at once (as root: in the caller's one
-    # cgroup). Command 2, stopped, ignores SIGTERM, so it is ended by the
-    # kill; what is its own is told by its cookie - command 1 starts a
-    # process after command 2 began, in the same cgroup. Control: that one
-    # lives on, until the caller dies.
-    use(env, mech, TETHER_SHELL_SCOPE="caller")
-    p1, p2 = env["P"] + "1", env["P"] + "2"
-    one = f'sleep 0.5; sleep 60 & echo $! >> {p1}; wait'
-    two = f'trap "" TERM; sleep 60 & echo $! >> {p2}; echo $$ >> {p2}; wait'
+def _two_commands(procs, ts, env, mech, two: str):
+    """Two commands of one caller at once (``TWO_AT_ONCE``), in scope caller
+    (as root: in the caller's one cgroup). Command 1 starts a process 0.5 s
+    in - after command 2 began - and keeps it (pid in $P1); command 2 is
+    ``two``, which writes two pids to $P2. Returns the caller, command 2's
+    wrapper, command 1's process and command 2's."""
+    use(env, mech, TETHER_SHELL_SCOPE="caller", P1=env["P"] + "1", P2=env["P"] + "2")
+    one = 'sleep 0.5; sleep 60 & echo $! >> "$P1"; wait'
     caller = procs.popen([sys.executable, "-c", TWO_AT_ONCE, ts, one, two], env=env,
-                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    _, wrapper2 = (int(x) for x in caller.stdout.readline().split())
-    (late,) = read_pids(p1, 1)
-    mine = read_pids(p2, 2)
-    os.kill(wrapper2, signal.SIGTERM)
-    assert caller.stdout.readline() != b""  # command 2 returned
-    assert wait_dead(mine, 3.0) == []
-    assert identity.is_alive(late)  # the control: command 1's
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    wrapper2 = identity.read(int(caller.stdout.readline().split()[1]))
+    assert wrapper2 is not None
+    (late,) = read_pids(env["P1"], 1)
+    return caller, wrapper2, late, read_pids(env["P2"], 2)
+
+
+def _only_the_caller_ends_it(procs, caller, late) -> None:
+    """Command 1's process lived through command 2's ending (the control);
+    the caller's death ends it."""
+    assert identity.is_alive(late)
     caller.kill()
     caller.wait(timeout=5)
     assert wait_dead([late], 3.0) == []
     assert procs.wait_all_dead(3.0) == []
+
+
+@pytest.mark.mechanism
+@pytest.mark.parametrize("mech", MECHS)
+def test_scope_caller_stop_ends_that_command_only(procs, ts, env, mech):
+    # Command 2, stopped, ignores SIGTERM, so it is ended by the kill; what is
+    # its own is told by its cookie, not by the shared cgroup. Control: command
+    # 1's process, in the same cgroup, lives on until the caller dies.
+    caller, wrapper2, late, mine = _two_commands(
+        procs, ts, env, mech, 'trap "" TERM; sleep 60 & echo $! >> "$P2"; echo $$ >> "$P2"; wait')
+    assert gate.send_signal(wrapper2, signal.SIGTERM, member=True)
+    assert caller.stdout.readline() != b""  # command 2 returned
+    assert wait_dead(mine, 3.0) == []
+    _only_the_caller_ends_it(procs, caller, late)
 
 
 # -- 13. named after the real shell: tether shell --install DIR ----------------------
@@ -1780,30 +1794,16 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
 @pytest.mark.mechanism
 @pytest.mark.parametrize("mech", MECHS)
 def test_scope_caller_keeper_killed_ends_that_command_only(procs, ts, env, mech):
-    # Scope caller, two commands of one caller at once; command 2's keeper
-    # is SIGKILLed: its wrapper ends command 2's processes from the outside,
-    # by its cookie - never with the caller's shared cgroup's cgroup.kill,
-    # which would end command 1's too. Control: command 1's process, born
-    # after command 2 began, in the same cgroup, lives on until the caller dies.
-    use(env, mech, TETHER_SHELL_SCOPE="caller")
-    p1, p2 = env["P"] + "1", env["P"] + "2"
-    one = f'sleep 0.5; sleep 60 & echo $! >> {p1}; wait'
-    two = f'sleep 60 & echo $! >> {p2}; echo $$ >> {p2}; wait'
+    # Command 2's keeper is SIGKILLed: its wrapper ends command 2's processes
+    # from the outside, by its cookie - never with the caller's shared
+    # cgroup's cgroup.kill, which would end command 1's too (the control).
     with procs.adopting_orphans():
-        caller = procs.popen([sys.executable, "-c", TWO_AT_ONCE, ts, one, two], env=env,
-                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        caller.stdout.readline()
-        (late,) = read_pids(p1, 1)
-        mine = read_pids(p2, 2)
+        caller, _, late, mine = _two_commands(
+            procs, ts, env, mech, 'sleep 60 & echo $! >> "$P2"; echo $$ >> "$P2"; wait')
         assert gate.send_signal(_keeper_of(mine[1]), signal.SIGKILL, member=True)
         assert caller.stdout.readline().split() == [b"123"]  # command 2: the guard lost
         assert wait_dead(mine, 3.0) == []
-        assert identity.is_alive(late)  # the control: command 1's
-        caller.kill()
-        caller.wait(timeout=5)
-        assert wait_dead([late], 3.0) == []
-        assert procs.wait_all_dead(3.0) == []
+        _only_the_caller_ends_it(procs, caller, late)
 
 
 @pytest.mark.mechanism

@@ -1,11 +1,11 @@
 /*
  * tether-keeper: the native keeper of one tether job (Linux), the one
- * keeper of the cgroup, subreaper and pidns mechanisms there (the Python
- * keeper, tether/keeper/_keeper.py, keeps pgroup, the mechanism of macOS
- * and the BSDs). A small C process instead of an interpreter: it creates nothing the owner did not ask for, starts each
- * child inside the job before the child's first instruction, watches the
- * owner by pidfd (and, told earlier, by the owner's beacon: beacon_wait) and
- * ends the whole job the moment the owner is gone.
+ * keeper of the cgroup, subreaper and pidns mechanisms there (pgroup, the
+ * mechanism of macOS and the BSDs, has a Python keeper of its own). A small
+ * C process instead of an interpreter: it creates nothing the owner did not
+ * ask for, starts each child inside the job before the child's first
+ * instruction, watches the owner by pidfd (and, told earlier, by the owner's
+ * beacon: beacon_wait) and ends the whole job the moment the owner is gone.
  *
  *   tether-keeper serve MECH CTL_FD OWNER_PID OWNER_PIDFD [cgroup=PATH mount=PATH]
  *                 [background=1] [legacy=1] [owner_state=0] [beacon=FD:OFFSET]

@@ -3,13 +3,12 @@
  * interpreter in it (Linux).
  *
  * An agent CLI runs every tool call as `$SHELL -c CMD`; with SHELL pointing
- * here each command runs in the real shell inside a job of its own, exactly
- * as tether/shell.py does it on its one-command path
- * (tether/keeper/oneshot.py): this process (the owner) forks the job's
- * keeper, the keeper opens the job (a cgroup, or a child subreaper) and
- * starts the shell in it before its first instruction, ends what the command
- * leaves behind, and reports; the owner writes the same audit records and
- * exits with the command's status (or dies by its signal).
+ * here each command runs in the real shell inside a job of its own: this
+ * process (the owner) forks the job's keeper, the keeper opens the job (a
+ * cgroup, or a child subreaper) and starts the shell in it before its first
+ * instruction, ends what the command leaves behind, and reports; the owner
+ * writes the command's audit records and exits with its status (or dies by
+ * its signal). This is the front end only: the keeper is oneshot.c's.
  *
  * Served here: `-c CMD [ARG0 ARG...]` in each form the Python parser takes
  * (-c, -lc, -l -c, --login -c, -c -l, -ic, -i -l -c, with - or --), TETHER_SHELL_MECHANISM
