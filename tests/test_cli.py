@@ -440,3 +440,18 @@ def test_run_under_a_low_open_file_limit_says_so(procs, tether, nofile):
     assert p.returncode == 125 and out == b"" and err.count(b"\n") == 1, (p.returncode, err)
     assert any(w in err for w in (b"open-file limit", b"Too many open files",
                                   b"No file descriptors available")), err
+
+
+def test_cli_main_gives_sigint_back_and_forgets_a_remembered_interrupt(capsys):
+    # cli.main takes SIGINT to remember a Ctrl+C Python loses; an app (or a
+    # test) calling it in-process gets its handler back, and a SIGINT that
+    # one call remembered does not stop the next call's `tether run`.
+    # (Control: the old main left both behind.)
+    from tether import _sigwatch, cli
+
+    before = signal.getsignal(signal.SIGINT)
+    _sigwatch.INTERRUPTS.append(signal.SIGINT)  # as an earlier call left it
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("tether ")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert _sigwatch.INTERRUPTS == []

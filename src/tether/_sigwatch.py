@@ -108,8 +108,20 @@ def interrupt(sig: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def catch_interrupts() -> None:
+def catch_interrupts() -> "object":
     """Take SIGINT with :func:`interrupt` where Python's default handler has it
-    (not where the caller ignores it, or a program set its own)."""
-    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    (not where the caller ignores it, or a program set its own). Returns the
+    handler it replaced, for :func:`release_interrupts`."""
+    before = _signal.getsignal(_signal.SIGINT)
+    if before is _signal.default_int_handler:
         _signal.signal(_signal.SIGINT, interrupt)
+    return before
+
+
+def release_interrupts(before: "object") -> None:
+    """Give SIGINT back to ``before`` (:func:`catch_interrupts`' answer), if it
+    is still :func:`interrupt`'s, and forget what was remembered: an app that
+    called ``tether.cli.main`` gets its process back as it was."""
+    if _signal.getsignal(_signal.SIGINT) is interrupt and before is not None:
+        _signal.signal(_signal.SIGINT, before)
+    INTERRUPTS.clear()

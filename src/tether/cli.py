@@ -78,9 +78,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._sigwatch import catch_interrupts
+    from ._sigwatch import catch_interrupts, release_interrupts
 
-    catch_interrupts()  # a Ctrl+C Python loses (raised in a callback) still stops `run`
+    before = catch_interrupts()  # a Ctrl+C Python loses (raised in a callback) still stops `run`
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         from ._prctl import hold_std_fds
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         # another command): no traceback, the status of a death by SIGINT; a
         # job already open is ended on the way out (run_command's finally)
         return 128 + 2
+    finally:
+        release_interrupts(before)
 
 
 def _main(argv: list[str]) -> int:

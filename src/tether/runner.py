@@ -267,11 +267,13 @@ def _reason(name: str) -> str:
 def _keep_early_stops() -> list[int]:
     """Note SIGTERM/SIGHUP in the returned list until _supervise blocks them
     (a handler, not a blocked mask: a child forked meanwhile must not start
-    with them blocked; exec resets a handler). Ignored ones stay ignored."""
+    with them blocked; exec resets a handler). Ignored ones stay ignored.
+    The list starts with SIGINT when one came whose KeyboardInterrupt Python
+    lost (cli.main: catch_interrupts); taken, it is forgotten."""
     from ._sigwatch import INTERRUPTS
 
-    # a SIGINT whose KeyboardInterrupt Python lost (cli.main: catch_interrupts)
     early: list[int] = [signal.SIGINT] if INTERRUPTS else []
+    INTERRUPTS.clear()
     for s in _EARLY:
         if signal.getsignal(s) != signal.SIG_IGN:
             signal.signal(s, lambda sig, _frame: early.append(sig))
