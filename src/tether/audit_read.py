@@ -207,27 +207,10 @@ def _open_all(d: Path, filename: str, st: ReadStats, since: float | None = None)
 
 
 def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str, Any]]:
-    import json
+    from .records import record_of
 
-    def parse(line: bytes) -> dict[str, Any] | None:
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            obj = None
-        if isinstance(obj, dict):
-            return obj
+    def corrupt() -> None:
         st.corrupt += 1
-        # A line torn by a full disk gets the next writer's record glued to
-        # its end: keep that record. (Writers put "v" first.)
-        cut = line.rfind(b'{"v":')
-        if cut > 0:
-            try:
-                obj = json.loads(line[cut:])
-            except (ValueError, RecursionError):
-                return None
-            if isinstance(obj, dict):
-                return obj
-        return None
 
     try:
         for i, fd in enumerate(fds):
@@ -242,7 +225,7 @@ def _records(fds: list[int], max_line: int, st: ReadStats) -> Iterator[dict[str,
                         if len(line) > max_line:
                             st.too_long += 1
                             continue
-                        obj = parse(line)
+                        obj = record_of(line, corrupt)
                         if obj is not None:
                             st.records += 1
                             v = obj.get("v")

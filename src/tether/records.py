@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from . import identity, proctree
@@ -125,18 +126,22 @@ def legacy_shell_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def record_of(line: bytes) -> dict[str, Any] | None:
-    """The record one log line holds, or None (not JSON, not an object). A
+def record_of(line: bytes, on_corrupt: Callable[[], object] | None = None) -> dict[str, Any] | None:
+    """The record one log line holds, or None (not JSON, not an object): the
+    one parse of a log line, for the reader and the writer's carry. A
     fragment torn by a full disk and glued before a record (writers put
-    ``"v"`` first) is cut off and the record kept."""
+    ``"v"`` first) is cut off and the record kept. ``on_corrupt()`` is
+    called once for a line that is not one whole record, kept from or not."""
     try:
         rec = json.loads(line)
     except (ValueError, RecursionError):
-        cut = line.rfind(b'{"v":')  # a torn fragment glued to a good record (tether.audit)
-        if cut <= 0:
-            return None
-        return record_of(line[cut:])
-    return rec if isinstance(rec, dict) else None
+        rec = None
+    if isinstance(rec, dict):
+        return rec
+    if on_corrupt is not None:
+        on_corrupt()
+    cut = line.rfind(b'{"v":')
+    return record_of(line[cut:]) if cut > 0 else None
 
 
 def _alive_record(rec: dict[str, Any], boot: str, alive: set[int] | None) -> bool:
