@@ -411,8 +411,8 @@ def prove_stale(run_dir: str) -> str | None:
 
 def remove_stale_run_dirs(base: str) -> list[str]:
     """Remove this user's *empty* run directories under ``base`` that
-    :func:`prove_stale` proves are leftovers (what a keeper that ended its job
-    from inside after its owner died could not remove). A directory with any
+    :func:`prove_stale` proves are leftovers (what a keeper killed before it
+    could remove them left). A directory with any
     process in it is never touched: ending that is ``tether reap``'s work."""
     removed: list[str] = []
     try:

@@ -759,8 +759,8 @@ def reap_exited(on_reaped: "Callable[[int, int], object] | None" = None, *, wait
     """Reap every child of this process that has exited, calling
     ``on_reaped(pid, status)`` for each; False once there is no child left
     (ECHILD), True while some still run. ``wait``: block until none is left
-    (always False). The one reap loop: the Python keeper's, the warden's, the
-    subreaper's kill loop and ``tether init`` call it."""
+    (always False). The one reap loop: the Python keeper, the warden and
+    ``tether init`` call it."""
     flags = 0 if wait else os.WNOHANG
     while True:
         try:

@@ -1274,14 +1274,12 @@ static void rm_tree(const char *dir, int depth)
         nap_us(2000);
 }
 
-static void cleanup(void)
+/* The run directory a job's cgroup is in, tether-<pid>-<start>, removed
+ * when no other job is in it (a nested job's parent is no run directory). */
+static void rmdir_run_dir_of(const char *cgroup)
 {
-    if (K.mech != M_CGROUP || !K.cgroup[0])
-        return;
-    rm_tree(K.cgroup, 0);
-    /* its run directory, tether-<pid>-<start>, when no other job is in it */
     char run[4096];
-    snprintf(run, sizeof run, "%s", K.cgroup);
+    snprintf(run, sizeof run, "%s", cgroup);
     char *slash = strrchr(run, '/');
     if (slash) {
         *slash = '\0';
@@ -1290,6 +1288,14 @@ static void cleanup(void)
         if (strncmp(base, "tether-", 7) == 0)
             rmdir(run);
     }
+}
+
+static void cleanup(void)
+{
+    if (K.mech != M_CGROUP || !K.cgroup[0])
+        return;
+    rm_tree(K.cgroup, 0);
+    rmdir_run_dir_of(K.cgroup);
 }
 
 /* A background cgroup job outlives its owner: wait (no busy loop: the
@@ -2874,35 +2880,10 @@ static void close_span(unsigned lo, unsigned hi)
         close(fds[k]);
 }
 
-/* Close every fd above 2 but a and b (-1: none). */
-static void close_others(int a, int b)
+/* Close every fd above 2 but the n in keep (-1 entries: none). No
+ * allocation and no libc state: a vfork-style child calls it too. */
+static void close_all_except(const int *keep, int n)
 {
-    int lo = a < b ? a : b, hi = a < b ? b : a;
-    if (lo < 3)
-        lo = hi; /* at most one to keep above stdio */
-    if (hi < 3) {
-        close_span(3, ~0U);
-        return;
-    }
-    if (lo == hi) {
-        close_span(3, (unsigned)hi - 1);
-        close_span((unsigned)hi + 1, ~0U);
-        return;
-    }
-    close_span(3, (unsigned)lo - 1);
-    close_span((unsigned)lo + 1, (unsigned)hi - 1);
-    close_span((unsigned)hi + 1, ~0U);
-}
-
-/* Close every fd above 2 but the control socket, the owner's pidfd and the
- * kept ones (keep=). */
-static void close_all_but(void)
-{
-    int keep[18], n = 0;
-    keep[n++] = K.ctl;
-    keep[n++] = K.ownerfd;
-    for (int k = 0; k < K.nkeep; k++)
-        keep[n++] = K.keep[k];
     unsigned lo = 3;
     for (;;) { /* each time: the lowest kept fd at or above lo */
         int next = -1;
@@ -2917,6 +2898,25 @@ static void close_all_but(void)
             close_span(lo, (unsigned)next - 1);
         lo = (unsigned)next + 1;
     }
+}
+
+/* Close every fd above 2 but a and b (-1: none). */
+static void close_others(int a, int b)
+{
+    int keep[2] = {a, b};
+    close_all_except(keep, 2);
+}
+
+/* Close every fd above 2 but the control socket, the owner's pidfd and the
+ * kept ones (keep=). */
+static void close_all_but(void)
+{
+    int keep[18], n = 0;
+    keep[n++] = K.ctl;
+    keep[n++] = K.ownerfd;
+    for (int k = 0; k < K.nkeep; k++)
+        keep[n++] = K.keep[k];
+    close_all_except(keep, n);
 }
 
 /* the second driver: one command, reported on a pipe (tether-shell, tether run) */

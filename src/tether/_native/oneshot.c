@@ -3,7 +3,9 @@
  * reported on a pipe. Included by keeper.c (the socket driver's program),
  * so both drivers share one ending engine: the spawn into the job
  * (spawn_followed), the kill loops and cgroup.kill (kill_all), the cgroup's
- * removal (cleanup).
+ * removal (cleanup). What scope=caller adds is only its own part of a
+ * shared cgroup: its members told by cookie (is_this_jobs), killed one by
+ * one (kill_job), the shared cgroup left to its watcher (release_cgroup).
  *
  * Who runs it:
  *  - the native tether-shell and tether (shell.c) fork it in-process
@@ -415,20 +417,19 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
 }
 
 /* Give back a cgroup in which nothing of ours ran: removed, with its run
- * directory when that is empty. The caller's shared one only if nothing is
- * in it, and with one try: another of its commands may be starting there. */
+ * directory when that is empty. The caller's shared one only when no
+ * watcher holds it (else the caller's next command would make it again and
+ * start a second watcher) and nothing is in it, with one try. */
 static void release_cgroup(const struct run *R)
 {
     if (!R->scope_caller) {
         cleanup();
-    } else if (K.cgroup[0] && rmdir(K.cgroup) == 0) {
-        char run_dir[4096];
-        snprintf(run_dir, sizeof run_dir, "%s", K.cgroup);
-        char *slash = strrchr(run_dir, '/');
-        if (slash) {
-            *slash = '\0';
-            rmdir(run_dir);
-        }
+    } else if (K.cgroup[0]) {
+        int lock = openat(AT_FDCWD, K.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0 && rmdir(K.cgroup) == 0)
+            rmdir_run_dir_of(K.cgroup);
+        if (lock >= 0)
+            close(lock);
     }
     K.cgroup[0] = '\0';
 }
@@ -503,24 +504,9 @@ static int wait_killed(pid_t pid, int *st)
 /* Keep only these fds (and a /dev/null stdio) and leave the caller's cwd:
  * nothing of the caller's may stay open in the keeper once the command has
  * it (a pipe's reader would wait for the keeper too). */
-static void let_go(int *keep, int n)
+static void let_go(const int *keep, int n)
 {
-    for (int a = 0; a < n; a++) /* sort: a handful */
-        for (int b = a + 1; b < n; b++)
-            if (keep[b] < keep[a]) {
-                int t = keep[a];
-                keep[a] = keep[b];
-                keep[b] = t;
-            }
-    unsigned lo = 3;
-    for (int k = 0; k < n; k++) {
-        if (keep[k] < 3)
-            continue;
-        if ((unsigned)keep[k] > lo)
-            close_span(lo, (unsigned)keep[k] - 1);
-        lo = (unsigned)keep[k] + 1;
-    }
-    close_span(lo, ~0U);
+    close_all_except(keep, n);
     int null = openat(AT_FDCWD, "/dev/null", O_RDWR | O_CLOEXEC);
     if (null >= 0) {
         for (int fd = 0; fd < 3; fd++)
@@ -780,7 +766,7 @@ static void keeper_run(struct run *R, char **envp)
 /* A job whose keeper vanished, ended from its owner (the front end): the
  * cgroup's kill (cgroup: "" for none), and every process that carries the
  * job's cookie (what a subreaper job's members were re-parented away with),
- * born after the job began, with what it started (identity.carriers). */
+ * born after the job began, with what it started (environ.carriers). */
 __attribute__((unused)) /* (the front ends' only: shell.c) */
 static void end_without_keeper(const char *cgroup, const char *mount, const char *cookie,
                                unsigned long long born)
@@ -816,7 +802,7 @@ static void end_without_keeper(const char *cgroup, const char *mount, const char
                 continue;
             if (!carries((pid_t)pid, entry, elen))
                 continue;
-            /* what it started too (identity.carriers: a child may have
+            /* what it started too (environ.carriers: a child may have
              * cleared its environment), read before it dies */
             size_t nd = descendants((pid_t)pid, scratch, MAX_CHILDREN);
             if (signal_if_still((pid_t)pid, start, SIGKILL, 0))
@@ -863,24 +849,6 @@ static void keeper_begin(struct run *R, char **envp, int rep, int ctl)
 
 /* -- `tether-keeper one`: the same driver, exec'd ---------------------------------- */
 
-static int one_fd(const char *s, int *out)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || end == s || v < 0 || v > INT_MAX)
-        return -1;
-    *out = (int)v;
-    return fcntl(*out, F_SETFD, FD_CLOEXEC); /* (fails for an fd that is not open) */
-}
-
-static int one_mask(const char *s, unsigned long long *bits)
-{
-    char *end;
-    errno = 0;
-    *bits = strtoull(s, &end, 16);
-    return *end || end == s || errno ? -1 : 0;
-}
-
 /* A decimal number up to `stop`; *s moves past it. (No scanf and no
  * strtod in this program: their code would be every keeper's memory.) */
 static int one_number(const char **s, char stop, unsigned long long *out)
@@ -896,16 +864,37 @@ static int one_number(const char **s, char stop, unsigned long long *out)
     return 0;
 }
 
+/* A file descriptor given in decimal: open, and made close-on-exec (the
+ * command gets none of the keeper's). */
+static int one_fd_of(unsigned long long v, int *out)
+{
+    if (v > INT_MAX)
+        return -1;
+    *out = (int)v;
+    return fcntl(*out, F_SETFD, FD_CLOEXEC); /* (fails for an fd that is not open) */
+}
+
+static int one_fd(const char *s, int *out)
+{
+    unsigned long long v;
+    return one_number(&s, '\0', &v) < 0 ? -1 : one_fd_of(v, out);
+}
+
+static int one_mask(const char *s, unsigned long long *bits)
+{
+    char *end;
+    errno = 0;
+    *bits = strtoull(s, &end, 16);
+    return *end || end == s || errno ? -1 : 0;
+}
+
 /* caller=FD:PID:START */
 static int one_caller(const char *s, struct run *R)
 {
     unsigned long long fd, pid, start;
-    char fds[24];
     if (one_number(&s, ':', &fd) < 0 || one_number(&s, ':', &pid) < 0 ||
-        one_number(&s, '\0', &start) < 0 || !pid || pid > INT_MAX || fd > INT_MAX)
-        return -1;
-    snprintf(fds, sizeof fds, "%llu", fd);
-    if (one_fd(fds, &R->callerfd) < 0)
+        one_number(&s, '\0', &start) < 0 || !pid || pid > INT_MAX ||
+        one_fd_of(fd, &R->callerfd) < 0)
         return -1;
     R->caller = (pid_t)pid;
     R->caller_start = start;
@@ -922,7 +911,7 @@ static int one_option(const char *a, struct run *R)
     if (!strncmp(a, "caller=", 7))
         return one_caller(a + 7, R);
     if (!strcmp(a, "scope=caller") || !strcmp(a, "scope=command")) {
-        R->scope_caller = a[6] == 'c' && a[7] == 'a';
+        R->scope_caller = !strcmp(a, "scope=caller");
         return 0;
     }
     if (!strncmp(a, "ign=", 4) && one_mask(a + 4, &bits) == 0) {
@@ -948,7 +937,7 @@ static int one_main(int argc, char **argv)
     static char *nopath[1];
     int rep, ctl;
     char *end;
-    if (argc < 14 || one_fd(argv[2], &rep) < 0 || one_fd(argv[3], &ctl) < 0 ||
+    if (argc < 13 || one_fd(argv[2], &rep) < 0 || one_fd(argv[3], &ctl) < 0 ||
         one_fd(argv[4], &R.ownerfd) < 0)
         return usage();
     unsigned long long owner = strtoull(argv[5], &end, 10);

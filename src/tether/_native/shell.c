@@ -745,15 +745,9 @@ static void end_unreported(struct run *R, struct outcome *o)
                          (int)R->owner, R->owner_start, R->job_id) >= sizeof o->cgroup)
         o->cgroup[0] = '\0';
     end_from_here(R, o);
-    if (o->cgroup[0]) {
-        rmdir(o->cgroup); /* the keeper's to remove; it cannot now */
-        char *slash = strrchr(o->cgroup, '/');
-        if (slash) {
-            *slash = '\0';
-            rmdir(o->cgroup);
-        }
-        o->cgroup[0] = '\0';
-    }
+    if (o->cgroup[0] && rmdir(o->cgroup) == 0) /* the keeper's to remove; it cannot now */
+        rmdir_run_dir_of(o->cgroup);
+    o->cgroup[0] = '\0';
 }
 
 /* -- the steps both fronts take ------------------------------------------------------ */

@@ -14,8 +14,8 @@ module each, and the one table from a name to its module), which it runs.
   side, the client: a job's backend and its ``subprocess.Popen``.
 * ``oneshot`` - the one-command client (the Python ``tether-shell``).
 * ``_keeper``, ``_keeper_socket``, ``_warden`` - the Python keeper, for
-  ``pgroup`` (the mechanism of macOS and the BSDs) and tether-shell's scope
-  caller, and its fork server for multi-threaded owners.
+  ``pgroup`` (the mechanism of macOS and the BSDs), and its fork server for
+  multi-threaded owners.
 
 Import-light: nothing is imported here.
 """

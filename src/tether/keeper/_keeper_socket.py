@@ -4,7 +4,7 @@ The owner side is ``posix.KeeperJob``; this is the keeper side: requests on
 a SOCK_STREAM socket (``_proto``: spawn with file descriptors, wait,
 poll, kill_all, close, step_aside, ping), exit statuses pushed to the owner
 as they happen, and the owner watched by pidfd. The keeper core it extends is
-``_keeper.Keeper``, which the one-command path (``oneshot``) drives too.
+``_keeper.Keeper``.
 """
 
 from __future__ import annotations

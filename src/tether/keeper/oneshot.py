@@ -9,8 +9,8 @@ judge, a systemd unit not yet asked about) and where no native front end is
 installed. It runs the
 very keeper the native one forks: the native program's one-command driver
 (``tether-keeper one``, ``_native/oneshot.c``), exec'd.
-This module imports only ``os``, ``sys``, ``select`` and ``_signal`` before
-the fork.
+Before the fork it loads only ``os``, ``sys``, ``select``, ``_signal`` and
+tether's process reader and cgroup files (``identity``, ``cgroupfs``).
 
 How (Linux only; the caller must be single-threaded, as the wrapper is):
 
@@ -67,9 +67,9 @@ SCOPES = (COMMAND, CALLER)
 COOKIE_VAR = identity.COOKIE_VAR
 STOP_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP)  # end the job now
 DEFER_SIGNALS = (_signal.SIGINT, _signal.SIGQUIT)  # the command gets them from the terminal
-# = _keeper.RESTORED: Python ignores these at start-up, and every keeper
-# spawn gives them back to the child as default. Named here, not imported:
-# this side of the fork does not load the keeper.
+# Python ignores these at start-up; the command gets them at their default,
+# as subprocess gives them back (the driver resets them too: the
+# interpreter in front makes whether our caller ignored them unknowable).
 _RESTORED = tuple(getattr(_signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(_signal, n))
 
 
@@ -120,8 +120,7 @@ class Result:
 def available() -> bool:
     """True where this path can run (Linux with pidfds); ``run`` may still raise
     ``Unavailable`` (e.g. in a multi-threaded caller)."""
-    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") \
-        and hasattr(os, "posix_spawn")
+    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
 
 
 # -- the caller --------------------------------------------------------------------
@@ -200,7 +199,7 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
     if mechanism not in MECHANISMS:
         raise Unavailable(f"mechanism {mechanism!r} is not served by the one-command path")
     if not available():
-        raise Unavailable("needs Linux with pidfd_open and posix_spawn")
+        raise Unavailable("needs Linux with pidfd_open")
     try:  # first: no signal is lost while we set up
         sigs = SignalWatch(stop_signals, defer_signals, need_wakeup=True)
     except ValueError as e:
