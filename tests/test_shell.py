@@ -1564,7 +1564,7 @@ time.sleep(600)
 
 def _two_commands(procs, ts, env, mech, two: str):
     """Two commands of one caller at once (``TWO_AT_ONCE``), in scope caller
-    (as root: in the caller's one cgroup). Command 1 starts a process 0.5 s
+    (as root: in cgroups below the caller's). Command 1 starts a process 0.5 s
     in - after command 2 began - and keeps it (pid in $P1); command 2 is
     ``two``, which writes two pids to $P2. Returns the caller, command 2's
     wrapper, command 1's process and command 2's."""
@@ -1592,9 +1592,9 @@ def _only_the_caller_ends_it(procs, caller, late) -> None:
 @pytest.mark.mechanism
 @pytest.mark.parametrize("mech", MECHS)
 def test_scope_caller_stop_ends_that_command_only(procs, ts, env, mech):
-    # Command 2, stopped, ignores SIGTERM, so it is ended by the kill; what is
-    # its own is told by its cookie, not by the shared cgroup. Control: command
-    # 1's process, in the same cgroup, lives on until the caller dies.
+    # Command 2, stopped, ignores SIGTERM, so it is ended by the kill: its own
+    # cgroup's, not the caller's (as root, each command's cgroup is below the
+    # caller's). Control: command 1's process lives on until the caller dies.
     caller, wrapper2, late, mine = _two_commands(
         procs, ts, env, mech, 'trap "" TERM; sleep 60 & echo $! >> "$P2"; echo $$ >> "$P2"; wait')
     assert gate.send_signal(wrapper2, signal.SIGTERM, member=True)
@@ -1795,8 +1795,8 @@ def test_keeper_killed_mid_command_is_said_and_the_job_ended(procs, ts, env, mec
 @pytest.mark.parametrize("mech", MECHS)
 def test_scope_caller_keeper_killed_ends_that_command_only(procs, ts, env, mech):
     # Command 2's keeper is SIGKILLed: its wrapper ends command 2's processes
-    # from the outside, by its cookie - never with the caller's shared
-    # cgroup's cgroup.kill, which would end command 1's too (the control).
+    # from the outside - its own cgroup and its cookie, never the caller's
+    # cgroup, which would end command 1's too (the control).
     with procs.adopting_orphans():
         caller, _, late, mine = _two_commands(
             procs, ts, env, mech, 'sleep 60 & echo $! >> "$P2"; echo $$ >> "$P2"; wait')

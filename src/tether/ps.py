@@ -242,6 +242,12 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
             if dirpath == rd:
                 continue
             job_id = os.path.basename(dirpath)
+            parent = os.path.dirname(dirpath)
+            # a caller's cgroup (tether-shell's scope caller) holds its commands'
+            # jobs, not processes (an older tether-shell's held them itself)
+            in_scope = os.path.basename(parent) == cgroupfs.SHELL_SCOPE_DIR
+            if job_id == cgroupfs.SHELL_SCOPE_DIR and not cgroupfs.procs_here(dirpath):
+                continue
             norm = os.path.normpath(dirpath)
             j = book.by_cgroup.get(norm)
             if j is None:
@@ -251,7 +257,7 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
             j.sources.add("cgroup")
             if j.mechanism is None:
                 j.mechanism = "cgroup"
-            if j.name is None and job_id == cgroupfs.SHELL_SCOPE_DIR:
+            if j.name is None and (in_scope or job_id == cgroupfs.SHELL_SCOPE_DIR):
                 j.name = SHELL_SCOPE_JOB  # its owner (the run dir's) is the caller
             if j.owner is None:
                 j.owner = owner
@@ -260,8 +266,7 @@ def _read_cgroups(book: _Book, notes: list[str]) -> None:
                     j.opened = os.stat(dirpath).st_ctime or None
                 except OSError:
                     pass
-            parent = os.path.dirname(dirpath)
-            if parent != rd:
+            if parent != rd and not in_scope:
                 j.parent_job = os.path.basename(parent)
 
 

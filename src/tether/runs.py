@@ -24,9 +24,10 @@ command's start, ``exit`` + ``job-close`` at its end, ``app`` =
 audit log, until they age out (``tether.audit`` prunes them by its
 ``keep_days``): :func:`tether.records.legacy_shell_records` turns each of their
 ``start``/``exit`` records into the audit records a tether-shell writes now.
-In scope ``caller`` the job is the caller's: one job per caller cgroup
-(``shell-scope``), or one per command with the subreaper, left open while
-what the command left may run.
+In scope ``caller`` a command's job (its cgroup below the caller's
+``shell-scope``, or its lingering subreaper keeper) is owned by the caller,
+and left open while what the command left may run; an older tether-shell's
+records name the caller's one shared cgroup as the job.
 
 Every app's runs are read, always: a run that is not being reaped still
 protects its processes from a walk that starts at another run's leftover.

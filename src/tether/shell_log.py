@@ -210,9 +210,7 @@ class ShellLog:
             return {"pid": v["pid"], "start": t} if t and type(v) is dict else None
 
         scope, cg = job.get("scope"), job.get("cgroup")
-        shared = scope == "caller" and type(cg) is str
-        names = {"run": job["run"],
-                 "job": os.path.basename(cg) if shared and isinstance(cg, str) else job["job"]}
+        names = {"run": job["run"], "job": job["job"]}
         proc = {"pid": child, "start": tok(job.get("start"))} if child else {}
         recs: list[tuple[str, dict[str, object]]] = []
         if event == "start":
@@ -234,9 +232,9 @@ class ShellLog:
         if proc:
             recs.append(("exit", {**base, **names, **proc, **st}))
         left = detail.get("leftovers")
-        # A command's job is over when it returned; in scope caller only once it
-        # left nothing (the caller's shared cgroup job never: it ends with the caller).
-        if scope != "caller" or (not shared and left == 0):
+        # A command's job is over when it returned; in scope caller only if it
+        # left nothing (what it left ends with the caller).
+        if scope != "caller" or left == 0:
             recs.append(("job-close", {**base, **names, "leftovers": left}))
         return self._emit(recs)
 

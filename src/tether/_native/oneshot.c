@@ -3,9 +3,7 @@
  * reported on a pipe. Included by keeper.c (the socket driver's program),
  * so both drivers share one ending engine: the spawn into the job
  * (spawn_followed), the kill loops and cgroup.kill (kill_all), the cgroup's
- * removal (cleanup). What scope=caller adds is only its own part of a
- * shared cgroup: its members told by cookie (is_this_jobs), killed one by
- * one (kill_job), the shared cgroup left to its watcher (release_cgroup).
+ * removal (cleanup).
  *
  * Who runs it:
  *  - the native tether-shell and tether (shell.c) fork it in-process
@@ -34,12 +32,11 @@
  *
  * scope=caller (tether-shell's TETHER_SHELL_SCOPE=caller): what the command
  * leaves is not ended when it returns; it is the caller's until the caller
- * ends. A cgroup job is then the caller's one cgroup,
- * <base>/tether-<caller pid>-<caller start>/shell-scope, shared by all its
- * commands: this command's processes in it are those that carry its cookie,
- * and only they end when it is stopped or its owner dies; a watcher of its
- * own (scope_keeper, "tether-scope") ends the whole cgroup when the caller
- * dies. A subreaper job stays: once the command returns, its keeper reports
+ * ends. A cgroup job is then <job id> below the caller's one cgroup,
+ * <base>/tether-<caller pid>-<caller start>/shell-scope: the command's own
+ * cgroup ends when it is stopped or its owner dies, and a watcher of the
+ * caller's (scope_keeper, "tether-scope") ends the caller's whole cgroup
+ * when the caller dies. A subreaper job stays: once the command returns, its keeper reports
  * "linger" (the owner does not wait for it) and keeps what the command left
  * until that is gone or the caller dies.
  */
@@ -204,29 +201,6 @@ static void add_members_of(const char *dir, int depth)
         each_subdir(dir, depth, add_members_of);
 }
 
-/* scope=caller in the caller's shared cgroup: this command's members are the
- * command itself and what carries its cookie (share_entry, "\0VAR=VALUE\0",
- * share_elen bytes; 0: every member of the cgroup is this job's). */
-static char share_entry[240];
-static int share_elen;
-static pid_t share_child;
-
-/* Whether pid's environment holds entry ("\0VAR=VALUE\0", elen bytes). */
-static int carries(pid_t pid, const char *entry, int elen)
-{
-    static char env[1 << 20];
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-    env[0] = '\0';
-    ssize_t len = read_file(path, env + 1, sizeof env - 2);
-    return len > 0 && memmem(env, (size_t)len + 2, entry, (size_t)elen) != NULL;
-}
-
-static int is_this_jobs(pid_t pid)
-{
-    return !share_elen || pid == share_child || carries(pid, share_entry, share_elen);
-}
-
 /* The live members now, each with the start ticks and parent read for it. */
 static size_t members(void)
 {
@@ -240,8 +214,7 @@ static size_t members(void)
         char st = 0;
         pid_t ppid = 0;
         unsigned long long start = proc_stat(members_buf[k], &st, &ppid);
-        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x' &&
-            is_this_jobs(members_buf[k])) {
+        if (start && start >= members_born && st != 'Z' && st != 'X' && st != 'x') {
             members_buf[live] = members_buf[k];
             members_start[live] = start;
             members_ppid[live++] = ppid;
@@ -267,26 +240,6 @@ static int signal_if_still(pid_t pid, unsigned long long start, int sig, int mem
 static int signal_member(size_t k, int sig)
 {
     return signal_if_still(members_buf[k], members_start[k], sig, K.mech == M_CGROUP);
-}
-
-/* The job's kill: the mechanism's (cgroup.kill, the subreaper's kill loop),
- * or, for this command's part of a caller's shared cgroup, whose cgroup.kill
- * would end the caller's other commands too, SIGKILL to each member in
- * rounds until none is left or bound seconds pass. */
-static void kill_job(double bound)
-{
-    if (!share_elen) {
-        kill_all(bound);
-        return;
-    }
-    double deadline = now_s() + bound;
-    while (members() && now_s() < deadline) {
-        for (size_t k = 0; k < nmembers; k++)
-            signal_member(k, SIGKILL);
-        reap_all(0);
-        nap_us(1000);
-    }
-    reap_all(0);
 }
 
 struct pid_at {
@@ -366,7 +319,7 @@ static void end_job(double grace)
         if (!members())
             return;
     }
-    kill_job(KILL_BOUND);
+    kill_all(KILL_BOUND);
 }
 
 /* Start the shell in the job, as op_spawn does (the born-killed retry
@@ -416,50 +369,70 @@ static pid_t spawn_command(struct run *R, char **envp, char *stage, int *err)
     return pid;
 }
 
+/* scope=caller: the caller's cgroup, the parent of its commands' (K.cgroup). */
+static char scope_dir[4096];
+
 /* Give back a cgroup in which nothing of ours ran: removed, with its run
- * directory when that is empty. The caller's shared one only when no
- * watcher holds it (else the caller's next command would make it again and
- * start a second watcher) and nothing is in it, with one try. */
-static void release_cgroup(const struct run *R)
+ * directory when that is empty. In scope=caller, the caller's cgroup too
+ * when nothing is in it and no watcher holds it (else the caller's next
+ * command would make it again and start a second watcher). */
+static void release_cgroup(void)
 {
-    if (!R->scope_caller) {
-        cleanup();
-    } else if (K.cgroup[0]) {
-        int lock = openat(AT_FDCWD, K.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0 && rmdir(K.cgroup) == 0)
-            rmdir_run_dir_of(K.cgroup);
-        if (lock >= 0)
-            close(lock);
-    }
+    cleanup();
     K.cgroup[0] = '\0';
+    if (!scope_dir[0])
+        return;
+    int lock = openat(AT_FDCWD, scope_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0 && rmdir(scope_dir) == 0)
+        rmdir_run_dir_of(scope_dir);
+    if (lock >= 0)
+        close(lock);
+    scope_dir[0] = '\0';
 }
 
-/* The job's cgroup: <base>/tether-<owner pid>-<owner start>/<job id>, or
- * for scope=caller the caller's shared one (made by whichever of its
- * commands comes first). */
+/* mkdir, 1 when made, 0 when it was there, -1 otherwise (errno). */
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0777) == 0)
+        return 1;
+    return errno == EEXIST ? 0 : -1;
+}
+
+/* The job's cgroup: <base>/tether-<owner pid>-<owner start>/<job id>; for
+ * scope=caller <base>/tether-<caller pid>-<caller start>/shell-scope/<job
+ * id>, below the caller's cgroup (made by whichever of its commands comes
+ * first), so that each command's processes are its cgroup's. */
 static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
 {
-    char run_dir[4200];
-    int shared = R->scope_caller;
-    snprintf(run_dir, sizeof run_dir, "%s/tether-%d-%llu", R->base,
-             (int)(shared ? R->caller : R->owner), shared ? R->caller_start : R->owner_start);
-    int made_run = mkdir(run_dir, 0777) == 0;
-    if (!made_run && errno != EEXIST) {
-        *err = errno;
-        snprintf(why, whysize, "%s", strerror(errno));
-        return -1;
-    }
-    if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", run_dir,
-                         shared ? TETHER_SHELL_SCOPE_DIR : R->job_id) >= sizeof K.cgroup)
+    char dir[4096];
+    int shared = R->scope_caller, made_run = -1, made_scope = 0;
+    errno = ENAMETOOLONG;
+    if ((size_t)snprintf(dir, sizeof dir, "%s/tether-%d-%llu", R->base,
+                         (int)(shared ? R->caller : R->owner),
+                         shared ? R->caller_start : R->owner_start) < sizeof dir)
+        made_run = make_dir(dir);
+    if (made_run >= 0 && shared) {
         errno = ENAMETOOLONG;
-    else if (mkdir(K.cgroup, 0777) == 0 || (shared && errno == EEXIST))
+        made_scope = (size_t)snprintf(scope_dir, sizeof scope_dir, "%s/%s", dir,
+                                      TETHER_SHELL_SCOPE_DIR) < sizeof scope_dir
+                         ? make_dir(scope_dir)
+                         : -1;
+    }
+    if (made_run < 0 || made_scope < 0)
+        scope_dir[0] = '\0'; /* (errno: why) */
+    else if ((size_t)snprintf(K.cgroup, sizeof K.cgroup, "%s/%s", shared ? scope_dir : dir,
+                              R->job_id) >= sizeof K.cgroup)
+        errno = ENAMETOOLONG;
+    else if (mkdir(K.cgroup, 0777) == 0)
         errno = 0;
     if (errno) {
         *err = errno;
         snprintf(why, whysize, "%s", strerror(errno));
-        if (made_run)
-            rmdir(run_dir);
-        K.cgroup[0] = '\0';
+        if (made_scope > 0)
+            rmdir(scope_dir);
+        if (made_run > 0)
+            rmdir(dir);
+        K.cgroup[0] = scope_dir[0] = '\0';
         return -1;
     }
     snprintf(K.mount, sizeof K.mount, "%s", R->mount);
@@ -467,7 +440,7 @@ static int open_cgroup(struct run *R, char *why, size_t whysize, int *err)
     if (K.cgfd < 0) {
         *err = errno;
         snprintf(why, whysize, "%s", strerror(errno));
-        release_cgroup(R);
+        release_cgroup();
         return -1;
     }
     K.mech = M_CGROUP;
@@ -518,13 +491,14 @@ static void let_go(const int *keep, int n)
     }
 }
 
-/* The watcher of a caller's shared cgroup (scope=caller): one per caller,
- * outside the cgroup, named tether-scope, in a session of its own, holding
- * only the caller's pidfd and an exclusive flock on the cgroup's directory
- * for its whole life - so "is the caller watched" is one lock try that the
- * kernel answers, and the lock goes with its holder however it dies (the
- * caller's next command then starts another). When the caller dies, it
- * ends everything in the cgroup and removes it. */
+/* The watcher of a caller's cgroup (scope=caller, scope_dir): one per
+ * caller, outside the cgroup, named tether-scope, in a session of its own,
+ * holding only the caller's pidfd and an exclusive flock on the cgroup's
+ * directory for its whole life - so "is the caller watched" is one lock try
+ * that the kernel answers, and the lock goes with its holder however it
+ * dies (the caller's next command then starts another). When the caller
+ * dies, it ends everything in the cgroup (its commands' cgroups below it)
+ * and removes it. */
 static void scope_keeper(int callerfd, int lock) __attribute__((noreturn));
 static void scope_keeper(int callerfd, int lock)
 {
@@ -534,6 +508,7 @@ static void scope_keeper(int callerfd, int lock)
     let_go(keep, 2);
     struct pollfd p = {callerfd, POLLIN, 0};
     poll_fds(&p, 1);
+    snprintf(K.cgroup, sizeof K.cgroup, "%s", scope_dir);
     kill_cgroup(KILL_BOUND);
     cleanup();
     _exit(0);
@@ -541,7 +516,7 @@ static void scope_keeper(int callerfd, int lock)
 
 static void ensure_scope_keeper(int callerfd)
 {
-    int lock = openat(AT_FDCWD, K.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int lock = openat(AT_FDCWD, scope_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (lock < 0)
         return;
     if (flock(lock, LOCK_EX | LOCK_NB) < 0) { /* held: the caller is watched already */
@@ -582,7 +557,7 @@ static void open_job(struct run *R, const char *asked)
     K.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
     if (K.sigfd < 0) {
         err = errno;
-        release_cgroup(R);
+        release_cgroup();
         tell("E job %d cannot create the job (%s): signalfd: %s", err, asked, strerror(err));
         _exit(0);
     }
@@ -599,7 +574,7 @@ static pid_t start_command(struct run *R, char **envp)
         (err == EACCES || err == EPERM || err == EBUSY || err == EOPNOTSUPP || err == ENOENT)) {
         /* not allowed into the job's cgroup (a delegated subtree needs write
          * access to the common ancestor's cgroup.procs) */
-        release_cgroup(R);
+        release_cgroup();
         if (R->cli) {
             tell("E spawn %d spawn refused by the job's keeper: cannot place the child in the job: %s",
                  err, strerror(err));
@@ -616,7 +591,7 @@ static pid_t start_command(struct run *R, char **envp)
         child = spawn_command(R, envp, &stage, &err);
     }
     if (child < 0) {
-        release_cgroup(R);
+        release_cgroup();
         if (stage == 'c' || stage == 'g')
             tell("E job %d cannot place the child in the job: %s", err, strerror(err));
         else
@@ -698,7 +673,9 @@ static void finish(const struct run *R, pid_t child, struct waited *e)
 {
     if (e->caller_gone) {
         /* The caller (an agent CLI) is gone: its commands go with it, at
-         * once (scope=caller: all it kept, the whole shared cgroup). */
+         * once (scope=caller: all it kept, the caller's whole cgroup). */
+        if (scope_dir[0])
+            snprintf(K.cgroup, sizeof K.cgroup, "%s", scope_dir);
         kill_all(KILL_BOUND);
         reap_all(0);
         if (!e->have)
@@ -711,9 +688,8 @@ static void finish(const struct run *R, pid_t child, struct waited *e)
         _exit(0);
     }
     if (e->owner_gone) {
-        kill_job(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
-        if (!share_elen)
-            cleanup();
+        kill_all(KILL_BOUND); /* nobody to report to: everything ends now, no grace */
+        cleanup();
         _exit(0);
     }
     size_t left = members();
@@ -728,12 +704,13 @@ static void finish(const struct run *R, pid_t child, struct waited *e)
         e->have = take_status(child, &e->st);
     if (!e->have)
         e->have = wait_killed(child, &e->st); /* dead, or dying: it was killed above */
-    int stays = R->scope_caller && !e->stop && leftovers && K.mech == M_SUBREAPER;
+    int kept = R->scope_caller && !e->stop && leftovers; /* the caller's now */
+    int stays = kept && K.mech == M_SUBREAPER;
     tell("X %d %zu%s", e->have ? e->st : -1, leftovers, stays ? " linger" : "");
     if (stays)
         linger(R);
-    if (!share_elen)
-        cleanup(); /* (the caller's shared cgroup is its watcher's to remove) */
+    if (!kept) /* (a cgroup that holds what the caller keeps: its watcher's to remove) */
+        cleanup();
     _exit(0);
 }
 
@@ -742,18 +719,14 @@ static void keeper_run(struct run *R, char **envp)
 {
     open_job(R, R->mech_auto ? "auto" : R->want_cgroup ? "cgroup" : "subreaper");
     if (readable(ctl_r) || readable(R->callerfd) || lifeline_gone_now(R->lifefd)) {
-        release_cgroup(R); /* stopped (or the owner or its caller died) while we set up */
+        release_cgroup(); /* stopped (or the owner or its caller died) while we set up */
         tell("X -1 0");
         _exit(0);
     }
     members_born = now_ticks(); /* nothing of the command is older */
     pid_t child = start_command(R, envp);
-    if (R->scope_caller && K.mech == M_CGROUP) {
-        share_child = child;
-        share_elen = snprintf(share_entry, sizeof share_entry, "%c%s=%s%c", 0, TETHER_COOKIE_VAR,
-                              R->cookie, 0);
+    if (R->scope_caller && K.mech == M_CGROUP)
         ensure_scope_keeper(R->callerfd);
-    }
     tell("P %d %s %llu %s", (int)child, K.mech == M_CGROUP ? "cgroup" : "subreaper",
          proc_stat(child, NULL, NULL), K.mech == M_CGROUP ? K.cgroup : "-");
     int keep[] = {K.ownerfd, ctl_r, rep_w, K.sigfd, R->callerfd, K.cgfd, R->lifefd};
@@ -761,6 +734,17 @@ static void keeper_run(struct run *R, char **envp)
     struct waited e = {0, 0, 0, 0, 0};
     watch_command(R, child, &e);
     finish(R, child, &e);
+}
+
+/* Whether pid's environment holds entry ("\0VAR=VALUE\0", elen bytes). */
+static int carries(pid_t pid, const char *entry, int elen)
+{
+    static char env[1 << 20];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    env[0] = '\0';
+    ssize_t len = read_file(path, env + 1, sizeof env - 2);
+    return len > 0 && memmem(env, (size_t)len + 2, entry, (size_t)elen) != NULL;
 }
 
 /* A job whose keeper vanished, ended from its owner (the front end): the
@@ -971,15 +955,14 @@ static int one_main(int argc, char **argv)
     R.want_cgroup = R.base[0] != '\0';
     if (!R.want_cgroup && !strcmp(argv[8], "cgroup"))
         return usage(); /* the front end refuses that itself, with its reason */
-    /* scope=caller: the caller watched, and the job's cookie (the first entry
-     * of the environment) known, by which its part of the shared cgroup is told */
-    const char *cookie = getenv(TETHER_COOKIE_VAR);
-    if (R.scope_caller && (R.callerfd < 0 || !cookie || !*cookie ||
-                           (size_t)snprintf(R.cookie, sizeof R.cookie, "%s", cookie) >= sizeof R.cookie))
-        return usage();
+    if (R.scope_caller && R.callerfd < 0)
+        return usage(); /* scope=caller is the watched caller's */
     R.argv = argv + k + 2;
     R.path = nopath;
-    snprintf(R.job_id, sizeof R.job_id, "j%d-1", (int)R.owner);
+    if (R.scope_caller) /* (tether.keeper.oneshot names it alike) */
+        snprintf(R.job_id, sizeof R.job_id, "s%d-%llu", (int)R.owner, R.owner_start);
+    else
+        snprintf(R.job_id, sizeof R.job_id, "j%d-1", (int)R.owner);
     /* What this process ignores is what the command is to ignore: exec kept
      * the interpreter's own ignores (SIGPIPE, SIGXFSZ), which ign= does not
      * list. (32 and 33 are glibc's, default after exec unless listed.) */

@@ -729,20 +729,23 @@ static void die_by(int sig)
     _exit(128 + sig);
 }
 
-/* The keeper vanished while the command ran: end the job from here (in
- * scope caller by its cookie only: the cgroup is the caller's, shared). */
+/* The keeper vanished while the command ran: end the job from here. */
 static void end_from_here(struct run *R, struct outcome *o)
 {
-    end_without_keeper(R->scope_caller ? "" : o->cgroup, R->mount, R->cookie, R->born);
+    end_without_keeper(o->cgroup, R->mount, R->cookie, R->born);
 }
 
 /* The keeper died before it reported the command: it may have started it.
  * What it would have made is known: the job's cgroup, and its cookie. */
 static void end_unreported(struct run *R, struct outcome *o)
 {
-    if (R->want_cgroup && !R->scope_caller &&
-        (size_t)snprintf(o->cgroup, sizeof o->cgroup, "%s/tether-%d-%llu/%s", R->base,
-                         (int)R->owner, R->owner_start, R->job_id) >= sizeof o->cgroup)
+    int n = !R->want_cgroup ? -1
+            : R->scope_caller /* (oneshot.c's open_cgroup names them) */
+                ? snprintf(o->cgroup, sizeof o->cgroup, "%s/tether-%d-%llu/%s/%s", R->base,
+                           (int)R->caller, R->caller_start, TETHER_SHELL_SCOPE_DIR, R->job_id)
+                : snprintf(o->cgroup, sizeof o->cgroup, "%s/tether-%d-%llu/%s", R->base,
+                           (int)R->owner, R->owner_start, R->job_id);
+    if (n < 0 || (size_t)n >= sizeof o->cgroup)
         o->cgroup[0] = '\0';
     end_from_here(R, o);
     if (o->cgroup[0] && rmdir(o->cgroup) == 0) /* the keeper's to remove; it cannot now */
@@ -1135,14 +1138,10 @@ static int shell_stop(const struct signalfd_siginfo *si)
     return si->ssi_signo == SIGTERM || si->ssi_signo == SIGHUP;
 }
 
-/* In scope caller with a cgroup, the job of the records is the caller's one
- * cgroup, shared by its commands (tether.shell_log.ShellLog's rule). */
-static int log_shared;
-
 /* run, job, and the command's identity (pid, "ticks@bootid") */
 static void jjob(pid_t child, unsigned long long start)
 {
-    jf(",\"run\":\"%s\",\"job\":\"%s\"", R.run_id, log_shared ? TETHER_SHELL_SCOPE_DIR : R.job_id);
+    jf(",\"run\":\"%s\",\"job\":\"%s\"", R.run_id, R.job_id);
     if (child > 0)
         jf(",\"pid\":%d", (int)child);
     if (child > 0 && start && K.boot[0])
@@ -1154,7 +1153,6 @@ static void shell_started(struct outcome *o)
 {
     if (!L.on)
         return;
-    log_shared = R.scope_caller && o->cgroup[0];
     jhead("job-open", o->mechanism);
     jjob(0, 0);
     jraw(",\"name\":");
@@ -1223,9 +1221,9 @@ static void log_exit(const struct outcome *o, double ms)
     if (o->ended_by_caller)
         jraw(",\"ended_by\":\"caller\"");
     jend();
-    /* A command's job is over when it returned; in scope caller only once it
-     * left nothing (the caller's shared cgroup never: it ends with the caller). */
-    if (!R.scope_caller || (!log_shared && o->leftovers == 0)) {
+    /* A command's job is over when it returned; in scope caller only if it
+     * left nothing (what it left ends with the caller). */
+    if (!R.scope_caller || o->leftovers == 0) {
         jhead("job-close", mech);
         jjob(0, 0);
         jf(",\"leftovers\":%lld", o->leftovers);

@@ -38,9 +38,9 @@ How (Linux only; the caller must be single-threaded, as the wrapper is):
   before the keeper reports - so the owner exits only once nothing of the
   command is left.
 * Scope ``caller`` (what a command leaves runs on until its caller ends) is
-  the same driver's ``scope=caller``: one cgroup per caller, shared by its
-  commands and watched by a ``tether-scope`` process, or a subreaper keeper
-  that stays until what the command left is gone.
+  the same driver's ``scope=caller``: one cgroup per caller, with each of its
+  commands' below it, watched by a ``tether-scope`` process; or a subreaper
+  keeper that stays until what the command left is gone.
 
 Guarantee, as for the generic ``cgroup``/``subreaper`` mechanisms: guardian-
 enforced and transparent; if the keeper itself is SIGKILLed first, a cgroup
@@ -181,11 +181,11 @@ def run(argv: list[str], *, executable: str, mechanism: str = "auto", grace: flo
     ``caller``: :func:`watch_caller`'s answer (its pidfd is closed here): the
     caller's death ends the job at once, as this process's own would.
     ``scope``: ``command`` (what the command leaves is ended when it
-    returns) or ``caller`` (what it leaves runs on, in one job per caller -
-    the cgroup ``tether-<caller pid>-<caller start>/shell-scope``, or, with
-    the subreaper, this command's keeper, which stays - and is ended when
-    the caller ends; a command stopped or whose owner dies is still ended
-    whole). ``caller`` scope needs a watched caller (else: ``command``).
+    returns) or ``caller`` (what it leaves runs on - in the command's cgroup
+    below the caller's, ``tether-<caller pid>-<caller start>/shell-scope``,
+    or, with the subreaper, under this command's keeper, which stays - and
+    is ended when the caller ends; a command stopped or whose owner dies is
+    still ended whole). ``caller`` scope needs a watched caller (else: ``command``).
 
     If the keeper dies while the command runs, one line says so on stderr
     (``tether: keeper died; the job is no longer guarded``), the job is
@@ -458,13 +458,13 @@ def _after(res: "Result", keeper: int, born: int, got: _Reports) -> None:
 
 def _end_from_here(res: "Result", born: int) -> None:
     """The keeper is gone while the command runs: end the job from the owner -
-    the job's cgroup (``cgroup.kill``; in scope ``caller`` only this command's
-    processes, the scope is shared), and every process that carries the job's
-    cookie (what a subreaper job's members were re-parented away with)."""
+    the job's cgroup (``cgroup.kill``; in scope ``caller`` too, the command's
+    own below the caller's), and every process that carries the job's cookie
+    (what a subreaper job's members were re-parented away with)."""
     from .. import environ
     from ..ending import KILL_BOUND, end
 
-    if res.cgroup and res.scope == COMMAND:
+    if res.cgroup:
         cgroupfs.kill(res.cgroup, KILL_BOUND)
     entry = f"{res.cookie_var}={res.cookie}".encode()
     proof = gate.Proof(entry)  # found by the cookie: each must still carry it
